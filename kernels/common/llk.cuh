@@ -1,0 +1,130 @@
+// llk.cuh -- what every kernel family includes first.
+//
+// One source, three targets: under nvcc this is plain CUDA; under the host C++ compiler it pulls
+// in the emulation runtime (kernels/emu/emu_runtime.h), which maps CUDA built-ins onto fibers.
+// It also provides the one export macro that turns a kernel list into
+//   * `extern "C" __global__` entries with a single by-value params struct (CUDA, looked up in PTX),
+//   * and, on the host, a registry table `llk_emu_kernels_<family>` with the same symbol names.
+#pragma once
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#else
+#include "../emu/emu_runtime.h"
+#endif
+
+#include "../params.h"
+
+// ------------------------------------------------------------------------ kernel export
+// A family lists its kernels once, as an X-macro of (symbol, Params, (launch bounds), (impl)):
+//
+//   #define RMS_NORM_KERNELS(X)
+//     X(rms_norm_vec_bf16, RmsNormParams, (1024), (rms_norm_kernel<__nv_bfloat16, 8, false>)) ...
+//   LLK_EXPORT_KERNELS(rms_norm, RMS_NORM_KERNELS)
+// (the #define continues over lines ending in a backslash)
+//
+// `impl` is a __device__ function taking `const Params&`; it is parenthesized so that template
+// arguments with commas survive the preprocessor.
+#ifdef __CUDACC__
+#define LLK_KERNEL_ENTRY(name, Params, bounds, impl) \
+  extern "C" __global__ void __launch_bounds__ bounds name(const __grid_constant__ Params p) { impl(p); }
+#define LLK_EXPORT_KERNELS(family, LIST) LIST(LLK_KERNEL_ENTRY)
+#else
+// Host entries have internal linkage: only the registry table, found by name, is exported.
+#define LLK_KERNEL_ENTRY(name, Params, bounds, impl) \
+  static void name(const Params p) { impl(p); }
+#define LLK_EMU_TABLE_ROW(name, Params, bounds, impl) \
+  LlkEmuKernel{#name, sizeof(Params), &::llk_emu::launch_entry<Params, name>},
+#define LLK_EXPORT_KERNELS(family, LIST)                                             \
+  LIST(LLK_KERNEL_ENTRY)                                                             \
+  extern "C" const LlkEmuKernel* llk_emu_kernels_##family(uint64_t* count) {         \
+    static const LlkEmuKernel table[] = {LIST(LLK_EMU_TABLE_ROW)};                   \
+    *count = sizeof(table) / sizeof(table[0]);                                       \
+    return table;                                                                    \
+  }
+#endif
+
+// Dynamic shared memory as bytes, 128-byte aligned on both targets.
+#ifdef __CUDACC__
+#define LLK_DYN_SMEM(name)                                            \
+  extern __shared__ __align__(128) unsigned char llk_dyn_smem_raw[]; \
+  unsigned char* name = llk_dyn_smem_raw
+#else
+#define LLK_DYN_SMEM(name) unsigned char* name = ::llk_emu::dyn_smem()
+#endif
+
+namespace llk {
+
+// ------------------------------------------------------------------------ dtypes
+// Kernels compute in f32; storage types convert at load and store, rounding to nearest even.
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Elements of T in one 16-byte vector: 4 for f32, 8 for f16 and bf16.
+template <class T> inline constexpr int kVec16 = int(16 / sizeof(T));
+
+// ------------------------------------------------------------------------ vector memory access
+// load_f32<T, N>(p, out): N consecutive elements at p, converted to f32. When N * sizeof(T) == 16
+// this is a single 128-bit load (LDG.E.128), so p must be 16-byte aligned: callers take this path
+// only after the host checked alignment, and fall back to N == 1 otherwise.
+template <class T, int N>
+__device__ __forceinline__ void load_f32(const T* __restrict__ p, float (&out)[N]) {
+  if constexpr (N * sizeof(T) == 16) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_f32(e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_f32(p[i]);
+  }
+}
+
+template <class T, int N>
+__device__ __forceinline__ void store_f32(T* __restrict__ p, const float (&in)[N]) {
+  if constexpr (N * sizeof(T) == 16) {
+    uint4 raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) e[i] = from_f32<T>(in[i]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = from_f32<T>(in[i]);
+  }
+}
+
+// Rounds each value to T and back, so that f32 math sees exactly what is stored.
+template <class T, int N>
+__device__ __forceinline__ void round_to(float (&v)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = to_f32(from_f32<T>(v[i]));
+}
+
+// ------------------------------------------------------------------------ reductions
+// Sum over aligned groups of `width` lanes (a power of two <= 32): every lane gets its group's sum.
+// The butterfly order is fixed, so the result does not depend on scheduling.
+__device__ __forceinline__ float group_sum(float v, int width) {
+  for (int o = width >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+}  // namespace llk

@@ -1,0 +1,58 @@
+// emu_abi.h -- the C ABI between Rust and the host emulation runtime.
+//
+// Plain C (no C++), so that bindgen mirrors it into Rust (src/backend/emu_abi.rs) next to
+// kernels/params.h. Every emulated kernel is reached through one llk_emu_kernel entry, found by
+// the same symbol name that the CUDA target looks up in PTX.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Order in which the fibers (CUDA threads) of a block run between two barriers.
+typedef enum LlkEmuSchedule {
+  LLK_EMU_FORWARD = 0,  // thread 0, 1, 2, ...
+  LLK_EMU_REVERSE = 1,  // last thread first
+  LLK_EMU_RANDOM = 2,   // a fresh seeded permutation at every scheduling round
+} LlkEmuSchedule;
+
+typedef enum LlkEmuStatus {
+  LLK_EMU_OK = 0,
+  LLK_EMU_BAD_LAUNCH = 1,     // grid/block/shared-memory/params size out of range
+  LLK_EMU_DEADLOCK = 2,       // no thread can make progress (e.g. a lane missing from a shuffle)
+  LLK_EMU_DIVERGENT_BARRIER = 3,  // threads of one block wait at different __syncthreads
+  LLK_EMU_UNSUPPORTED = 4,    // an operation the emulator does not model (partial-mask warp op)
+  LLK_EMU_KERNEL_TRAP = 5,    // the kernel called __trap() or failed an emulator check
+} LlkEmuStatus;
+
+typedef struct LlkEmuLaunch {
+  uint32_t grid[3];
+  uint32_t block[3];
+  uint64_t dyn_smem_bytes;
+  LlkEmuSchedule schedule;
+  uint64_t seed;          // for LLK_EMU_RANDOM; each block derives its own stream from it
+  uint32_t os_threads;    // blocks run concurrently on this many OS threads (>= 1)
+  uint32_t stack_bytes;   // per-fiber stack; 0 selects the default (64 KiB)
+} LlkEmuLaunch;
+
+typedef struct LlkEmuReport {
+  LlkEmuStatus status;
+  uint64_t threads;       // CUDA threads run
+  uint64_t blocks;        // blocks run
+  uint64_t switches;      // fiber context switches
+  char message[512];      // NUL-terminated description when status != LLK_EMU_OK
+} LlkEmuReport;
+
+// One emulated kernel: `launch` runs the whole grid and returns report->status.
+typedef LlkEmuStatus (*LlkEmuLaunchFn)(const void* params, const LlkEmuLaunch* cfg, LlkEmuReport* report);
+
+typedef struct LlkEmuKernel {
+  const char* name;       // the kernel's symbol, as in the PTX (`rms_norm_vec_bf16`)
+  uint64_t params_size;   // sizeof its params struct, checked by Rust at every launch
+  LlkEmuLaunchFn launch;
+} LlkEmuKernel;
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,582 @@
+// emu_runtime.h -- run CUDA kernels on the CPU, exactly enough to test them.
+//
+// The `Emulated` target compiles the very same kernels/*.cu sources that nvcc turns into PTX, with
+// the host C++ compiler, against this header. It is included by kernels/common/llk.cuh only when
+// __CUDACC__ is not defined; kernel code never includes it directly.
+//
+// Model
+//   * Every CUDA thread is a fiber with its own stack. The fibers of one block run on one OS
+//     thread, one at a time; blocks are spread over `os_threads` OS threads.
+//   * A fiber runs until it reaches a barrier (__syncthreads), a warp operation (shuffle, vote,
+//     __syncwarp, mma/ldmatrix emulation) or its end. The scheduler then runs the next fiber. The
+//     order of fibers in each round is forward, reverse or a seeded random permutation, so a race
+//     between barrier intervals gives different results under different schedules. Compare at
+//     least three schedules bit for bit to detect one.
+//   * __syncthreads is an exact barrier over the live (not yet exited) threads of the block, as on
+//     sm_70 and later. Warp operations are exact rendezvous of the live lanes of the warp.
+//   * `__shared__` variables become `thread_local` (block scope implies static), so all fibers of a
+//     block share them and blocks on other OS threads have their own copy. Dynamic shared memory
+//     is one thread_local buffer, poisoned with 0xFF (a NaN pattern) at the start of every block.
+//   * cp.async copies are deferred to the latest point the PTX ISA allows (cp.async.wait_group),
+//     so reading a tile before waiting for it reads poison, not data.
+//
+// Failures never abort the process and never hang: a deadlock, a divergent __syncthreads, an
+// unsupported warp mask, a shuffle from an exited lane or __trap() stop the launch, and the launch
+// returns an LlkEmuStatus with a message naming the block, the thread and the source line.
+//
+// Limits (documented, not hidden): fast-math intrinsics (__expf, rsqrtf, ...) map to accurate libm
+// calls, so compare with the GPU using tolerances, never bit for bit. Static __shared__ memory is
+// not poisoned between blocks. Partial-mask warp operations are reported as unsupported. Fibers
+// use x86-64 context switching only. Hopper-only instructions (wgmma, TMA, mbarrier) are not
+// modelled. Abandoned fibers of a failed block do not run their destructors.
+#pragma once
+#ifdef __CUDACC__
+#error "emu_runtime.h is for host (non-nvcc) builds only"
+#endif
+#if !defined(__x86_64__)
+#error "the emulation runtime switches fiber contexts with x86-64 assembly"
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include <math.h>
+#include <sys/mman.h>
+
+// Host-side vector types, __half and __nv_bfloat16 with their conversions come from the CUDA
+// headers, which are usable from plain C++.
+#include <vector_types.h>
+#include <vector_functions.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include "emu_abi.h"
+
+// ---------------------------------------------------------------------------------- qualifiers
+#undef __shared__
+#define __shared__ thread_local  // block scope: implies static; one copy per OS thread (block)
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#undef __grid_constant__
+#define __grid_constant__
+#undef __global__
+#define __global__
+#ifndef __noinline__
+#define __noinline__ __attribute__((noinline))
+#endif
+
+namespace llk_emu {
+
+inline constexpr size_t kMaxDynSmem = 227 * 1024;  // sm_90 opt-in maximum per block
+inline constexpr size_t kDefaultStack = 64 * 1024;
+
+enum FiberState : int { RUNNABLE = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3, FAILED = 4 };
+
+struct CpCopy {
+  void* dst;
+  const void* src;
+  int bytes;      // bytes copied from src
+  int fill;       // bytes written in all (the rest is zero-filled)
+  int group;
+};
+
+struct Fiber {
+  void* sp;
+  uint3 tid;
+  int lane, warp, state;
+  unsigned wseq;                   // warp-op sequence number (double-buffer parity)
+  std::vector<CpCopy> cp_pending;  // cp.async copies not yet completed
+  int cp_group;                    // index of the group being filled
+};
+
+struct Warp {
+  uint32_t live_mask;
+  int live, arrived;
+  uint64_t buf[2][32];
+  alignas(16) unsigned char big[2][32][64];  // fragment gathers for the mma/ldmatrix emulation
+};
+
+struct Worker {
+  std::vector<Fiber> fibers;
+  std::vector<Warp> warps;
+  std::vector<int> order;
+  char* stacks = nullptr;
+  size_t nstacks = 0, slot = 0;
+  void* sched_sp = nullptr;
+  Fiber* cur = nullptr;
+  int nthreads = 0, nlive = 0, block_arrived = 0, bar_line = 0;
+  const char* bar_file = nullptr;
+  void (*body)(void*) = nullptr;
+  void* body_ctx = nullptr;
+  uint64_t switches = 0;
+  std::mt19937_64 rng;
+  LlkEmuStatus status = LLK_EMU_OK;  // first failure seen in the current block
+  char message[400] = {0};
+
+  ~Worker() {
+    if (stacks) munmap(stacks, nstacks * slot);
+  }
+  bool ensure_stacks(size_t n, size_t stack_bytes) {
+    size_t want_slot = ((stack_bytes + 4095) & ~size_t(4095)) + 4096;  // + a guard page
+    if (stacks && n <= nstacks && want_slot == slot) return true;
+    if (stacks) munmap(stacks, nstacks * slot);
+    stacks = nullptr;
+    void* m = mmap(nullptr, n * want_slot, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (m == MAP_FAILED) return false;
+    stacks = static_cast<char*>(m);
+    slot = want_slot;
+    nstacks = n;
+    for (size_t i = 0; i < n; ++i) mprotect(stacks + i * slot, 4096, PROT_NONE);
+    return true;
+  }
+};
+
+// The worker of the OS thread that is running a block (null outside a launch).
+inline thread_local Worker* tl_worker = nullptr;
+inline Worker& worker_of_this_thread() {
+  static thread_local Worker w;  // keeps fiber stacks across launches
+  return w;
+}
+
+// Dynamic shared memory: one buffer per OS thread, reused by every block it runs.
+inline unsigned char* dyn_smem() {
+  alignas(128) static thread_local unsigned char buf[kMaxDynSmem];
+  return buf;
+}
+
+}  // namespace llk_emu
+
+// ------------------------------------------------------------------------------ built-ins
+inline thread_local uint3 threadIdx;
+inline thread_local uint3 blockIdx;
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
+static constexpr int warpSize = 32;
+
+// ------------------------------------------------------------------------------ context switch
+// x86-64 SysV: push the callee-saved registers on the old stack, store rsp, load the new rsp, pop.
+// No signal mask and no floating-point environment are saved: fibers share both.
+extern "C" void llk_emu_swap_ctx(void** save_sp, void* new_sp);
+asm(R"(
+  .pushsection .text.llk_emu_swap_ctx,"axG",@progbits,llk_emu_swap_ctx,comdat
+  .weak llk_emu_swap_ctx
+  .type llk_emu_swap_ctx,@function
+llk_emu_swap_ctx:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size llk_emu_swap_ctx, .-llk_emu_swap_ctx
+  .popsection
+)");
+
+namespace llk_emu {
+
+inline void switch_to(Worker* w, Fiber* f) {
+  threadIdx = f->tid;
+  w->cur = f;
+  w->switches += 2;
+  llk_emu_swap_ctx(&w->sched_sp, f->sp);
+}
+inline void yield_to_scheduler(Worker* w, Fiber* f) { llk_emu_swap_ctx(&f->sp, w->sched_sp); }
+
+// Stop this fiber for good and make the launch fail with `status`. Never returns.
+[[noreturn]] inline void fail(LlkEmuStatus status, const char* what, const char* file = nullptr, int line = 0) {
+  Worker* w = tl_worker;
+  Fiber* f = w->cur;
+  if (w->status == LLK_EMU_OK) {
+    w->status = status;
+    char where[160] = "";
+    if (file) snprintf(where, sizeof where, ", at %s:%d", file, line);
+    snprintf(w->message, sizeof w->message, "%s (block (%u,%u,%u), thread (%u,%u,%u)%s)", what, blockIdx.x,
+             blockIdx.y, blockIdx.z, f->tid.x, f->tid.y, f->tid.z, where);
+  }
+  f->state = FAILED;
+  yield_to_scheduler(w, f);
+  __builtin_unreachable();
+}
+
+inline void release_block(Worker* w) {
+  for (auto& f : w->fibers)
+    if (f.state == WAIT_BLOCK) f.state = RUNNABLE;
+  w->block_arrived = 0;
+}
+inline void release_warp(Worker* w, int wi) {
+  for (int l = 0; l < 32; ++l) {
+    int t = wi * 32 + l;
+    if (t < w->nthreads && w->fibers[t].state == WAIT_WARP) w->fibers[t].state = RUNNABLE;
+  }
+  w->warps[wi].arrived = 0;
+}
+
+// __syncthreads(): every live thread of the block must arrive at the same call site.
+inline void block_barrier(const char* file, int line) {
+  Worker* w = tl_worker;
+  Fiber* f = w->cur;
+  if (w->block_arrived == 0) {
+    w->bar_file = file;
+    w->bar_line = line;
+  } else if (line != w->bar_line || strcmp(file, w->bar_file) != 0) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "divergent __syncthreads: threads wait at %s:%d and at %s:%d", w->bar_file,
+             w->bar_line, file, line);
+    fail(LLK_EMU_DIVERGENT_BARRIER, msg);
+  }
+  f->state = WAIT_BLOCK;
+  if (++w->block_arrived == w->nlive) release_block(w);
+  yield_to_scheduler(w, f);
+}
+
+// Rendezvous of the live lanes of a warp (shuffles, votes, __syncwarp, fragment gathers).
+inline void warp_rendezvous(Worker* w, Fiber* f, unsigned mask) {
+  Warp& wp = w->warps[f->warp];
+  if ((mask & wp.live_mask) != wp.live_mask)
+    fail(LLK_EMU_UNSUPPORTED, "warp operation with a mask that leaves out live lanes (partial masks are not emulated)");
+  f->state = WAIT_WARP;
+  if (++wp.arrived == wp.live) release_warp(w, f->warp);
+  yield_to_scheduler(w, f);
+}
+
+template <class T>
+inline T warp_exchange(unsigned mask, T v, int (*srcfn)(int lane, int a, int width), int a, int width) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffled values are at most 8 bytes");
+  Worker* w = tl_worker;
+  Fiber* f = w->cur;
+  Warp& wp = w->warps[f->warp];
+  int par = f->wseq++ & 1;  // double buffer: no lane can get two rendezvous ahead of another
+  uint64_t raw = 0;
+  memcpy(&raw, &v, sizeof(T));
+  wp.buf[par][f->lane] = raw;
+  warp_rendezvous(w, f, mask);
+  int src = srcfn(f->lane, a, width);
+  if (!(wp.live_mask >> src & 1u)) fail(LLK_EMU_KERNEL_TRAP, "shuffle reads a lane that has exited");
+  T r;
+  memcpy(&r, &wp.buf[par][src], sizeof(T));
+  return r;
+}
+inline int src_idx(int lane, int s, int width) { return (lane & ~(width - 1)) | (s & (width - 1)); }
+inline int src_xor(int lane, int m, int width) {
+  int j = lane ^ m;
+  return ((j & ~(width - 1)) == (lane & ~(width - 1))) ? j : lane;
+}
+inline int src_down(int lane, int d, int width) { return (lane & (width - 1)) + d < width ? lane + d : lane; }
+inline int src_up(int lane, int d, int width) { return (lane & (width - 1)) >= d ? lane - d : lane; }
+
+inline uint32_t warp_vote(unsigned mask, bool pred) {
+  Worker* w = tl_worker;
+  Fiber* f = w->cur;
+  Warp& wp = w->warps[f->warp];
+  int par = f->wseq++ & 1;
+  wp.buf[par][f->lane] = pred;
+  warp_rendezvous(w, f, mask);
+  uint32_t b = 0;
+  for (int l = 0; l < 32; ++l)
+    if ((wp.live_mask >> l & 1u) && wp.buf[par][l]) b |= 1u << l;
+  return b & mask;
+}
+
+// Gathers `bytes` (<= 64) from every lane of the warp. Returns the [32][64] table, valid until the
+// caller's next warp operation. Used to emulate warp-collective PTX (mma.sync, ldmatrix).
+inline const unsigned char* warp_gather(const void* mine, size_t bytes) {
+  Worker* w = tl_worker;
+  Fiber* f = w->cur;
+  Warp& wp = w->warps[f->warp];
+  if (wp.live != 32) fail(LLK_EMU_KERNEL_TRAP, "warp-collective matrix instruction executed by a partial warp");
+  int par = f->wseq++ & 1;
+  memcpy(wp.big[par][f->lane], mine, bytes);
+  warp_rendezvous(w, f, 0xffffffffu);
+  return &wp.big[par][0][0];
+}
+inline int lane_id() { return tl_worker->cur->lane; }
+
+// cp.async: `src_bytes` of 16 are read from global memory, the rest zero-filled, when the group
+// completes.
+inline void cp_async_enqueue(void* dst, const void* src, int bytes, int src_bytes) {
+  Fiber* f = tl_worker->cur;
+  f->cp_pending.push_back({dst, src, src_bytes, bytes, f->cp_group});
+}
+inline void cp_async_commit() { tl_worker->cur->cp_group++; }
+inline void cp_async_wait(int n) {  // complete every committed group except the newest n
+  Fiber* f = tl_worker->cur;
+  int limit = f->cp_group - n;
+  auto& q = f->cp_pending;
+  size_t k = 0;
+  for (auto& c : q) {
+    if (c.group < limit) {
+      if (c.bytes > 0) memcpy(c.dst, c.src, size_t(c.bytes));
+      if (c.fill > c.bytes) memset(static_cast<char*>(c.dst) + c.bytes, 0, size_t(c.fill - c.bytes));
+    } else {
+      q[k++] = c;
+    }
+  }
+  q.resize(k);
+}
+
+[[noreturn]] inline void fiber_exit() {
+  Worker* w = tl_worker;
+  Fiber* f = w->cur;
+  f->state = DONE;
+  --w->nlive;
+  Warp& wp = w->warps[f->warp];
+  wp.live_mask &= ~(1u << f->lane);
+  --wp.live;
+  if (w->block_arrived > 0 && w->block_arrived == w->nlive) release_block(w);
+  if (wp.arrived > 0 && wp.arrived == wp.live) release_warp(w, f->warp);
+  yield_to_scheduler(w, f);
+  __builtin_unreachable();
+}
+
+extern "C" inline void llk_emu_fiber_entry() {
+  Worker* w = tl_worker;
+  w->body(w->body_ctx);
+  fiber_exit();
+}
+
+// Runs one block to completion. Returns false (with w->status/message set) on failure.
+inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
+  blockIdx = bid;
+  gridDim = dim3(cfg.grid[0], cfg.grid[1], cfg.grid[2]);
+  blockDim = dim3(cfg.block[0], cfg.block[1], cfg.block[2]);
+  const int n = int(cfg.block[0] * cfg.block[1] * cfg.block[2]);
+  w->nthreads = w->nlive = n;
+  w->block_arrived = 0;
+  w->status = LLK_EMU_OK;
+  w->message[0] = 0;
+  if (!w->ensure_stacks(size_t(n), cfg.stack_bytes ? cfg.stack_bytes : kDefaultStack)) {
+    w->status = LLK_EMU_BAD_LAUNCH;
+    snprintf(w->message, sizeof w->message, "could not map %d fiber stacks", n);
+    return false;
+  }
+  w->fibers.resize(size_t(n));
+  const int nw = (n + 31) / 32;
+  w->warps.resize(size_t(nw));
+  for (int i = 0; i < nw; ++i) {
+    int lanes = std::min(32, n - 32 * i);
+    w->warps[i].arrived = 0;
+    w->warps[i].live = lanes;
+    w->warps[i].live_mask = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1);
+  }
+  if (cfg.dyn_smem_bytes) memset(dyn_smem(), 0xff, cfg.dyn_smem_bytes);
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = w->fibers[i];
+    f.tid = uint3{unsigned(i % cfg.block[0]), unsigned(i / cfg.block[0] % cfg.block[1]),
+                  unsigned(i / (cfg.block[0] * cfg.block[1]))};
+    f.lane = i & 31;
+    f.warp = i >> 5;
+    f.state = RUNNABLE;
+    f.wseq = 0;
+    f.cp_pending.clear();
+    f.cp_group = 0;
+    char* hi = w->stacks + size_t(i + 1) * w->slot;
+    void** sp = reinterpret_cast<void**>(uintptr_t(hi) & ~uintptr_t(15));
+    *--sp = nullptr;                                  // fake return address: rsp % 16 == 8 at entry
+    *--sp = reinterpret_cast<void*>(&llk_emu_fiber_entry);  // popped by `ret`
+    for (int k = 0; k < 6; ++k) *--sp = nullptr;      // rbp rbx r12 r13 r14 r15
+    f.sp = sp;
+  }
+  const LlkEmuSchedule mode = cfg.schedule;
+  w->order.resize(size_t(n));
+  for (int i = 0; i < n; ++i) w->order[i] = mode == LLK_EMU_REVERSE ? n - 1 - i : i;
+  const uint64_t lin = bid.x + uint64_t(cfg.grid[0]) * (bid.y + uint64_t(cfg.grid[1]) * bid.z);
+  w->rng.seed(cfg.seed * 0x9E3779B97F4A7C15ull + lin);
+  while (w->nlive > 0) {
+    if (mode == LLK_EMU_RANDOM) std::shuffle(w->order.begin(), w->order.end(), w->rng);
+    bool progressed = false;
+    for (int idx : w->order) {
+      Fiber* f = &w->fibers[idx];
+      if (f->state != RUNNABLE) continue;
+      switch_to(w, f);
+      progressed = true;
+      if (w->status != LLK_EMU_OK) return false;
+    }
+    if (!progressed) {
+      int at_bar = 0, at_warp = 0;
+      for (auto& f : w->fibers) {
+        at_bar += f.state == WAIT_BLOCK;
+        at_warp += f.state == WAIT_WARP;
+      }
+      w->status = LLK_EMU_DEADLOCK;
+      snprintf(w->message, sizeof w->message,
+               "deadlock in block (%u,%u,%u): %d threads wait at __syncthreads (%s:%d), %d at warp operations, "
+               "%d exited",
+               bid.x, bid.y, bid.z, at_bar, w->bar_file ? w->bar_file : "-", w->bar_line, at_warp, n - w->nlive);
+      return false;
+    }
+  }
+  return true;
+}
+
+inline LlkEmuStatus bad_launch(LlkEmuReport* rep, const char* msg) {
+  rep->status = LLK_EMU_BAD_LAUNCH;
+  snprintf(rep->message, sizeof rep->message, "%s", msg);
+  return rep->status;
+}
+
+// Runs the grid. `body` is called once per CUDA thread (it calls the kernel with its params).
+template <class Body>
+LlkEmuStatus launch(Body& body, const LlkEmuLaunch& cfg, LlkEmuReport* rep) {
+  *rep = LlkEmuReport{};
+  const uint64_t threads = uint64_t(cfg.block[0]) * cfg.block[1] * cfg.block[2];
+  if (threads == 0 || threads > 1024) return bad_launch(rep, "block must have 1 to 1024 threads");
+  if (cfg.block[2] > 64) return bad_launch(rep, "blockDim.z must be at most 64");
+  if (cfg.grid[0] == 0 || cfg.grid[1] == 0 || cfg.grid[2] == 0) return bad_launch(rep, "grid has a zero dimension");
+  if (cfg.grid[0] > 0x7fffffffu || cfg.grid[1] > 65535 || cfg.grid[2] > 65535)
+    return bad_launch(rep, "grid exceeds the CUDA limits (2^31-1, 65535, 65535)");
+  if (cfg.dyn_smem_bytes > kMaxDynSmem) return bad_launch(rep, "dynamic shared memory exceeds 227 KiB");
+
+  const uint64_t nblocks = uint64_t(cfg.grid[0]) * cfg.grid[1] * cfg.grid[2];
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::atomic<uint64_t> blocks_run{0}, switches{0};
+  std::mutex fail_mu;
+  auto work = [&]() {
+    Worker* w = &worker_of_this_thread();
+    Worker* saved = tl_worker;
+    tl_worker = w;
+    w->body = [](void* c) { (*static_cast<Body*>(c))(); };
+    w->body_ctx = &body;
+    w->switches = 0;
+    for (uint64_t b; !failed.load(std::memory_order_relaxed) && (b = next.fetch_add(1)) < nblocks;) {
+      uint3 bid{unsigned(b % cfg.grid[0]), unsigned(b / cfg.grid[0] % cfg.grid[1]),
+                unsigned(b / (uint64_t(cfg.grid[0]) * cfg.grid[1]))};
+      if (!run_block(w, cfg, bid)) {
+        std::lock_guard<std::mutex> g(fail_mu);
+        if (!failed.exchange(true)) {
+          rep->status = w->status;
+          snprintf(rep->message, sizeof rep->message, "%s", w->message);
+        }
+        break;
+      }
+      blocks_run.fetch_add(1, std::memory_order_relaxed);
+    }
+    switches.fetch_add(w->switches, std::memory_order_relaxed);
+    tl_worker = saved;
+  };
+  const uint64_t nt = std::min<uint64_t>(std::max<uint32_t>(1, cfg.os_threads), nblocks);
+  std::vector<std::thread> pool;
+  for (uint64_t i = 1; i < nt; ++i) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  rep->blocks = blocks_run.load();
+  rep->threads = rep->blocks * threads;
+  rep->switches = switches.load();
+  return rep->status;
+}
+
+// The registry entry for one kernel `K` taking params `P` by value.
+template <class P, void (*K)(P)>
+LlkEmuStatus launch_entry(const void* params, const LlkEmuLaunch* cfg, LlkEmuReport* rep) {
+  P p;
+  memcpy(&p, params, sizeof(P));
+  auto body = [&p]() { K(p); };  // the kernel receives its own by-value copy, as on the GPU
+  return launch(body, *cfg, rep);
+}
+
+}  // namespace llk_emu
+
+// ------------------------------------------------------------------------------ intrinsics
+#define __syncthreads() ::llk_emu::block_barrier(__FILE__, __LINE__)
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  llk_emu::Worker* w = llk_emu::tl_worker;
+  llk_emu::Fiber* f = w->cur;
+  f->wseq++;
+  llk_emu::warp_rendezvous(w, f, mask);
+}
+[[noreturn]] inline void __trap() { llk_emu::fail(LLK_EMU_KERNEL_TRAP, "__trap() called"); }
+template <class T> inline T __shfl_sync(unsigned m, T v, int src, int width = 32) {
+  return llk_emu::warp_exchange(m, v, llk_emu::src_idx, src, width);
+}
+template <class T> inline T __shfl_xor_sync(unsigned m, T v, int lane_mask, int width = 32) {
+  return llk_emu::warp_exchange(m, v, llk_emu::src_xor, lane_mask, width);
+}
+template <class T> inline T __shfl_down_sync(unsigned m, T v, unsigned d, int width = 32) {
+  return llk_emu::warp_exchange(m, v, llk_emu::src_down, int(d), width);
+}
+template <class T> inline T __shfl_up_sync(unsigned m, T v, unsigned d, int width = 32) {
+  return llk_emu::warp_exchange(m, v, llk_emu::src_up, int(d), width);
+}
+inline unsigned __ballot_sync(unsigned m, int p) { return llk_emu::warp_vote(m, p != 0); }
+inline int __any_sync(unsigned m, int p) { return llk_emu::warp_vote(m, p != 0) != 0; }
+inline int __all_sync(unsigned m, int p) {
+  llk_emu::Worker* w = llk_emu::tl_worker;
+  return llk_emu::warp_vote(m, p != 0) == (m & w->warps[w->cur->warp].live_mask);
+}
+
+// Atomics are real atomics: blocks run concurrently on several OS threads. Fibers of one block
+// never interleave inside an atomic (there is no preemption).
+template <class T> inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v, std::memory_order_relaxed); }
+template <class T> inline T atomicSub(T* p, T v) { return std::atomic_ref<T>(*p).fetch_sub(v, std::memory_order_relaxed); }
+template <class T> inline T atomicExch(T* p, T v) { return std::atomic_ref<T>(*p).exchange(v, std::memory_order_relaxed); }
+template <class T> inline T atomicCAS(T* p, T cmp, T v) {
+  std::atomic_ref<T>(*p).compare_exchange_strong(cmp, v, std::memory_order_relaxed);
+  return cmp;
+}
+template <class T> inline T atomicMax(T* p, T v) {
+  std::atomic_ref<T> a(*p);
+  T o = a.load();
+  while (o < v && !a.compare_exchange_weak(o, v)) {
+  }
+  return o;
+}
+template <class T> inline T atomicMin(T* p, T v) {
+  std::atomic_ref<T> a(*p);
+  T o = a.load();
+  while (v < o && !a.compare_exchange_weak(o, v)) {
+  }
+  return o;
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_block() { std::atomic_signal_fence(std::memory_order_seq_cst); }
+
+// Math: fast-math intrinsics map to accurate libm functions (this hides the GPU's ulp errors).
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __sinf(float x) { return sinf(x); }
+inline float __cosf(float x) { return cosf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
+inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
+inline unsigned __float_as_uint(float f) { unsigned i; memcpy(&i, &f, 4); return i; }
+inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __clz(int x) { return x ? __builtin_clz(unsigned(x)) : 32; }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+template <class T> inline T __ldg(const T* p) { return *p; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a > b ? a : b; }
+inline float min(float a, float b) { return fminf(a, b); }
+inline float max(float a, float b) { return fmaxf(a, b); }

@@ -1,0 +1,84 @@
+//! Static facts about the built kernels: PTX entry points and `ptxas -v` resources.
+//!
+//! Used by `llama-kernels info` and by the tests that check, without a GPU, that every symbol the
+//! wrappers load exists and that no kernel spills registers.
+
+use crate::backend::{KernelModuleInfo, kernel_modules};
+
+/// Resources of one kernel, as reported by `ptxas -v`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelResources {
+    pub name: String,
+    pub registers: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    pub stack_bytes: u32,
+    /// Static shared memory (bytes).
+    pub smem_bytes: u32,
+}
+
+/// The `.entry` names declared in a PTX module.
+pub fn ptx_entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
+        .filter_map(|rest| rest.split('(').next())
+        .map(|name| name.trim().to_string())
+        .collect()
+}
+
+fn number_before(text: &str, unit: &str) -> Option<u32> {
+    let idx = text.find(unit)?;
+    text[..idx].split_whitespace().last()?.parse().ok()
+}
+
+/// Parses a `ptxas -v` report into one entry per kernel.
+pub fn parse_ptxas(report: &str) -> Vec<KernelResources> {
+    let mut out: Vec<KernelResources> = Vec::new();
+    for line in report.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default().to_string();
+            out.push(KernelResources { name, ..Default::default() });
+        } else if let Some(k) = out.last_mut() {
+            if line.contains("bytes stack frame") {
+                k.stack_bytes = number_before(line, "bytes stack frame").unwrap_or(0);
+                k.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
+                k.spill_loads = number_before(line, "bytes spill loads").unwrap_or(0);
+            } else if line.contains("Used ") && line.contains("registers") {
+                k.registers = number_before(line, "registers").unwrap_or(0);
+                k.smem_bytes = number_before(line, "bytes smem").unwrap_or(0);
+            }
+        }
+    }
+    out
+}
+
+/// Resources of every kernel of every family for `arch` (`"sm_90"` or `"sm_80"`).
+pub fn all_resources(arch: &str) -> Vec<(KernelModuleInfo, Vec<KernelResources>)> {
+    kernel_modules()
+        .map(|m| {
+            let report = if arch == "sm_80" { m.ptxas_sm80 } else { m.ptxas_sm90 };
+            (m, parse_ptxas(report))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_ptxas_report() {
+        let r = "ptxas info    : 0 bytes gmem\n\
+                 ptxas info    : Compiling entry function 'rms_norm_f32' for 'sm_90'\n\
+                 ptxas info    : Function properties for rms_norm_f32\n    \
+                 8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
+                 ptxas info    : Used 30 registers, used 1 barriers, 128 bytes smem, 424 bytes cmem[0]\n";
+        let k = parse_ptxas(r);
+        assert_eq!(k.len(), 1);
+        assert_eq!(
+            k[0],
+            KernelResources { name: "rms_norm_f32".into(), registers: 30, spill_stores: 4, spill_loads: 12, stack_bytes: 8, smem_bytes: 128 }
+        );
+        assert_eq!(ptx_entries(".visible .entry foo(\n.param x\n)\n.visible .entry bar_baz(\n"), vec!["foo", "bar_baz"]);
+    }
+}

@@ -1,0 +1,196 @@
+//! RMSNorm and fused residual-add + RMSNorm (kernels/rms_norm.cu).
+//!
+//! ```text
+//! rms_norm:            y = x * rsqrt(mean(x^2) + eps) * weight           (per row)
+//! fused_add_rms_norm:  s = round(x + residual); residual <- s; y = rms_norm(s)
+//! ```
+//!
+//! Shapes: `x`, `y` (and `residual`) are `[..., hidden]` with a contiguous last dimension and
+//! leading dimensions that collapse into one row stride (so row views of a larger buffer work);
+//! `weight` is `[hidden]`, contiguous. All share one float dtype; accumulation is f32.
+//!
+//! `y` may be `x` itself (same view: in place). An empty batch (0 rows) is a no-op. NaN or
+//! infinity in a row propagates to that row's output; other rows are unaffected.
+
+use crate::backend::{KernelArgs, KernelRef, LaunchDims};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::{Rows, check_disjoint, check_dtype, check_float, check_same_device, check_shape, grid_x, to_i64};
+use crate::params::RmsNormParams;
+use crate::tensor::Tensor;
+
+const MODULE: &str = "rms_norm";
+/// Vectors each thread keeps in registers; mirrors `kCache` in kernels/rms_norm.cu.
+const CACHE: usize = 4;
+
+/// Every kernel symbol the wrappers may load: (fused, vectorized, dtype, symbol).
+pub(crate) const KERNELS: [(bool, bool, DType, &str); 12] = [
+    (false, false, DType::F32, "rms_norm_f32"),
+    (false, false, DType::F16, "rms_norm_f16"),
+    (false, false, DType::BF16, "rms_norm_bf16"),
+    (false, true, DType::F32, "rms_norm_vec_f32"),
+    (false, true, DType::F16, "rms_norm_vec_f16"),
+    (false, true, DType::BF16, "rms_norm_vec_bf16"),
+    (true, false, DType::F32, "fused_add_rms_norm_f32"),
+    (true, false, DType::F16, "fused_add_rms_norm_f16"),
+    (true, false, DType::BF16, "fused_add_rms_norm_bf16"),
+    (true, true, DType::F32, "fused_add_rms_norm_vec_f32"),
+    (true, true, DType::F16, "fused_add_rms_norm_vec_f16"),
+    (true, true, DType::BF16, "fused_add_rms_norm_vec_bf16"),
+];
+
+/// The symbols of this family, for static checks.
+pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
+    KERNELS.iter().map(|k| KernelRef { module: MODULE, symbol: k.3 })
+}
+
+fn kernel(op: &'static str, fused: bool, vec: bool, dtype: DType) -> Result<KernelRef> {
+    KERNELS
+        .iter()
+        .find(|k| k.0 == fused && k.1 == vec && k.2 == dtype)
+        .map(|k| KernelRef { module: MODULE, symbol: k.3 })
+        .ok_or(Error::UnsupportedDType { op, what: "x", dtype, supported: "f32, f16, bf16" })
+}
+
+/// How the kernel maps rows to threads (see the header of kernels/rms_norm.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RmsNormPlan {
+    /// Threads per row: a power of two up to 32, or a multiple of 32 up to 1024.
+    pub threads_per_row: usize,
+    /// Rows per block.
+    pub rows_per_block: usize,
+    /// Whether the 16-byte vector path runs.
+    pub vectorized: bool,
+}
+
+/// Chooses the thread mapping for `rows` rows of `vectors` vectors each.
+///
+/// Large batches give each thread up to [`CACHE`] vectors (more bytes in flight per thread, a
+/// cheaper reduction); small batches (decode) spread a row over more threads to cut latency.
+/// Blocks hold at least 128 threads, so small hidden sizes pack several rows per block.
+pub fn plan(rows: usize, vectors: usize, vectorized: bool) -> RmsNormPlan {
+    let items = if rows >= 1024 { CACHE } else { 1 };
+    let per_row = vectors.div_ceil(items).max(1);
+    let threads_per_row = if per_row <= 32 { per_row.next_power_of_two() } else { per_row.div_ceil(32).min(32) * 32 };
+    RmsNormPlan { threads_per_row, rows_per_block: (128 / threads_per_row).max(1), vectorized }
+}
+
+fn check_eps(op: &'static str, eps: f32) -> Result<()> {
+    if !eps.is_finite() || eps <= 0.0 {
+        return Err(Error::invalid(op, "eps", eps, "must be finite and > 0"));
+    }
+    Ok(())
+}
+
+/// `y = x * rsqrt(mean(x^2) + eps) * weight` over the last dimension.
+///
+/// `y` is written; it may be the same view as `x` (in place). See the module docs for shapes.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32, y: &Tensor) -> Result<()> {
+    launch("rms_norm", x, None, weight, eps, y)
+}
+
+/// `residual <- x + residual` (rounded to the dtype), then `y = rms_norm(residual)`.
+///
+/// `residual` is read and written; `y` is written and may be the same view as `x`.
+pub fn fused_add_rms_norm(x: &Tensor, residual: &Tensor, weight: &Tensor, eps: f32, y: &Tensor) -> Result<()> {
+    launch("fused_add_rms_norm", x, Some(residual), weight, eps, y)
+}
+
+fn launch(op: &'static str, x: &Tensor, residual: Option<&Tensor>, weight: &Tensor, eps: f32, y: &Tensor) -> Result<()> {
+    // Dtypes and devices.
+    check_float(op, "x", x)?;
+    let dtype = x.dtype();
+    check_dtype(op, "weight", weight, dtype)?;
+    check_dtype(op, "y", y, dtype)?;
+    check_same_device(op, x, &[("weight", weight), ("y", y)])?;
+    if let Some(r) = residual {
+        check_dtype(op, "residual", r, dtype)?;
+        check_same_device(op, x, &[("residual", r)])?;
+    }
+    // Shapes.
+    let hidden = *x.shape().last().ok_or_else(|| Error::ShapeMismatch {
+        op,
+        what: "x",
+        got: x.shape().to_vec(),
+        expected: "[..., hidden]".into(),
+    })?;
+    if hidden == 0 {
+        return Err(Error::invalid(op, "hidden", 0, "must be > 0"));
+    }
+    check_shape(op, "weight", weight, &[hidden])?;
+    check_shape(op, "y", y, x.shape())?;
+    if let Some(r) = residual {
+        check_shape(op, "residual", r, x.shape())?;
+    }
+    check_eps(op, eps)?;
+    // Layouts and aliasing.
+    let xr = Rows::of(op, "x", x, 1)?;
+    let yr = Rows::of(op, "y", y, 1)?;
+    let wr = Rows::of(op, "weight", weight, 1)?;
+    let rr = residual.map(|r| Rows::of(op, "residual", r, 1)).transpose()?;
+    let in_place = x.shares_storage(y) && xr == yr;
+    if !in_place {
+        check_disjoint(op, ("y", y, &yr), ("x", x, &xr))?;
+    }
+    check_disjoint(op, ("y", y, &yr), ("weight", weight, &wr))?;
+    if let (Some(r), Some(rr)) = (residual, rr.as_ref()) {
+        check_disjoint(op, ("residual", r, rr), ("x", x, &xr))?;
+        check_disjoint(op, ("residual", r, rr), ("y", y, &yr))?;
+        check_disjoint(op, ("residual", r, rr), ("weight", weight, &wr))?;
+    }
+    let rows = xr.rows;
+    if rows == 0 {
+        return Ok(());
+    }
+
+    let device = x.device();
+    let mut args = KernelArgs::new(op, device);
+    let params = RmsNormParams {
+        x: args.ptr("x", x)?,
+        residual: args.opt_ptr("residual", residual)?,
+        weight: args.ptr("weight", weight)?,
+        y: args.ptr("y", y)?,
+        rows: to_i64(op, "rows", rows)?,
+        hidden: to_i64(op, "hidden", hidden)?,
+        x_row_stride: to_i64(op, "x row stride", xr.row_stride)?,
+        residual_row_stride: to_i64(op, "residual row stride", rr.map_or(0, |r| r.row_stride))?,
+        y_row_stride: to_i64(op, "y row stride", yr.row_stride)?,
+        eps,
+    };
+    // The 16-byte path needs whole vectors in every row and 16-byte aligned rows everywhere.
+    let v = dtype.vec16();
+    let aligned = |addr: u64, stride: usize| addr % 16 == 0 && stride % v == 0;
+    let vectorized = hidden % v == 0
+        && aligned(params.x, xr.row_stride)
+        && aligned(params.y, yr.row_stride)
+        && aligned(params.weight, 0)
+        && (residual.is_none() || aligned(params.residual, rr.map_or(0, |r| r.row_stride)));
+    let p = plan(rows, if vectorized { hidden / v } else { hidden }, vectorized);
+    let dims = LaunchDims {
+        grid: (grid_x(op, rows.div_ceil(p.rows_per_block))?, 1, 1),
+        block: (p.threads_per_row as u32, p.rows_per_block as u32, 1),
+        dyn_smem: 0,
+    };
+    args.launch(kernel(op, residual.is_some(), vectorized, dtype)?, dims, &params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan;
+
+    #[test]
+    fn plan_keeps_blocks_full_and_rows_in_registers() {
+        for rows in [1, 7, 1024, 16384] {
+            for vectors in [1, 2, 3, 33, 96, 512, 1024, 4096, 9000] {
+                let p = plan(rows, vectors, true);
+                let t = p.threads_per_row;
+                assert!(t <= 1024 && (t.is_power_of_two() && t <= 32 || t % 32 == 0), "{p:?}");
+                assert!(t * p.rows_per_block >= 32 && t * p.rows_per_block <= 1024, "{p:?}");
+                assert_eq!((t * p.rows_per_block) % 32, 0, "{p:?}");
+                if vectors <= 4 * 1024 {
+                    assert!(vectors <= t * super::CACHE, "row of {vectors} vectors not cached: {p:?}");
+                }
+            }
+        }
+    }
+}

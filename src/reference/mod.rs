@@ -1,0 +1,17 @@
+//! The specification: plain Rust, f64 arithmetic, obvious algorithms.
+//!
+//! Every kernel is checked against these functions, on every target. They take and return flat
+//! row-major `f64` slices (inputs already rounded to the storage dtype, as the kernels see them),
+//! and they are written for clarity, not speed.
+
+pub mod rms_norm;
+
+use crate::error::{Error, Result};
+
+/// Fails when a reference input has the wrong length (the references never panic).
+pub(crate) fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
+    if got != expected {
+        return Err(Error::Host(format!("reference: {what} has {got} values, expected {expected}")));
+    }
+    Ok(())
+}
