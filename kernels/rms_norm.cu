@@ -73,7 +73,7 @@ __device__ void rms_norm_kernel(const RmsNormParams& p) {
       llk::store_f32<T, VEC>(res + v * VEC, out);
     }
   };
-  float cache[kCache][VEC];
+  float cache[kCache][VEC] = {};  // zero-initialized: predicated loads otherwise leave ptxas a local-memory array
   float ss = 0.f;
   if (valid) {
 #pragma unroll

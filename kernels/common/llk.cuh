@@ -72,30 +72,76 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 template <class T> inline constexpr int kVec16 = int(16 / sizeof(T));
 
 // ------------------------------------------------------------------------ vector memory access
+// Two values <-> one 32-bit word of two 16-bit elements (the low half is the lower index).
+__device__ __forceinline__ uint32_t pack2(float a, float b, __half) {
+  __half2 h = __floats2half2_rn(a, b);
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+__device__ __forceinline__ uint32_t pack2(float a, float b, __nv_bfloat16) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+__device__ __forceinline__ float2 unpack2(uint32_t u, __half) {
+  __half2 h;
+  memcpy(&h, &u, 4);
+  return __half22float2(h);
+}
+__device__ __forceinline__ float2 unpack2(uint32_t u, __nv_bfloat16) {
+  __nv_bfloat162 h;
+  memcpy(&h, &u, 4);
+  return __bfloat1622float2(h);
+}
+
+// A 128-bit global store. Explicit PTX: NVVM sometimes splits a plain uint4 store into four 32-bit
+// stores after instcombine forgets its alignment; the static SASS check catches that.
+__device__ __forceinline__ void store_u4(void* p, uint4 v) {
+#ifdef __CUDA_ARCH__
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#else
+  memcpy(p, &v, 16);
+#endif
+}
+
 // load_f32<T, N>(p, out): N consecutive elements at p, converted to f32. When N * sizeof(T) == 16
 // this is a single 128-bit load (LDG.E.128), so p must be 16-byte aligned: callers take this path
 // only after the host checked alignment, and fall back to N == 1 otherwise.
 template <class T, int N>
-__device__ __forceinline__ void load_f32(const T* __restrict__ p, float (&out)[N]) {
+__device__ __forceinline__ void load_f32(const T* p, float (&out)[N]) {
   if constexpr (N * sizeof(T) == 16) {
     const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const T* e = reinterpret_cast<const T*>(&raw);
+    if constexpr (sizeof(T) == 4) {
+      out[0] = __uint_as_float(raw.x), out[1] = __uint_as_float(raw.y);
+      out[2] = __uint_as_float(raw.z), out[3] = __uint_as_float(raw.w);
+    } else {
+      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = to_f32(e[i]);
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = unpack2(w[i], T());
+        out[2 * i] = f.x, out[2 * i + 1] = f.y;
+      }
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) out[i] = to_f32(p[i]);
   }
 }
 
+// The store counterpart: one 128-bit store (STG.E.128) on the 16-byte path.
 template <class T, int N>
-__device__ __forceinline__ void store_f32(T* __restrict__ p, const float (&in)[N]) {
+__device__ __forceinline__ void store_f32(T* p, const float (&in)[N]) {
   if constexpr (N * sizeof(T) == 16) {
     uint4 raw;
-    T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < N; ++i) e[i] = from_f32<T>(in[i]);
-    *reinterpret_cast<uint4*>(p) = raw;
+    if constexpr (sizeof(T) == 4) {
+      raw = make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]), __float_as_uint(in[3]));
+    } else {
+      raw = make_uint4(pack2(in[0], in[1], T()), pack2(in[2], in[3], T()), pack2(in[4], in[5], T()),
+                       pack2(in[6], in[7], T()));
+    }
+    store_u4(p, raw);
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) p[i] = from_f32<T>(in[i]);
