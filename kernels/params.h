@@ -29,6 +29,21 @@ typedef struct RmsNormParams {
   float eps;
 } RmsNormParams;
 
+// ---------------------------------------------------------------------------- Self-tests
+// Small kernels that exercise the emulation runtime (and, on a GPU, check that the emulated PTX
+// wrappers match the hardware). See kernels/selftest.cu.
+typedef enum LlkSelftestVariant {
+  LLK_SELFTEST_CORRECT = 0,      // the kernel as it should be written
+  LLK_SELFTEST_PLANTED_BUG = 1,  // with the bug the test must catch (missing barrier, ...)
+} LlkSelftestVariant;
+
+typedef struct SelftestParams {
+  uint64_t input;  // [n] f32 (kernel-specific meaning)
+  uint64_t out;    // [n] f32 or i32 (kernel-specific meaning)
+  int64_t n;
+  LlkSelftestVariant variant;
+} SelftestParams;
+
 #ifdef __cplusplus
 }
 #endif

@@ -52,6 +52,7 @@ pub mod ops;
 #[allow(missing_docs)]
 pub mod params;
 pub mod reference;
+pub mod selftest;
 pub mod tensor;
 pub mod testing;
 pub mod verify;

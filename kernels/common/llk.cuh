@@ -87,12 +87,12 @@ __device__ __forceinline__ uint32_t pack2(float a, float b, __nv_bfloat16) {
 }
 __device__ __forceinline__ float2 unpack2(uint32_t u, __half) {
   __half2 h;
-  memcpy(&h, &u, 4);
+  memcpy(static_cast<void*>(&h), &u, 4);
   return __half22float2(h);
 }
 __device__ __forceinline__ float2 unpack2(uint32_t u, __nv_bfloat16) {
   __nv_bfloat162 h;
-  memcpy(&h, &u, 4);
+  memcpy(static_cast<void*>(&h), &u, 4);
   return __bfloat1622float2(h);
 }
 

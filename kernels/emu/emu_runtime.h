@@ -103,6 +103,7 @@ struct Warp {
   uint32_t live_mask;
   int live, arrived;
   uint64_t buf[2][32];
+  uint32_t joined[2];  // lanes that took part in the rendezvous using each buffer
   alignas(16) unsigned char big[2][32][64];  // fragment gathers for the mma/ldmatrix emulation
 };
 
@@ -269,9 +270,12 @@ inline T warp_exchange(unsigned mask, T v, int (*srcfn)(int lane, int a, int wid
   uint64_t raw = 0;
   memcpy(&raw, &v, sizeof(T));
   wp.buf[par][f->lane] = raw;
+  if (wp.arrived == 0) wp.joined[par] = 0;  // first lane of a new rendezvous on this buffer
+  wp.joined[par] |= 1u << f->lane;
   warp_rendezvous(w, f, mask);
+  // The source may exit after the exchange (its value stays valid); it must have taken part.
   int src = srcfn(f->lane, a, width);
-  if (!(wp.live_mask >> src & 1u)) fail(LLK_EMU_KERNEL_TRAP, "shuffle reads a lane that has exited");
+  if (!(wp.joined[par] >> src & 1u)) fail(LLK_EMU_KERNEL_TRAP, "shuffle reads a lane that had exited");
   T r;
   memcpy(&r, &wp.buf[par][src], sizeof(T));
   return r;
@@ -290,10 +294,12 @@ inline uint32_t warp_vote(unsigned mask, bool pred) {
   Warp& wp = w->warps[f->warp];
   int par = f->wseq++ & 1;
   wp.buf[par][f->lane] = pred;
+  if (wp.arrived == 0) wp.joined[par] = 0;
+  wp.joined[par] |= 1u << f->lane;
   warp_rendezvous(w, f, mask);
   uint32_t b = 0;
-  for (int l = 0; l < 32; ++l)
-    if ((wp.live_mask >> l & 1u) && wp.buf[par][l]) b |= 1u << l;
+  for (int l = 0; l < 32; ++l)  // lanes that voted, even if they have exited since
+    if ((wp.joined[par] >> l & 1u) && wp.buf[par][l]) b |= 1u << l;
   return b & mask;
 }
 
@@ -519,9 +525,8 @@ template <class T> inline T __shfl_up_sync(unsigned m, T v, unsigned d, int widt
 }
 inline unsigned __ballot_sync(unsigned m, int p) { return llk_emu::warp_vote(m, p != 0); }
 inline int __any_sync(unsigned m, int p) { return llk_emu::warp_vote(m, p != 0) != 0; }
-inline int __all_sync(unsigned m, int p) {
-  llk_emu::Worker* w = llk_emu::tl_worker;
-  return llk_emu::warp_vote(m, p != 0) == (m & w->warps[w->cur->warp].live_mask);
+inline int __all_sync(unsigned m, int p) {  // no voting lane said false
+  return llk_emu::warp_vote(m, p == 0) == 0;
 }
 
 // Atomics are real atomics: blocks run concurrently on several OS threads. Fibers of one block

@@ -113,7 +113,7 @@ macro_rules! kernel_params {
         impl KernelParams for $t {}
     )*};
 }
-kernel_params!(crate::params::RmsNormParams);
+kernel_params!(crate::params::RmsNormParams, crate::params::SelftestParams);
 
 pub(crate) enum DeviceInner {
     Cuda(cuda::CudaBackend),

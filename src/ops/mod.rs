@@ -8,6 +8,12 @@ pub mod rms_norm;
 
 pub use rms_norm::{fused_add_rms_norm, rms_norm};
 
+/// Every kernel symbol the safe wrappers (and the self-tests) may load. A test checks that each
+/// one exists in the PTX of both architectures and in the emulated registry.
+pub fn kernel_symbols() -> Vec<crate::KernelRef> {
+    rms_norm::kernel_symbols().chain(crate::selftest::kernel_symbols()).collect()
+}
+
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

@@ -1,0 +1,107 @@
+// selftest.cu -- kernels that test the emulation runtime itself.
+//
+// Each one exercises a piece of the CUDA execution model that the emulator must reproduce:
+// barriers, warp shuffles and votes, dynamic shared memory, atomics. The PLANTED_BUG variants
+// carry a classic bug (a missing __syncthreads, a lane that skips a shuffle, threads split across
+// two barriers) that the emulator must catch: as a difference between schedules, or as a named
+// error instead of a hang. They run on the GPU too, where the CORRECT variants must agree with
+// the emulated results (the PLANTED_BUG variants are never launched there).
+#include "common/llk.cuh"
+
+namespace {
+
+constexpr int kBlock = 256;
+
+// out[i] = in[i-1] + in[i] + in[i+1] through shared memory; the bug drops the barrier between
+// the shared-memory writes and the neighbours' reads.
+__device__ void stencil_kernel(const SelftestParams& p) {
+  __shared__ float tile[kBlock + 2];
+  const float* in = reinterpret_cast<const float*>(p.input);
+  float* out = reinterpret_cast<float*>(p.out);
+  const int t = int(threadIdx.x);
+  const int64_t g = int64_t(blockIdx.x) * kBlock + t;
+  tile[t + 1] = g < p.n ? in[g] : 0.f;
+  if (t == 0) tile[0] = g > 0 && g - 1 < p.n ? in[g - 1] : 0.f;
+  if (t == kBlock - 1) tile[kBlock + 1] = g + 1 < p.n ? in[g + 1] : 0.f;
+  if (p.variant == LLK_SELFTEST_CORRECT) __syncthreads();
+  if (g < p.n) out[g] = tile[t] + tile[t + 1] + tile[t + 2];
+}
+
+// Lane 0 of warp 0 shuffles while every other thread waits at the barrier (bug), or every lane
+// shuffles first (correct). out[i] = the value each thread ends with.
+__device__ void deadlock_kernel(const SelftestParams& p) {
+  float* out = reinterpret_cast<float*>(p.out);
+  float v = float(threadIdx.x);
+  if (p.variant == LLK_SELFTEST_CORRECT || threadIdx.x == 0) v = __shfl_xor_sync(0xffffffffu, v, 1);
+  __syncthreads();
+  if (threadIdx.x < p.n) out[threadIdx.x] = v;
+}
+
+// Half the block waits at one __syncthreads and half at another (bug).
+__device__ void divergent_barrier_kernel(const SelftestParams& p) {
+  float* out = reinterpret_cast<float*>(p.out);
+  if (p.variant == LLK_SELFTEST_PLANTED_BUG && threadIdx.x < blockDim.x / 2) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  if (threadIdx.x < p.n) out[threadIdx.x] = 1.f;
+}
+
+// Every warp primitive, packed into one int per thread:
+//   out[8 t + 0..7] = shfl(idx 3), shfl_xor(5), shfl_up(2), shfl_down(7), shfl width 8 (src 1),
+//                     ballot(lane odd), any(lane == 31), all(lane < 32)
+__device__ void warp_ops_kernel(const SelftestParams& p) {
+  int* out = reinterpret_cast<int*>(p.out);
+  const int t = int(blockIdx.x * blockDim.x + threadIdx.x);
+  const int lane = int(threadIdx.x & 31);
+  const int v = t * 10;
+  int r[8];
+  r[0] = __shfl_sync(0xffffffffu, v, 3);
+  r[1] = __shfl_xor_sync(0xffffffffu, v, 5);
+  r[2] = __shfl_up_sync(0xffffffffu, v, 2);
+  r[3] = __shfl_down_sync(0xffffffffu, v, 7);
+  r[4] = __shfl_sync(0xffffffffu, v, 1, 8);
+  r[5] = int(__ballot_sync(0xffffffffu, lane & 1));
+  r[6] = __any_sync(0xffffffffu, lane == 31);
+  r[7] = __all_sync(0xffffffffu, lane < 32);
+  if (8 * int64_t(t) + 7 < p.n)
+    for (int i = 0; i < 8; ++i) out[8 * t + i] = r[i];
+}
+
+// Dynamic shared memory: each block reverses its slice of `in` through a dynamic buffer of
+// blockDim.x floats: out[b * nb + t] = in[b * nb + nb - 1 - t].
+__device__ void dyn_smem_kernel(const SelftestParams& p) {
+  LLK_DYN_SMEM(raw);
+  float* buf = reinterpret_cast<float*>(raw);
+  const float* in = reinterpret_cast<const float*>(p.input);
+  float* out = reinterpret_cast<float*>(p.out);
+  const int t = int(threadIdx.x), nb = int(blockDim.x);
+  const int64_t g = int64_t(blockIdx.x) * nb + t;
+  buf[t] = g < p.n ? in[g] : 0.f;
+  __syncthreads();
+  const int64_t src = int64_t(blockIdx.x) * nb + (nb - 1 - t);
+  if (g < p.n && src < p.n) out[g] = buf[nb - 1 - t];
+}
+
+// Atomics: every thread adds its index into out[0] (as int) and counts itself into out[1].
+__device__ void atomics_kernel(const SelftestParams& p) {
+  int* out = reinterpret_cast<int*>(p.out);
+  const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g < p.n) {
+    atomicAdd(&out[0], int(g));
+    atomicAdd(&out[1], 1);
+  }
+}
+
+}  // namespace
+
+#define SELFTEST_KERNELS(X)                                                               \
+  X(selftest_stencil, SelftestParams, (kBlock), (stencil_kernel))                         \
+  X(selftest_deadlock, SelftestParams, (1024), (deadlock_kernel))                         \
+  X(selftest_divergent_barrier, SelftestParams, (1024), (divergent_barrier_kernel))       \
+  X(selftest_warp_ops, SelftestParams, (1024), (warp_ops_kernel))                         \
+  X(selftest_dyn_smem, SelftestParams, (1024), (dyn_smem_kernel))                         \
+  X(selftest_atomics, SelftestParams, (1024), (atomics_kernel))
+
+LLK_EXPORT_KERNELS(selftest, SELFTEST_KERNELS)

@@ -1,0 +1,116 @@
+//! Kernels that test the emulation runtime itself (kernels/selftest.cu).
+//!
+//! The `Correct` variants run on every target and must agree with the plain-Rust expectations
+//! in the tests; the `PlantedBug` variants carry a bug (missing barrier, a lane skipping a
+//! shuffle, divergent barriers) that the emulator must expose. Never launch a planted bug on a
+//! GPU: a deadlock there hangs the device, which is exactly what the emulator exists to prevent.
+
+use crate::backend::{KernelArgs, KernelRef, LaunchDims, Target};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::{check_dtype, grid_x, to_i64};
+use crate::params::{LlkSelftestVariant, SelftestParams};
+use crate::tensor::Tensor;
+
+/// Threads per block of `selftest_stencil` (kBlock in kernels/selftest.cu).
+pub const STENCIL_BLOCK: usize = 256;
+
+/// Which version of a self-test kernel to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    Correct,
+    PlantedBug,
+}
+
+/// The self-test kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// 3-point stencil through shared memory (`in` f32 [n] -> `out` f32 [n]); bug: no barrier.
+    Stencil,
+    /// Warp shuffle then barrier (`out` f32 [block]); bug: only lane 0 shuffles (deadlock).
+    Deadlock,
+    /// A barrier (`out` f32 [block]); bug: half the block at another barrier.
+    DivergentBarrier,
+    /// Every shuffle and vote (`out` i32 [8 * threads]).
+    WarpOps,
+    /// Per-block reversal through dynamic shared memory (`in`, `out` f32 [n]).
+    DynSmem,
+    /// atomicAdd of thread indices and counts (`out` i32 [2], zeroed by the caller).
+    Atomics,
+}
+
+impl Kernel {
+    fn symbol(self) -> &'static str {
+        match self {
+            Kernel::Stencil => "selftest_stencil",
+            Kernel::Deadlock => "selftest_deadlock",
+            Kernel::DivergentBarrier => "selftest_divergent_barrier",
+            Kernel::WarpOps => "selftest_warp_ops",
+            Kernel::DynSmem => "selftest_dyn_smem",
+            Kernel::Atomics => "selftest_atomics",
+        }
+    }
+    pub const ALL: [Kernel; 6] =
+        [Kernel::Stencil, Kernel::Deadlock, Kernel::DivergentBarrier, Kernel::WarpOps, Kernel::DynSmem, Kernel::Atomics];
+}
+
+/// The symbols of this family, for static checks.
+pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
+    Kernel::ALL.into_iter().map(|k| KernelRef { module: "selftest", symbol: k.symbol() })
+}
+
+/// Launches a self-test kernel over `threads` threads in blocks of `block` threads.
+/// `input` is needed by `Stencil` and `DynSmem`; `n` is the element count the kernel guards on.
+pub fn launch(
+    kernel: Kernel,
+    variant: Variant,
+    input: Option<&Tensor>,
+    out: &Tensor,
+    n: usize,
+    threads: usize,
+    block: usize,
+) -> Result<()> {
+    const OP: &str = "selftest";
+    if variant == Variant::PlantedBug && out.device().target() == Target::Cuda {
+        return Err(Error::invalid(OP, "variant", "PlantedBug", "planted bugs run on the emulated target only"));
+    }
+    let block = if kernel == Kernel::Stencil { STENCIL_BLOCK } else { block };
+    if block == 0 || block > 1024 {
+        return Err(Error::invalid(OP, "block", block, "must be 1..=1024"));
+    }
+    let out_dtype = if matches!(kernel, Kernel::WarpOps | Kernel::Atomics) { DType::I32 } else { DType::F32 };
+    check_dtype(OP, "out", out, out_dtype)?;
+    let needed = match kernel {
+        Kernel::WarpOps => 8 * threads,
+        Kernel::Atomics => 2,
+        Kernel::Deadlock | Kernel::DivergentBarrier => n.min(block),
+        Kernel::Stencil | Kernel::DynSmem => n,
+    };
+    if !out.is_contiguous() || out.numel() < needed {
+        return Err(Error::invalid(OP, "out", out.numel(), format!("needs {needed} contiguous elements")));
+    }
+    if let Some(i) = input {
+        check_dtype(OP, "in", i, DType::F32)?;
+        if !i.is_contiguous() || i.numel() < n {
+            return Err(Error::invalid(OP, "in", i.numel(), format!("needs {n} contiguous elements")));
+        }
+    } else if matches!(kernel, Kernel::Stencil | Kernel::DynSmem) {
+        return Err(Error::invalid(OP, "in", "None", "this kernel reads an input"));
+    }
+    let mut args = KernelArgs::new(OP, out.device());
+    let params = SelftestParams {
+        input: args.opt_ptr("in", input)?,
+        out: args.ptr("out", out)?,
+        n: to_i64(OP, "n", if kernel == Kernel::WarpOps { 8 * threads } else { n })?,
+        variant: match variant {
+            Variant::Correct => LlkSelftestVariant::LLK_SELFTEST_CORRECT,
+            Variant::PlantedBug => LlkSelftestVariant::LLK_SELFTEST_PLANTED_BUG,
+        },
+    };
+    let dims = LaunchDims {
+        grid: (grid_x(OP, threads.div_ceil(block))?, 1, 1),
+        block: (block as u32, 1, 1),
+        dyn_smem: if kernel == Kernel::DynSmem { (block * 4) as u32 } else { 0 },
+    };
+    args.launch(KernelRef { module: "selftest", symbol: kernel.symbol() }, dims, &params)
+}

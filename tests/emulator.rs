@@ -1,0 +1,127 @@
+//! Tests of the emulation runtime itself, through the self-test kernels.
+
+mod common;
+
+use llama_kernels::selftest::{self, Kernel, Variant};
+use llama_kernels::{DType, Device, Error, Tensor};
+
+fn stencil(device: &Device, variant: Variant, input: &[f32]) -> Vec<f32> {
+    let n = input.len();
+    let x = Tensor::from_slice(device, input, &[n]).unwrap();
+    let y = Tensor::poisoned(device, DType::F32, &[n]).unwrap();
+    selftest::launch(Kernel::Stencil, variant, Some(&x), &y, n, n, 256).unwrap();
+    y.to_vec().unwrap()
+}
+
+#[test]
+fn missing_barrier_is_caught_by_comparing_schedules() {
+    let n = 1024;
+    let input: Vec<f32> = (0..n).map(|i| (i % 7) as f32 + 0.25 * i as f32).collect();
+    let expected: Vec<f32> = (0..n)
+        .map(|i| {
+            let at = |j: isize| if j < 0 || j >= n as isize { 0.0 } else { input[j as usize] };
+            at(i as isize - 1) + at(i as isize) + at(i as isize + 1)
+        })
+        .collect();
+    let devices = common::schedule_devices();
+    let correct: Vec<Vec<f32>> = devices.iter().map(|d| stencil(d, Variant::Correct, &input)).collect();
+    for c in &correct {
+        assert_eq!(c, &expected, "the correct stencil is wrong under some schedule");
+    }
+    let buggy: Vec<Vec<f32>> = devices.iter().map(|d| stencil(d, Variant::PlantedBug, &input)).collect();
+    let bits = |v: &Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(
+        buggy.iter().any(|b| bits(b) != bits(&buggy[0])),
+        "three schedules agreed on a kernel with a missing __syncthreads"
+    );
+}
+
+#[test]
+fn planted_deadlock_is_reported_not_hung() {
+    let d = Device::emulated();
+    let out = Tensor::zeros(&d, DType::F32, &[64]).unwrap();
+    selftest::launch(Kernel::Deadlock, Variant::Correct, None, &out, 64, 64, 64).unwrap();
+    let got: Vec<f32> = out.to_vec().unwrap();
+    assert!(got.iter().enumerate().all(|(i, &v)| v == (i ^ 1) as f32), "{got:?}");
+    let e = selftest::launch(Kernel::Deadlock, Variant::PlantedBug, None, &out, 64, 64, 64).unwrap_err();
+    match e {
+        Error::Emulation { status, message, .. } => {
+            assert_eq!(status, "deadlock");
+            assert!(message.contains("wait at __syncthreads") && message.contains("at warp operations"), "{message}");
+        }
+        other => panic!("expected a deadlock report, got {other}"),
+    }
+    // The device is still usable afterwards.
+    selftest::launch(Kernel::Deadlock, Variant::Correct, None, &out, 64, 64, 64).unwrap();
+}
+
+#[test]
+fn divergent_barriers_are_reported() {
+    let d = Device::emulated();
+    let out = Tensor::zeros(&d, DType::F32, &[128]).unwrap();
+    selftest::launch(Kernel::DivergentBarrier, Variant::Correct, None, &out, 128, 128, 128).unwrap();
+    let e = selftest::launch(Kernel::DivergentBarrier, Variant::PlantedBug, None, &out, 128, 128, 128).unwrap_err();
+    assert!(matches!(e, Error::Emulation { status: "divergent barrier", .. }), "{e}");
+    assert!(e.to_string().contains("selftest.cu"), "the report names the source lines: {e}");
+}
+
+#[test]
+fn shuffles_and_votes_match_their_definitions() {
+    for device in common::devices() {
+        let threads = 96;
+        let out = Tensor::poisoned(&device, DType::I32, &[8 * threads]).unwrap();
+        selftest::launch(Kernel::WarpOps, Variant::Correct, None, &out, 0, threads, 96).unwrap();
+        let got: Vec<i32> = out.to_vec().unwrap();
+        for t in 0..threads as i32 {
+            let (lane, base) = (t & 31, t - (t & 31));
+            let v = |l: i32| (base + l) * 10;
+            let expect = [
+                v(3),
+                v(lane ^ 5),
+                if lane >= 2 { v(lane - 2) } else { v(lane) },
+                if lane + 7 < 32 { v(lane + 7) } else { v(lane) },
+                v((lane & !7) | 1),
+                0xaaaa_aaaau32 as i32,
+                1,
+                1,
+            ];
+            assert_eq!(&got[8 * t as usize..8 * t as usize + 8], &expect, "thread {t}");
+        }
+    }
+}
+
+#[test]
+fn dynamic_shared_memory_and_atomics_work() {
+    for device in common::devices() {
+        let (n, block) = (1000, 128);
+        let input: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let x = Tensor::from_slice(&device, &input, &[n]).unwrap();
+        let y = Tensor::poisoned(&device, DType::F32, &[n]).unwrap();
+        selftest::launch(Kernel::DynSmem, Variant::Correct, Some(&x), &y, n, n, block).unwrap();
+        let got: Vec<f32> = y.to_vec().unwrap();
+        for (i, &g) in got.iter().enumerate() {
+            let (b, t) = (i / block, i % block);
+            let src = b * block + block - 1 - t;
+            if src < n {
+                assert_eq!(g, input[src], "element {i}");
+            } else {
+                assert!(g.is_nan(), "element {i} has no source and must keep its poison, got {g}");
+            }
+        }
+        let counts = Tensor::zeros(&device, DType::I32, &[2]).unwrap();
+        selftest::launch(Kernel::Atomics, Variant::Correct, None, &counts, 5000, 5000, 256).unwrap();
+        let c: Vec<i32> = counts.to_vec().unwrap();
+        assert_eq!(c, vec![(0..5000).sum::<i32>(), 5000]);
+    }
+}
+
+#[test]
+fn bad_launches_are_errors() {
+    let d = Device::emulated();
+    let out = Tensor::zeros(&d, DType::F32, &[16]).unwrap();
+    // An output too small for the kernel is refused before launch.
+    let e = selftest::launch(Kernel::Deadlock, Variant::Correct, None, &out, 64, 64, 64).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    let e = selftest::launch(Kernel::Deadlock, Variant::Correct, None, &out, 16, 2048, 2048).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { name: "block", .. }), "{e}");
+}
