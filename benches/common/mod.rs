@@ -1,0 +1,81 @@
+//! Shared benchmark support: GPU detection, CUDA-event timing, the copy-bandwidth yardstick, and
+//! the summary table (time, bytes, GB/s, fraction of copy bandwidth or TFLOP/s).
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use criterion::Criterion;
+use llama_kernels::{DType, Device, Result, Tensor};
+
+/// CUDA device 0, or `None` after printing why there is nothing to measure.
+pub fn gpu_or_explain(bench: &str) -> Option<Device> {
+    match Device::cuda(0) {
+        Ok(d) => {
+            println!("{bench}: {}", d.description());
+            Some(d)
+        }
+        Err(e) => {
+            println!("{bench}: no GPU here ({e}); GPU benchmarks measure nothing on this machine.");
+            None
+        }
+    }
+}
+
+/// Criterion tuned for GPU kernels timed by events: short warm-up, enough samples.
+pub fn criterion() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(20)
+        .configure_from_args()
+}
+
+/// Mean GPU time of one call of `f`, in microseconds, from CUDA events around `iters` calls.
+pub fn gpu_time_us(device: &Device, iters: usize, mut f: impl FnMut() -> Result<()>) -> f64 {
+    f().expect("warm-up launch");
+    device.synchronize().expect("sync");
+    let ms = device.time_with_events(iters, &mut f).expect("timed launches").expect("CUDA events on a GPU");
+    ms * 1e3 / iters as f64
+}
+
+/// Criterion's custom timing: CUDA-event time of `iters` launches.
+pub fn event_duration(device: &Device, iters: u64, f: &mut dyn FnMut() -> Result<()>) -> Duration {
+    let ms = device.time_with_events(iters as usize, f).expect("timed launches").expect("CUDA events on a GPU");
+    Duration::from_secs_f64(ms / 1e3)
+}
+
+/// Device-to-device copy bandwidth (bytes read + bytes written per second), 1 GiB each way.
+pub fn copy_bandwidth_gbs(device: &Device) -> f64 {
+    let n = 1usize << 29; // bf16 elements: 1 GiB
+    let a = Tensor::zeros(device, DType::BF16, &[n]).expect("alloc");
+    let b = Tensor::zeros(device, DType::BF16, &[n]).expect("alloc");
+    let us = gpu_time_us(device, 20, || device.copy(&a, &b));
+    let gbs = 2.0 * (n * 2) as f64 / (us * 1e-6) / 1e9;
+    println!("copy yardstick: 1 GiB device-to-device in {us:.1} us = {gbs:.0} GB/s (read + write)");
+    gbs
+}
+
+/// One row of the summary table.
+pub struct Row {
+    pub name: String,
+    pub us: f64,
+    pub bytes: f64,
+    pub flops: f64,
+}
+
+pub fn print_memory_table(title: &str, rows: &[Row], copy_gbs: f64) {
+    println!("\n{title}");
+    println!("{:<48} {:>10} {:>12} {:>9} {:>8}", "case", "time us", "bytes", "GB/s", "% copy");
+    for r in rows {
+        let gbs = r.bytes / (r.us * 1e-6) / 1e9;
+        println!("{:<48} {:>10.2} {:>12.0} {:>9.0} {:>7.1}%", r.name, r.us, r.bytes, gbs, 100.0 * gbs / copy_gbs);
+    }
+}
+
+pub fn print_flops_table(title: &str, rows: &[Row]) {
+    println!("\n{title}");
+    println!("{:<56} {:>10} {:>10}", "case", "time us", "TFLOP/s");
+    for r in rows {
+        println!("{:<56} {:>10.1} {:>10.1}", r.name, r.us, r.flops / (r.us * 1e-6) / 1e12);
+    }
+}

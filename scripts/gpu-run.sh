@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, after scripts/gpu-stage.sh staged the
+# binaries here. One call: GPU tests, verify at full size, the benches, then PyTorch on the same
+# shapes, with our/their ratios printed last. Everything is also written to $OUT/ (returned).
+set -uo pipefail
+stage="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+out="${OUT:-/tmp/llk-out}"
+mkdir -p "$out"
+log="$out/gpu-run.txt"
+exec > >(tee "$log") 2>&1
+
+echo "== machine"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv || true
+
+# cuBLAS (and the CUDA runtime pieces torch ships) live inside the torch wheels on that machine.
+py=python3
+libs=$($py - <<'PY' 2>/dev/null
+import glob, os, site
+dirs = set()
+for sp in site.getsitepackages() + [site.getusersitepackages()]:
+    for p in glob.glob(os.path.join(sp, "nvidia", "*", "lib")) + glob.glob(os.path.join(sp, "torch", "lib")):
+        dirs.add(p)
+print(":".join(sorted(dirs)))
+PY
+)
+export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+status=0
+echo; echo "== tests (CUDA runs automatically next to the emulated target)"
+for t in "$stage"/bin/test-*; do
+  echo "-- $(basename "$t")"
+  "$t" --test-threads=1 || status=1
+done
+
+echo; echo "== verify at full size"
+"$stage/bin/llama-kernels" info || status=1
+"$stage/bin/llama-kernels" verify --target cuda --full || status=1
+
+echo; echo "== benches"
+for b in "$stage"/bin/bench-*; do
+  echo "-- $(basename "$b")"
+  # --noplot: no gnuplot there; criterion's statistics and our summary tables are printed.
+  "$b" --bench --noplot 2>&1 | tee "$out/$(basename "$b").txt" || status=1
+done
+
+echo; echo "== PyTorch on the same shapes, and our/their ratios"
+$py "$stage/torch_compare.py" --ours "$out"/bench-*.txt || status=1
+
+echo; echo "gpu-run finished with status $status"
+exit $status

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Builds, here (no GPU needed), everything the GPU machine runs, and stages it in target/gpu-stage:
+#   bin/       the llama-kernels binary, the GPU-relevant test binaries and the bench binaries
+#   gpu-run.sh torch_compare.py
+# Then, with the device tool, one call runs it all (see README "Running on a GPU"):
+#   run(command="bash target/gpu-stage/gpu-run.sh", carry=["target/gpu-stage"], timeout_s=540)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+scripts/setup.sh >/dev/null
+stage=target/gpu-stage
+rm -rf "$stage"
+mkdir -p "$stage/bin"
+
+# Test binaries that exercise kernels (static checks and the params mirror read this checkout's
+# build folders and sources, and run in CI instead).
+gpu_tests="rms_norm emulator rope swiglu attention"
+cargo build --release --bin llama-kernels
+cp target/release/llama-kernels "$stage/bin/"
+cargo test --release --no-run --message-format=json 2>/dev/null |
+  python3 -c '
+import json, sys
+wanted = set(sys.argv[1].split())
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"] \
+       and m["target"]["name"] in wanted:
+        print(m["target"]["name"], m["executable"])
+' "$gpu_tests" | while read -r name exe; do cp "$exe" "$stage/bin/test-$name"; done
+cargo bench --no-run --message-format=json 2>/dev/null |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["bench"]:
+        print(m["target"]["name"], m["executable"])
+' | while read -r name exe; do cp "$exe" "$stage/bin/bench-$name"; done
+strip "$stage"/bin/* 2>/dev/null || true
+cp scripts/gpu-run.sh scripts/torch_compare.py "$stage/"
+ls -la "$stage/bin"
+du -sh "$stage"
