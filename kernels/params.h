@@ -29,6 +29,63 @@ typedef struct RmsNormParams {
   float eps;
 } RmsNormParams;
 
+// ---------------------------------------------------------------------------- RoPE
+// Rotates q and k in place: pair (a, b) at position p becomes
+//   (a cos(p f_i) - b sin(p f_i), b cos(p f_i) + a sin(p f_i)),  f_i = inv_freq[i].
+typedef enum LlkRopeLayout {
+  LLK_ROPE_INTERLEAVED = 0,  // pairs (2i, 2i+1): Meta's reference (complex form), Llama 4 in HF
+  LLK_ROPE_HALF_SPLIT = 1,   // pairs (i, i + rotary_dim/2): Hugging Face rotate_half, NeoX
+} LlkRopeLayout;
+
+typedef enum LlkIndexType {
+  LLK_INDEX_I32 = 0,
+  LLK_INDEX_I64 = 1,
+} LlkIndexType;
+
+typedef enum LlkRopeNorm {
+  LLK_ROPE_NO_NORM = 0,
+  LLK_ROPE_L2_NORM = 1,  // Llama 4: x * rsqrt(mean(x^2) + eps) over each head, after rotating
+} LlkRopeNorm;
+
+typedef struct RopeParams {
+  uint64_t q;          // [tokens, q_heads, head_dim], rotated in place
+  uint64_t k;          // [tokens, kv_heads, head_dim], rotated in place (0 when kv_heads == 0)
+  uint64_t positions;  // [tokens], i32 or i64 (position_type)
+  uint64_t inv_freq;   // [rotary_dim / 2] float2 {hi, lo}: f_i = hi + lo, from an f64 table
+  int64_t tokens;
+  int64_t q_heads;
+  int64_t kv_heads;
+  int64_t head_dim;
+  int64_t rotary_dim;  // even, <= head_dim; dims from rotary_dim on pass through
+  int64_t q_token_stride;
+  int64_t q_head_stride;
+  int64_t k_token_stride;
+  int64_t k_head_stride;
+  LlkRopeLayout layout;
+  LlkIndexType position_type;
+  LlkRopeNorm norm;
+  float norm_eps;
+} RopeParams;
+
+// ---------------------------------------------------------------------------- SwiGLU
+// out = silu(gate) * up, silu(g) = g / (1 + exp(-g)), in f32.
+typedef enum LlkGateUpLayout {
+  LLK_GATE_UP_SEPARATE = 0,    // gate and up are two row-strided tensors (also [gate | up] halves)
+  LLK_GATE_UP_INTERLEAVED = 1, // one [tokens, 2d] tensor with gate at even and up at odd columns
+} LlkGateUpLayout;
+
+typedef struct SwiGluParams {
+  uint64_t gate;  // [tokens, d] (SEPARATE) or [tokens, 2d] interleaved gate/up (INTERLEAVED)
+  uint64_t up;    // [tokens, d] (SEPARATE); unused for INTERLEAVED
+  uint64_t out;   // [tokens, d]; may be the gate itself (SEPARATE, in place)
+  int64_t tokens;
+  int64_t d;
+  int64_t gate_row_stride;
+  int64_t up_row_stride;
+  int64_t out_row_stride;
+  LlkGateUpLayout layout;
+} SwiGluParams;
+
 // ---------------------------------------------------------------------------- Self-tests
 // Small kernels that exercise the emulation runtime (and, on a GPU, check that the emulated PTX
 // wrappers match the hardware). See kernels/selftest.cu.

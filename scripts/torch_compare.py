@@ -108,7 +108,87 @@ def rms_norm_section(torch, compiler):
     return rows
 
 
-SECTIONS = {"rms_norm": rms_norm_section}
+def rope_section(torch, compiler):
+    """Hugging Face's formulations: rotate_half (Llama 3) and the complex form + qk L2 norm
+    (Llama 4), with cos/sin precomputed once as HF does per forward."""
+    rows = []
+
+    def rotate_half(x):
+        h = x.shape[-1] // 2
+        return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+    def llama3(q, k, cos, sin):
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    def l2norm(x, eps=1e-5):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
+
+    def llama4(q, k, freqs_cis):
+        q_ = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))
+        k_ = torch.view_as_complex(k.float().reshape(*k.shape[:-1], -1, 2))
+        qo = torch.view_as_real(q_ * freqs_cis).flatten(-2).type_as(q)
+        ko = torch.view_as_real(k_ * freqs_cis).flatten(-2).type_as(k)
+        return l2norm(qo), l2norm(ko)
+
+    dt = torch.bfloat16
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, device="cuda", dtype=torch.float32) / 128))
+    for model, qh, kh, token_counts in [("llama3", 32, 8, [1, 16, 512, 4096, 16384]), ("llama4", 40, 8, [4096])]:
+        for tokens in token_counts:
+            q = torch.randn(tokens, qh, 128, device="cuda", dtype=dt)
+            k = torch.randn(tokens, kh, 128, device="cuda", dtype=dt)
+            freqs = torch.outer(torch.arange(tokens, device="cuda", dtype=torch.float32), inv_freq)
+            if model == "llama3":
+                emb = torch.cat((freqs, freqs), dim=-1)
+                cos, sin = emb.cos().to(dt)[:, None, :], emb.sin().to(dt)[:, None, :]
+                fn, args = llama3, (q, k, cos, sin)
+                name = f"rope bf16 {tokens}x({qh}+{kh})x128"
+            else:
+                fc = torch.polar(torch.ones_like(freqs), freqs)[:, None, :]
+                fn, args = llama4, (q, k, fc)
+                name = f"rope bf16 {tokens}x({qh}+{kh})x128 llama4"
+            theirs = {"torch eager": cuda_time_us(torch, lambda: fn(*args))}
+            if tokens >= 4096:
+                c = compiler.time(fn, *args)
+                if c is not None:
+                    theirs["torch.compile"] = c
+            rows.append((name, theirs))
+    return rows
+
+
+def swiglu_section(torch, compiler):
+    F = torch.nn.functional
+    rows = []
+    d = 14336
+
+    def packed(gu):
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def separate(g, u):
+        return F.silu(g) * u
+
+    for dname in ["bf16", "f16", "f32"]:
+        dt = dtype_of(torch, dname)
+        for form in ["packed", "separate"]:
+            for tokens in [1, 16, 512, 4096, 16384]:
+                if dname != "bf16" and tokens != 4096:
+                    continue
+                if form == "packed":
+                    fn, args = packed, (torch.randn(tokens, 2 * d, device="cuda", dtype=dt),)
+                else:
+                    fn, args = separate, (torch.randn(tokens, d, device="cuda", dtype=dt), torch.randn(tokens, d, device="cuda", dtype=dt))
+                theirs = {"torch eager": cuda_time_us(torch, lambda: fn(*args))}
+                if dname == "bf16" and tokens >= 4096:
+                    c = compiler.time(fn, *args)
+                    if c is not None:
+                        theirs["torch.compile"] = c
+                rows.append((f"swiglu {dname} {tokens}x{d} {form}", theirs))
+                del args
+    return rows
+
+
+SECTIONS = {"rms_norm": rms_norm_section, "rope": rope_section, "swiglu": swiglu_section}
 ROW = re.compile(r"^(\S+ (?:bf16|f16|f32) \S+(?: \S+)*?)\s{2,}([0-9.]+)\s")
 
 

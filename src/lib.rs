@@ -10,6 +10,8 @@
 //! | --- | --- | --- |
 //! | [`ops::rms_norm`] | f32, f16, bf16 (f32 accumulation) | any hidden > 0; rows may be strided; 16-byte vector path when aligned, scalar fallback otherwise; in place allowed |
 //! | [`ops::fused_add_rms_norm`] | f32, f16, bf16 | as `rms_norm`; writes `x + residual` back into `residual` |
+//! | [`ops::Rope::apply`] | f32, f16, bf16 | q and k in place in one launch; interleaved or half-split; i32/i64 positions; Llama 3.1 scaling; partial rotary (even, <= 512); Llama 4 qk-norm |
+//! | [`ops::swiglu`] | f32, f16, bf16 | separate, packed `[gate \| up]`, or interleaved gate/up; in place over the gate |
 //!
 //! ## Targets
 //!

@@ -67,16 +67,40 @@ fn per_function(sass: &str) -> Vec<(String, Vec<String>)> {
     v
 }
 
+/// The `_vec_` kernels of a module: (name, global loads and stores).
+fn vector_kernels(module: &str, expected: usize) -> Vec<(String, Vec<String>)> {
+    let funcs = per_function(&sass(module));
+    let v: Vec<_> = funcs
+        .into_iter()
+        .filter(|(n, _)| n.contains("_vec_"))
+        .map(|(n, ops)| (n, ops.into_iter().filter(|o| o.starts_with("LDG") || o.starts_with("STG")).collect()))
+        .collect();
+    assert_eq!(v.len(), expected, "{module}: {:?}", v.iter().map(|f| &f.0).collect::<Vec<_>>());
+    v
+}
+
 #[test]
-fn vectorized_rms_norm_moves_128_bits_per_access() {
-    let funcs = per_function(&sass("rms_norm"));
-    let vec_kernels: Vec<_> = funcs.iter().filter(|(n, _)| n.contains("_vec_")).collect();
-    assert_eq!(vec_kernels.len(), 6, "{:?}", funcs.iter().map(|f| &f.0).collect::<Vec<_>>());
-    for (name, ops) in vec_kernels {
-        let global: Vec<_> = ops.iter().filter(|o| o.starts_with("LDG") || o.starts_with("STG")).collect();
-        assert!(!global.is_empty(), "{name}: no global accesses found");
-        for o in &global {
-            assert!(o.contains(".128"), "{name}: {o} is not a 128-bit access");
+fn vectorized_rms_norm_and_swiglu_move_128_bits_per_access() {
+    for (module, n) in [("rms_norm", 6), ("swiglu", 6)] {
+        for (name, global) in vector_kernels(module, n) {
+            assert!(!global.is_empty(), "{name}: no global accesses found");
+            for o in &global {
+                assert!(o.contains(".128"), "{name}: {o} is not a 128-bit access");
+            }
         }
+    }
+}
+
+#[test]
+fn vectorized_rope_rotates_with_128_bit_accesses() {
+    // q/k chunks move as 128-bit loads and stores; the other global accesses are the position
+    // (one scalar), the inverse-frequency table (64-bit float2) and the qk-norm's pass-through
+    // loop (scalar, only with partial rotary). No local memory.
+    for (name, global) in vector_kernels("rope", 6) {
+        assert!(global.iter().any(|o| o.starts_with("LDG.E.128")), "{name}: no 128-bit load: {global:?}");
+        assert!(global.iter().any(|o| o.starts_with("STG.E.128")), "{name}: no 128-bit store: {global:?}");
+    }
+    for (name, ops) in per_function(&sass("rope")) {
+        assert!(!ops.iter().any(|o| o.starts_with("LDL") || o.starts_with("STL")), "{name} uses local memory");
     }
 }

@@ -113,7 +113,12 @@ macro_rules! kernel_params {
         impl KernelParams for $t {}
     )*};
 }
-kernel_params!(crate::params::RmsNormParams, crate::params::SelftestParams);
+kernel_params!(
+    crate::params::RmsNormParams,
+    crate::params::RopeParams,
+    crate::params::SwiGluParams,
+    crate::params::SelftestParams,
+);
 
 pub(crate) enum DeviceInner {
     Cuda(cuda::CudaBackend),

@@ -5,13 +5,21 @@
 //! single launch. Outputs are passed as `&Tensor` views and written by the kernel.
 
 pub mod rms_norm;
+pub mod rope;
+pub mod swiglu;
 
 pub use rms_norm::{fused_add_rms_norm, rms_norm};
+pub use rope::{Llama3Scaling, Rope, RopeConfig, RopeLayout};
+pub use swiglu::{GateUp, swiglu};
 
 /// Every kernel symbol the safe wrappers (and the self-tests) may load. A test checks that each
 /// one exists in the PTX of both architectures and in the emulated registry.
 pub fn kernel_symbols() -> Vec<crate::KernelRef> {
-    rms_norm::kernel_symbols().chain(crate::selftest::kernel_symbols()).collect()
+    rms_norm::kernel_symbols()
+        .chain(rope::kernel_symbols())
+        .chain(swiglu::kernel_symbols())
+        .chain(crate::selftest::kernel_symbols())
+        .collect()
 }
 
 use crate::dtype::DType;
@@ -57,21 +65,8 @@ impl Rows {
             }
         }
         // Outer dims: collapsible into one stride.
-        let mut row_stride = None;
-        let mut expect_next: Option<usize> = None;
-        for d in (0..split).rev() {
-            if shape[d] == 1 {
-                continue;
-            }
-            match expect_next {
-                None => row_stride = Some(strides[d]),
-                Some(e) if e != strides[d] => {
-                    return Err(bad("the leading dimensions must collapse into one row stride"));
-                }
-                Some(_) => {}
-            }
-            expect_next = Some(strides[d] * shape[d]);
-        }
+        let (_, row_stride) =
+            collapse(&shape[..split], &strides[..split]).ok_or_else(|| bad("the leading dimensions must collapse into one row stride"))?;
         let row_stride = row_stride.unwrap_or(cols);
         if rows > 1 && row_stride < cols {
             return Err(bad("rows overlap (row stride smaller than the row)"));
@@ -106,6 +101,83 @@ impl Rows {
         let m_min = (d - c1).div_euclid(s) + 1;
         let m = m_min.max(lo);
         m <= hi && m * s < d + c2
+    }
+}
+
+/// Collapses dimensions into one: `(count, stride)`, with `stride` None when at most one entry
+/// exists. `None` when the dimensions are not evenly strided (sizes of 1 may have any stride).
+fn collapse(shape: &[usize], strides: &[usize]) -> Option<(usize, Option<usize>)> {
+    let mut stride = None;
+    let mut expect_next: Option<usize> = None;
+    for d in (0..shape.len()).rev() {
+        if shape[d] == 1 {
+            continue;
+        }
+        match expect_next {
+            None => stride = Some(strides[d]),
+            Some(e) if e != strides[d] => return None,
+            Some(_) => {}
+        }
+        expect_next = Some(strides[d] * shape[d]);
+    }
+    let count = shape.iter().product::<usize>();
+    Some((count, if count > 1 { stride } else { None }))
+}
+
+/// A tensor seen as `[tokens, heads, head_dim]`: `head_dim` contiguous, any head stride, and
+/// leading dimensions that collapse into one token stride (so `[batch, seq, heads, head_dim]`
+/// and views into a fused QKV buffer work).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Heads {
+    pub offset: usize,
+    pub tokens: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub token_stride: usize,
+    pub head_stride: usize,
+}
+
+impl Heads {
+    pub fn of(op: &'static str, what: &'static str, t: &Tensor) -> Result<Heads> {
+        let (shape, strides) = (t.shape(), t.strides());
+        if shape.len() < 3 {
+            return Err(Error::ShapeMismatch {
+                op,
+                what,
+                got: shape.to_vec(),
+                expected: "[tokens, heads, head_dim] (or more leading dims)".into(),
+            });
+        }
+        let r = shape.len();
+        let bad = |why| Error::BadLayout { op, what, shape: shape.to_vec(), strides: strides.to_vec(), why };
+        if shape[r - 1] > 1 && strides[r - 1] != 1 {
+            return Err(bad("head_dim must be contiguous (last stride 1)"));
+        }
+        let (tokens, token_stride) = collapse(&shape[..r - 2], &strides[..r - 2])
+            .ok_or_else(|| bad("the leading dimensions must collapse into one token stride"))?;
+        let (heads, head_dim) = (shape[r - 2], shape[r - 1]);
+        let token_stride = token_stride.unwrap_or(heads * head_dim);
+        let head_stride = if heads > 1 { strides[r - 2] } else { head_dim };
+        // No two (token, head) rows may overlap: order the two strided dims by stride; the inner
+        // one must step over a whole head, the outer one over all inner entries.
+        let mut dims = [(token_stride, tokens), (head_stride, heads)];
+        dims.sort();
+        let [(s1, n1), (s2, n2)] = dims;
+        if head_dim > 0 && ((n1 > 1 && s1 < head_dim) || (n2 > 1 && s2 < (n1.max(1) - 1) * s1 + head_dim)) {
+            return Err(bad("(token, head) rows overlap: strides too small for head_dim"));
+        }
+        Ok(Heads { offset: t.offset(), tokens, heads, head_dim, token_stride, head_stride })
+    }
+
+    /// A row view for overlap checks: exact when the heads of a token are contiguous, else one
+    /// conservative span.
+    pub fn rows(&self) -> Rows {
+        if self.head_stride == self.head_dim || self.heads <= 1 {
+            Rows { offset: self.offset, rows: self.tokens, cols: self.heads * self.head_dim, row_stride: self.token_stride }
+        } else {
+            let span = (self.tokens.max(1) - 1) * self.token_stride + (self.heads.max(1) - 1) * self.head_stride + self.head_dim;
+            Rows { offset: self.offset, rows: 1, cols: span, row_stride: span }
+        }
     }
 }
 

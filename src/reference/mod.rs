@@ -5,6 +5,8 @@
 //! and they are written for clarity, not speed.
 
 pub mod rms_norm;
+pub mod rope;
+pub mod swiglu;
 
 use crate::error::{Error, Result};
 

@@ -1,0 +1,184 @@
+// rope.cu -- rotary position embedding of q and k, in place, in one launch (Llama 3 and Llama 4).
+//
+// Math (the spec is src/reference/rope.rs, in f64): for each token t at position p = positions[t]
+// and each rotary pair i < rotary_dim / 2 with inverse frequency f_i,
+//   (a, b) <- (a cos(p f_i) - b sin(p f_i),  b cos(p f_i) + a sin(p f_i))
+// where the pair is (2i, 2i+1) for LLK_ROPE_INTERLEAVED (Meta's complex form) and
+// (i, i + rotary_dim/2) for LLK_ROPE_HALF_SPLIT (Hugging Face rotate_half, NeoX). Dims from
+// rotary_dim to head_dim pass through. With LLK_ROPE_L2_NORM (Llama 4 qk_norm), each rotated head
+// is then scaled by rsqrt(mean(x^2) + eps) over all head_dim values, from the unrounded f32 values.
+//
+// Angles. f_i (theta^(-2i/rotary_dim), Llama 3.1 scaling applied) comes from an f64 table on the
+// host, as a double-float pair hi + lo. A plain f32 product p * f_i loses the angle at large
+// positions: at p = 131071 the product is ~1e5 rad and its f32 ulp is 0.008 rad. Instead the
+// angle is formed as a double-float (p split into hi + lo, the hi * hi product split exactly by
+// an fma), reduced modulo pi/2 with a double-float pi/2, and only the reduced angle |r| <= pi/4
+// goes through the sin/cos polynomials. Error bound: the reduced angle is within ~1e-7 rad of
+// (p f_i mod pi/2) for |p| < 2^24, and the polynomials add ~1 ulp; the rotation is accurate to a
+// few f32 ulps at any position a Llama model reaches (tests check 131071 against f64).
+// Cost: ~30 flops per (token, pair), shared by all heads of the token.
+//
+// Grid mapping: one block per token; blockDim.x = G threads per head (a power of two <= 32),
+// blockDim.y = heads processed at once. A thread owns the same `chunks` of every head (a chunk is
+// VEC consecutive elements, plus for half-split the matching VEC elements of the second half), so
+// its cos/sin stay in registers while it walks over the q heads then the k heads. The head loop
+// has a warp-uniform trip count, so the norm's shuffles never diverge.
+//
+// Vectors: VEC = 16 / sizeof(T) (one 128-bit access) when the rotary chunks, pointers and strides
+// allow; otherwise VEC = 2 (interleaved) or 1 (half-split).
+#include "common/llk.cuh"
+
+namespace {
+
+// Threads per block (the host plans G * heads_at_once <= this). 256 leaves ptxas up to 255
+// registers: cos/sin and the pairs of 8 rotary pairs live in registers without spilling.
+constexpr int kMaxThreads = 256;
+
+// pi/2 as a double-float (hi + lo), and 2/pi.
+constexpr float kPiO2Hi = 1.57079637050628662f;
+constexpr float kPiO2Lo = -4.37113900018624283e-8f;
+constexpr float kTwoOverPi = 0.636619772367581343f;
+
+// cos and sin of p * (f.x + f.y). The product is formed as a double-float, reduced modulo pi/2
+// with a double-float pi/2 (k * hi split exactly by an fma), and the reduced angle |r| <= pi/4
+// goes through minimax polynomials (Cephes sinf/cosf coefficients, ~1 ulp on [-pi/4, pi/4]); the
+// quadrant k mod 4 picks signs and swaps. No sincosf: its large-argument path needs local memory.
+__device__ __forceinline__ void rope_cos_sin(int64_t pos, float2 f, float& c, float& s) {
+  const float p_hi = float(pos);
+  const float p_lo = float(pos - int64_t(p_hi));  // exact for |pos| < 2^48
+  const float a_hi = p_hi * f.x;
+  const float a_lo = fmaf(p_hi, f.x, -a_hi) + (p_hi * f.y + p_lo * f.x);
+  const float k = rintf(a_hi * kTwoOverPi);
+  const float t_hi = k * kPiO2Hi;
+  const float t_lo = fmaf(k, kPiO2Hi, -t_hi) + k * kPiO2Lo;
+  const float r = (a_hi - t_hi) + (a_lo - t_lo);  // a_hi - t_hi is exact (Sterbenz)
+  const float r2 = r * r;
+  const float sr = fmaf(r * r2, fmaf(r2, fmaf(r2, -1.9515295891e-4f, 8.3321608736e-3f), -1.6666654611e-1f), r);
+  const float cr = fmaf(r2 * r2, fmaf(r2, fmaf(r2, 2.443315711809948e-5f, -1.388731625493765e-3f), 4.166664568298827e-2f),
+                        fmaf(-0.5f, r2, 1.f));
+  switch (int(int64_t(k) & 3)) {
+    case 0: s = sr, c = cr; break;
+    case 1: s = cr, c = -sr; break;
+    case 2: s = -sr, c = -cr; break;
+    default: s = -cr, c = sr; break;
+  }
+}
+
+template <LlkRopeLayout LAYOUT, int VEC>
+struct Chunking {
+  // Rotary pairs in one chunk, and the chunk cap that keeps a thread at <= 8 pairs (cos, sin and
+  // the pair itself in registers: 32 floats). With at most 32 threads per head this bounds
+  // rotary_dim at 512 on every path (checked on the host).
+  static constexpr int kPairs = LAYOUT == LLK_ROPE_INTERLEAVED ? VEC / 2 : VEC;
+  static constexpr int kMaxChunks = kPairs >= 8 ? 1 : 8 / kPairs;
+  // Pair index of slot j of chunk c.
+  __device__ static int64_t pair(int64_t c, int j) { return c * kPairs + j; }
+};
+
+template <class T, int VEC, LlkRopeLayout LAYOUT>
+__device__ void rope_kernel(const RopeParams& p) {
+  using C = Chunking<LAYOUT, VEC>;
+  const int g = int(blockDim.x);
+  const int tx = int(threadIdx.x);
+  const int64_t token = blockIdx.x;
+  const int64_t half = p.rotary_dim / 2;
+  const int64_t nchunks = LAYOUT == LLK_ROPE_INTERLEAVED ? p.rotary_dim / VEC : half / VEC;
+
+  const int64_t pos = p.position_type == LLK_INDEX_I64 ? reinterpret_cast<const int64_t*>(p.positions)[token]
+                                                       : int64_t(reinterpret_cast<const int32_t*>(p.positions)[token]);
+  const float2* inv_freq = reinterpret_cast<const float2*>(p.inv_freq);
+
+  // cos/sin of this thread's pairs, computed once per token.
+  float cs[C::kMaxChunks][C::kPairs] = {};
+  float sn[C::kMaxChunks][C::kPairs] = {};
+#pragma unroll
+  for (int c = 0; c < C::kMaxChunks; ++c) {
+    const int64_t chunk = tx + int64_t(c) * g;
+    if (chunk < nchunks) {
+#pragma unroll
+      for (int j = 0; j < C::kPairs; ++j) rope_cos_sin(pos, inv_freq[C::pair(chunk, j)], cs[c][j], sn[c][j]);
+    }
+  }
+
+  const int64_t nheads = p.q_heads + p.kv_heads;
+  for (int64_t h0 = 0; h0 < nheads; h0 += blockDim.y) {  // warp-uniform trip count
+    const int64_t h = h0 + threadIdx.y;
+    const bool valid = h < nheads;
+    T* x = nullptr;
+    if (valid) {
+      x = h < p.q_heads ? reinterpret_cast<T*>(p.q) + token * p.q_token_stride + h * p.q_head_stride
+                        : reinterpret_cast<T*>(p.k) + token * p.k_token_stride + (h - p.q_heads) * p.k_head_stride;
+    }
+    // Rotate this thread's chunks in registers: lo holds the first element of each pair.
+    float lo[C::kMaxChunks][C::kPairs] = {}, hi[C::kMaxChunks][C::kPairs] = {};
+    float ss = 0.f;
+#pragma unroll
+    for (int c = 0; c < C::kMaxChunks; ++c) {
+      const int64_t chunk = tx + int64_t(c) * g;
+      if (!valid || chunk >= nchunks) continue;
+      if constexpr (LAYOUT == LLK_ROPE_INTERLEAVED) {
+        float v[VEC];
+        llk::load_f32<T, VEC>(x + chunk * VEC, v);
+#pragma unroll
+        for (int j = 0; j < C::kPairs; ++j) lo[c][j] = v[2 * j], hi[c][j] = v[2 * j + 1];
+      } else {
+        llk::load_f32<T, VEC>(x + chunk * VEC, lo[c]);
+        llk::load_f32<T, VEC>(x + half + chunk * VEC, hi[c]);
+      }
+#pragma unroll
+      for (int j = 0; j < C::kPairs; ++j) {
+        const float a = lo[c][j], b = hi[c][j];
+        lo[c][j] = a * cs[c][j] - b * sn[c][j];
+        hi[c][j] = b * cs[c][j] + a * sn[c][j];
+        ss = fmaf(lo[c][j], lo[c][j], fmaf(hi[c][j], hi[c][j], ss));
+      }
+    }
+    float scale = 1.f;
+    if (p.norm == LLK_ROPE_L2_NORM) {
+      if (valid)
+        for (int64_t i = p.rotary_dim + tx; i < p.head_dim; i += g) {
+          const float v = llk::to_f32(x[i]);
+          ss = fmaf(v, v, ss);
+        }
+      ss = llk::group_sum(ss, g);
+      scale = rsqrtf(ss / float(p.head_dim) + p.norm_eps);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kMaxChunks; ++c) {
+      const int64_t chunk = tx + int64_t(c) * g;
+      if (!valid || chunk >= nchunks) continue;
+      if constexpr (LAYOUT == LLK_ROPE_INTERLEAVED) {
+        float v[VEC];
+#pragma unroll
+        for (int j = 0; j < C::kPairs; ++j) v[2 * j] = lo[c][j] * scale, v[2 * j + 1] = hi[c][j] * scale;
+        llk::store_f32<T, VEC>(x + chunk * VEC, v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) lo[c][j] *= scale, hi[c][j] *= scale;
+        llk::store_f32<T, VEC>(x + chunk * VEC, lo[c]);
+        llk::store_f32<T, VEC>(x + half + chunk * VEC, hi[c]);
+      }
+    }
+    if (p.norm == LLK_ROPE_L2_NORM && valid)
+      for (int64_t i = p.rotary_dim + tx; i < p.head_dim; i += g) x[i] = llk::from_f32<T>(llk::to_f32(x[i]) * scale);
+  }
+}
+
+}  // namespace
+
+// Symbols: rope_<layout>[_vec]_<dtype>. `_vec` is the 16-byte path.
+#define ROPE_KERNELS(X)                                                                                         \
+  X(rope_interleaved_f32, RopeParams, (kMaxThreads), (rope_kernel<float, 2, LLK_ROPE_INTERLEAVED>))                    \
+  X(rope_interleaved_f16, RopeParams, (kMaxThreads), (rope_kernel<__half, 2, LLK_ROPE_INTERLEAVED>))                   \
+  X(rope_interleaved_bf16, RopeParams, (kMaxThreads), (rope_kernel<__nv_bfloat16, 2, LLK_ROPE_INTERLEAVED>))           \
+  X(rope_interleaved_vec_f32, RopeParams, (kMaxThreads), (rope_kernel<float, 4, LLK_ROPE_INTERLEAVED>))                \
+  X(rope_interleaved_vec_f16, RopeParams, (kMaxThreads), (rope_kernel<__half, 8, LLK_ROPE_INTERLEAVED>))               \
+  X(rope_interleaved_vec_bf16, RopeParams, (kMaxThreads), (rope_kernel<__nv_bfloat16, 8, LLK_ROPE_INTERLEAVED>))       \
+  X(rope_half_split_f32, RopeParams, (kMaxThreads), (rope_kernel<float, 1, LLK_ROPE_HALF_SPLIT>))                      \
+  X(rope_half_split_f16, RopeParams, (kMaxThreads), (rope_kernel<__half, 1, LLK_ROPE_HALF_SPLIT>))                     \
+  X(rope_half_split_bf16, RopeParams, (kMaxThreads), (rope_kernel<__nv_bfloat16, 1, LLK_ROPE_HALF_SPLIT>))             \
+  X(rope_half_split_vec_f32, RopeParams, (kMaxThreads), (rope_kernel<float, 4, LLK_ROPE_HALF_SPLIT>))                  \
+  X(rope_half_split_vec_f16, RopeParams, (kMaxThreads), (rope_kernel<__half, 8, LLK_ROPE_HALF_SPLIT>))                 \
+  X(rope_half_split_vec_bf16, RopeParams, (kMaxThreads), (rope_kernel<__nv_bfloat16, 8, LLK_ROPE_HALF_SPLIT>))
+
+LLK_EXPORT_KERNELS(rope, ROPE_KERNELS)

@@ -1,0 +1,321 @@
+//! Rotary position embedding of q and k, in place, in one launch (kernels/rope.cu).
+//!
+//! Build a [`Rope`] once per model configuration (it uploads the f64-exact inverse-frequency
+//! table: the only allocation), then call [`Rope::apply`] on every batch:
+//!
+//! ```
+//! use llama_kernels::ops::rope::{Rope, RopeConfig};
+//! use llama_kernels::{DType, Device, Tensor};
+//! # fn main() -> llama_kernels::Result<()> {
+//! let device = Device::best();
+//! let rope = Rope::new(&device, RopeConfig::llama3_1(128))?;
+//! let (tokens, q_heads, kv_heads) = (3, 4, 1);
+//! let q = Tensor::zeros(&device, DType::BF16, &[tokens, q_heads, 128])?;
+//! let k = Tensor::zeros(&device, DType::BF16, &[tokens, kv_heads, 128])?;
+//! let positions = Tensor::from_slice(&device, &[0i32, 1, 131071], &[tokens])?;
+//! rope.apply(&q, Some(&k), &positions)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Shapes: q `[tokens, q_heads, head_dim]` and k `[tokens, kv_heads, head_dim]` (more leading
+//! dimensions are fine if they collapse into one token stride), `head_dim` contiguous, any token
+//! and head strides (views into a fused QKV buffer work), same float dtype; positions `[tokens]`,
+//! i32 or i64, contiguous, any values with `|p| < 2^24` (ragged batches, decode at any offset).
+//! NoPE layers (Llama 4) simply do not call this.
+
+use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::{Heads, check_disjoint, check_dtype, check_float, check_same_device, grid_x, to_i64};
+use crate::params::{LlkIndexType, LlkRopeLayout, LlkRopeNorm, RopeParams};
+use crate::tensor::Tensor;
+
+const MODULE: &str = "rope";
+const OP: &str = "rope";
+/// Largest rotary_dim any kernel path handles (8 pairs x 32 threads x 2 elements).
+pub const MAX_ROTARY_DIM: usize = 512;
+/// Threads per block (kMaxThreads in kernels/rope.cu).
+const MAX_THREADS: usize = 256;
+
+/// Which elements form a rotary pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RopeLayout {
+    /// Pairs `(2i, 2i+1)`: Meta's reference implementation (the complex form), and Llama 4 in
+    /// Hugging Face (`apply_rotary_emb` with `view_as_complex`).
+    Interleaved,
+    /// Pairs `(i, i + rotary_dim/2)`: Hugging Face's `rotate_half` (Llama 3 checkpoints on the
+    /// Hub, whose q/k weights were permuted for it) and GPT-NeoX.
+    HalfSplit,
+}
+
+/// Llama 3.1 frequency scaling (`rope_type: "llama3"` in a Hugging Face config).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Llama3Scaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: f64,
+}
+
+impl Llama3Scaling {
+    /// Meta's published Llama 3.1 values: 8, 1, 4, 8192.
+    pub const LLAMA_3_1: Llama3Scaling =
+        Llama3Scaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192.0 };
+    /// Llama 4 Scout: factor 16, low and high frequency factors both 1 (no smooth band), 8192.
+    pub const LLAMA_4_SCOUT: Llama3Scaling =
+        Llama3Scaling { factor: 16.0, low_freq_factor: 1.0, high_freq_factor: 1.0, original_max_position_embeddings: 8192.0 };
+}
+
+/// A RoPE configuration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub head_dim: usize,
+    /// Rotated dims (even, <= head_dim, <= 512); the rest pass through (partial rotary).
+    pub rotary_dim: usize,
+    /// Base of the frequencies (10 000 for Llama 2, 500 000 for Llama 3 and 4).
+    pub theta: f64,
+    pub layout: RopeLayout,
+    pub scaling: Option<Llama3Scaling>,
+    /// Llama 4's weightless L2 norm of q and k after rotating (`use_qk_norm`), with its eps
+    /// (`rms_norm_eps`, 1e-5). `None`: no norm.
+    pub qk_norm_eps: Option<f32>,
+}
+
+impl RopeConfig {
+    /// Llama 3.1/3.2/3.3 as loaded from Hugging Face: theta 500 000, half-split, 3.1 scaling.
+    pub fn llama3_1(head_dim: usize) -> RopeConfig {
+        RopeConfig {
+            head_dim,
+            rotary_dim: head_dim,
+            theta: 500_000.0,
+            layout: RopeLayout::HalfSplit,
+            scaling: Some(Llama3Scaling::LLAMA_3_1),
+            qk_norm_eps: None,
+        }
+    }
+    /// Llama 4 Scout RoPE layers: theta 500 000, interleaved, Scout scaling, qk-norm eps 1e-5.
+    pub fn llama4_scout(head_dim: usize) -> RopeConfig {
+        RopeConfig {
+            head_dim,
+            rotary_dim: head_dim,
+            theta: 500_000.0,
+            layout: RopeLayout::Interleaved,
+            scaling: Some(Llama3Scaling::LLAMA_4_SCOUT),
+            qk_norm_eps: Some(1e-5),
+        }
+    }
+
+    /// Checks every field; the error names the offending one.
+    pub fn validate(&self) -> Result<()> {
+        if self.head_dim == 0 {
+            return Err(Error::invalid(OP, "head_dim", 0, "must be > 0"));
+        }
+        if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 {
+            return Err(Error::invalid(OP, "rotary_dim", self.rotary_dim, "must be even and > 0 (rotary dims come in pairs)"));
+        }
+        if self.rotary_dim > self.head_dim {
+            return Err(Error::invalid(OP, "rotary_dim", self.rotary_dim, format!("exceeds head_dim {}", self.head_dim)));
+        }
+        if self.rotary_dim > MAX_ROTARY_DIM {
+            return Err(Error::invalid(OP, "rotary_dim", self.rotary_dim, format!("unsupported (at most {MAX_ROTARY_DIM})")));
+        }
+        if !self.theta.is_finite() || self.theta <= 0.0 {
+            return Err(Error::invalid(OP, "theta", self.theta, "must be finite and > 0"));
+        }
+        if let Some(s) = &self.scaling {
+            for (name, v) in [
+                ("factor", s.factor),
+                ("low_freq_factor", s.low_freq_factor),
+                ("high_freq_factor", s.high_freq_factor),
+                ("original_max_position_embeddings", s.original_max_position_embeddings),
+            ] {
+                if !v.is_finite() || v <= 0.0 {
+                    return Err(Error::invalid(OP, name, v, "scaling factors must be finite and > 0"));
+                }
+            }
+            if s.high_freq_factor < s.low_freq_factor {
+                return Err(Error::invalid(
+                    OP,
+                    "high_freq_factor",
+                    s.high_freq_factor,
+                    format!("must be >= low_freq_factor {}", s.low_freq_factor),
+                ));
+            }
+        }
+        if let Some(eps) = self.qk_norm_eps {
+            if !eps.is_finite() || eps <= 0.0 {
+                return Err(Error::invalid(OP, "qk_norm_eps", eps, "must be finite and > 0"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A RoPE configuration bound to a device, with its inverse-frequency table uploaded.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    config: RopeConfig,
+    inv_freq: Vec<f64>,
+    /// `[rotary_dim / 2, 2]` f32: each f64 inverse frequency as hi + lo.
+    table: Tensor,
+}
+
+/// Every kernel symbol: (layout, vectorized, dtype, symbol).
+const KERNELS: [(RopeLayout, bool, DType, &str); 12] = [
+    (RopeLayout::Interleaved, false, DType::F32, "rope_interleaved_f32"),
+    (RopeLayout::Interleaved, false, DType::F16, "rope_interleaved_f16"),
+    (RopeLayout::Interleaved, false, DType::BF16, "rope_interleaved_bf16"),
+    (RopeLayout::Interleaved, true, DType::F32, "rope_interleaved_vec_f32"),
+    (RopeLayout::Interleaved, true, DType::F16, "rope_interleaved_vec_f16"),
+    (RopeLayout::Interleaved, true, DType::BF16, "rope_interleaved_vec_bf16"),
+    (RopeLayout::HalfSplit, false, DType::F32, "rope_half_split_f32"),
+    (RopeLayout::HalfSplit, false, DType::F16, "rope_half_split_f16"),
+    (RopeLayout::HalfSplit, false, DType::BF16, "rope_half_split_bf16"),
+    (RopeLayout::HalfSplit, true, DType::F32, "rope_half_split_vec_f32"),
+    (RopeLayout::HalfSplit, true, DType::F16, "rope_half_split_vec_f16"),
+    (RopeLayout::HalfSplit, true, DType::BF16, "rope_half_split_vec_bf16"),
+];
+
+/// The symbols of this family, for static checks.
+pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
+    KERNELS.iter().map(|k| KernelRef { module: MODULE, symbol: k.3 })
+}
+
+/// Elements per chunk and the chunk cap per thread, mirroring `Chunking` in kernels/rope.cu.
+fn chunking(layout: RopeLayout, vec: usize) -> (usize, usize) {
+    let pairs = if layout == RopeLayout::Interleaved { vec / 2 } else { vec };
+    (pairs, if pairs >= 8 { 1 } else { 8 / pairs })
+}
+
+impl Rope {
+    /// Validates `config` and uploads its inverse-frequency table to `device`.
+    pub fn new(device: &Device, config: RopeConfig) -> Result<Rope> {
+        config.validate()?;
+        let inv_freq = crate::reference::rope::inv_freq(&config);
+        let split: Vec<f32> = inv_freq
+            .iter()
+            .flat_map(|&f| {
+                let hi = f as f32;
+                [hi, (f - f64::from(hi)) as f32]
+            })
+            .collect();
+        let table = Tensor::from_slice(device, &split, &[inv_freq.len(), 2])?;
+        Ok(Rope { config, inv_freq, table })
+    }
+
+    pub fn config(&self) -> &RopeConfig {
+        &self.config
+    }
+    /// The f64 inverse frequencies (after scaling) the kernel uses.
+    pub fn inv_freq(&self) -> &[f64] {
+        &self.inv_freq
+    }
+
+    /// Rotates `q` and (if given) `k` in place at `positions`, then applies the qk-norm if the
+    /// configuration has one.
+    pub fn apply(&self, q: &Tensor, k: Option<&Tensor>, positions: &Tensor) -> Result<()> {
+        let cfg = &self.config;
+        check_float(OP, "q", q)?;
+        let dtype = q.dtype();
+        check_same_device(OP, q, &[("positions", positions), ("rope table", &self.table)])?;
+        let qh = Heads::of(OP, "q", q)?;
+        let kh = match k {
+            Some(k) => {
+                check_dtype(OP, "k", k, dtype)?;
+                check_same_device(OP, q, &[("k", k)])?;
+                Some(Heads::of(OP, "k", k)?)
+            }
+            None => None,
+        };
+        if qh.head_dim != cfg.head_dim {
+            return Err(Error::ShapeMismatch { op: OP, what: "q", got: q.shape().to_vec(), expected: format!("head_dim {}", cfg.head_dim) });
+        }
+        if let (Some(k), Some(kh)) = (k, kh) {
+            if kh.head_dim != qh.head_dim {
+                return Err(Error::ShapeMismatch {
+                    op: OP,
+                    what: "k",
+                    got: k.shape().to_vec(),
+                    expected: format!("head_dim {} like q", qh.head_dim),
+                });
+            }
+            if kh.tokens != qh.tokens {
+                return Err(Error::ShapeMismatch {
+                    op: OP,
+                    what: "k",
+                    got: k.shape().to_vec(),
+                    expected: format!("{} tokens like q", qh.tokens),
+                });
+            }
+            check_disjoint(OP, ("q", q, &qh.rows()), ("k", k, &kh.rows()))?;
+        }
+        let position_type = match positions.dtype() {
+            DType::I32 => LlkIndexType::LLK_INDEX_I32,
+            DType::I64 => LlkIndexType::LLK_INDEX_I64,
+            other => return Err(Error::UnsupportedDType { op: OP, what: "positions", dtype: other, supported: "i32, i64" }),
+        };
+        if positions.numel() != qh.tokens || !positions.is_contiguous() {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                what: "positions",
+                got: positions.shape().to_vec(),
+                expected: format!("{} contiguous values (one per token)", qh.tokens),
+            });
+        }
+        let kv_heads = kh.map_or(0, |h| h.heads);
+        if qh.tokens == 0 || qh.heads + kv_heads == 0 {
+            return Ok(());
+        }
+
+        let mut args = KernelArgs::new(OP, q.device());
+        let kk = kh.unwrap_or(Heads { offset: 0, tokens: 0, heads: 0, head_dim: 0, token_stride: 0, head_stride: 0 });
+        let params = RopeParams {
+            q: args.ptr("q", q)?,
+            k: args.opt_ptr("k", k)?,
+            positions: args.ptr("positions", positions)?,
+            inv_freq: args.ptr("rope table", &self.table)?,
+            tokens: to_i64(OP, "tokens", qh.tokens)?,
+            q_heads: to_i64(OP, "q heads", qh.heads)?,
+            kv_heads: to_i64(OP, "kv heads", kv_heads)?,
+            head_dim: to_i64(OP, "head_dim", cfg.head_dim)?,
+            rotary_dim: to_i64(OP, "rotary_dim", cfg.rotary_dim)?,
+            q_token_stride: to_i64(OP, "q token stride", qh.token_stride)?,
+            q_head_stride: to_i64(OP, "q head stride", qh.head_stride)?,
+            k_token_stride: to_i64(OP, "k token stride", kk.token_stride)?,
+            k_head_stride: to_i64(OP, "k head stride", kk.head_stride)?,
+            layout: match cfg.layout {
+                RopeLayout::Interleaved => LlkRopeLayout::LLK_ROPE_INTERLEAVED,
+                RopeLayout::HalfSplit => LlkRopeLayout::LLK_ROPE_HALF_SPLIT,
+            },
+            position_type,
+            norm: if cfg.qk_norm_eps.is_some() { LlkRopeNorm::LLK_ROPE_L2_NORM } else { LlkRopeNorm::LLK_ROPE_NO_NORM },
+            norm_eps: cfg.qk_norm_eps.unwrap_or(0.0),
+        };
+        // The 16-byte path: whole vectors per chunk, 16-byte aligned heads in q and k.
+        let v = dtype.vec16();
+        let chunk_elems = if cfg.layout == RopeLayout::Interleaved { cfg.rotary_dim } else { cfg.rotary_dim / 2 };
+        let aligned = |addr: u64, h: &Heads| addr % 16 == 0 && h.token_stride % v == 0 && h.head_stride % v == 0;
+        let vectorized = chunk_elems % v == 0 && aligned(params.q, &qh) && (k.is_none() || aligned(params.k, &kk));
+        let vec = if vectorized { v } else if cfg.layout == RopeLayout::Interleaved { 2 } else { 1 };
+        let (pairs, max_chunks) = chunking(cfg.layout, vec);
+        let nchunks = cfg.rotary_dim / 2 / pairs;
+        let g = nchunks.next_power_of_two().min(32);
+        if nchunks > g * max_chunks {
+            return Err(Error::invalid(OP, "rotary_dim", cfg.rotary_dim, format!("unsupported (at most {MAX_ROTARY_DIM})")));
+        }
+        let nheads = qh.heads + kv_heads;
+        let heads_per_block = (MAX_THREADS / g).min(nheads.div_ceil(32 / g) * (32 / g));
+        let dims = LaunchDims {
+            grid: (grid_x(OP, qh.tokens)?, 1, 1),
+            block: (g as u32, heads_per_block as u32, 1),
+            dyn_smem: 0,
+        };
+        let symbol = KERNELS
+            .iter()
+            .find(|kr| kr.0 == cfg.layout && kr.1 == vectorized && kr.2 == dtype)
+            .map(|kr| kr.3)
+            .ok_or(Error::UnsupportedDType { op: OP, what: "q", dtype, supported: "f32, f16, bf16" })?;
+        args.launch(KernelRef { module: MODULE, symbol }, dims, &params)
+    }
+}
