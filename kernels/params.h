@@ -86,6 +86,52 @@ typedef struct SwiGluParams {
   LlkGateUpLayout layout;
 } SwiGluParams;
 
+// ---------------------------------------------------------------------------- Attention
+// O = softmax(scale * Q K^T + mask) V per (sequence, q head), flash style; see attention.cu.
+typedef enum LlkAttnMask {
+  LLK_ATTN_NONE = 0,            // every key of the sequence
+  LLK_ATTN_CAUSAL = 1,          // key <= query position (bottom-right aligned)
+  LLK_ATTN_CHUNKED_CAUSAL = 2,  // causal, and key in the query's chunk: floor(key / C) == floor(pos / C)
+} LlkAttnMask;
+
+typedef enum LlkAttnTemperature {
+  LLK_ATTN_NO_TEMPERATURE = 0,
+  // Llama 4 NoPE layers: scores of the query at position p are multiplied by
+  // log(floor((p + 1) / floor_scale) + 1) * attn_scale + 1
+  LLK_ATTN_LLAMA4_TEMPERATURE = 1,
+} LlkAttnTemperature;
+
+typedef struct AttentionParams {
+  uint64_t q;             // [total_q, q_heads, head_dim]
+  uint64_t k;             // [total_k, kv_heads, head_dim]
+  uint64_t v;             // [total_k, kv_heads, head_dim]
+  uint64_t out;           // [total_q, q_heads, head_dim]
+  uint64_t lse;           // [q_heads, total_q] f32 natural-log sum of exp, or 0
+  uint64_t cu_seqlens_q;  // [batch + 1] i32, non-decreasing, from 0 to total_q
+  uint64_t cu_seqlens_k;  // [batch + 1] i32, non-decreasing, from 0 to total_k
+  uint64_t cu_tiles;      // [batch + 1] i32: first grid.x tile of each sequence
+  int64_t batch;
+  int64_t q_heads;
+  int64_t kv_heads;
+  int64_t head_dim;
+  int64_t total_q;
+  int64_t q_token_stride;
+  int64_t q_head_stride;
+  int64_t k_token_stride;
+  int64_t k_head_stride;
+  int64_t v_token_stride;
+  int64_t v_head_stride;
+  int64_t out_token_stride;
+  int64_t out_head_stride;
+  int64_t pack;           // q heads of one KV group handled by one block (divides q_heads / kv_heads)
+  int64_t chunk_size;     // LLK_ATTN_CHUNKED_CAUSAL only
+  LlkAttnMask mask;
+  LlkAttnTemperature temperature;
+  float scale;            // softmax scale, 1/sqrt(head_dim) by default
+  float temp_floor_scale; // Llama 4: 8192
+  float temp_attn_scale;  // Llama 4: 0.1
+} AttentionParams;
+
 // ---------------------------------------------------------------------------- Self-tests
 // Small kernels that exercise the emulation runtime (and, on a GPU, check that the emulated PTX
 // wrappers match the hardware). See kernels/selftest.cu.

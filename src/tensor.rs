@@ -128,6 +128,17 @@ impl Storage {
     }
 
     fn write_bytes(&self, start: usize, data: &[u8]) -> Result<()> {
+        self.write_bytes_ordered(start, data)?;
+        if let DeviceInner::Cuda(c) = &*self.device.0 {
+            c.stream.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Writes host bytes in stream order without waiting for the copy to land: the driver stages
+    /// pageable host memory before `cuMemcpyHtoDAsync` returns, so `data` may be dropped at once,
+    /// and kernels queued later on the stream see the new bytes.
+    fn write_bytes_ordered(&self, start: usize, data: &[u8]) -> Result<()> {
         self.check_range(start, data.len())?;
         if data.is_empty() {
             return Ok(());
@@ -135,10 +146,10 @@ impl Storage {
         match (&self.mem, &*self.device.0) {
             (Memory::Cuda(_), DeviceInner::Cuda(c)) => {
                 let (base, guard) = self.base_address()?;
-                // SAFETY: the destination range is inside this allocation (checked above); `data`
-                // stays borrowed and unmoved until the synchronization below completes the copy.
+                // SAFETY: the destination range is inside this allocation (checked above); `data` is
+                // pageable host memory, which the driver copies to a staging buffer before the call
+                // returns, so it may be dropped afterwards; the copy is ordered on the stream.
                 unsafe { cudarc::driver::result::memcpy_htod_async(base + start as u64, data, c.stream.cu_stream()) }?;
-                c.stream.synchronize()?;
                 drop(guard);
             }
             (Memory::Host(h), DeviceInner::Emulated(e)) => {
@@ -408,6 +419,17 @@ impl Tensor {
             raw[o * sz..(o + 1) * sz].copy_from_slice(&src[i * sz..(i + 1) * sz]);
         }
         self.storage.write_bytes(first * sz, &raw)
+    }
+}
+
+impl Tensor {
+    /// Overwrites a contiguous tensor's elements with `data`, ordered on the device's stream and
+    /// without waiting (small per-call uploads, such as attention's sequence offsets).
+    pub(crate) fn upload_ordered<T: Element>(&self, data: &[T]) -> Result<()> {
+        if T::DTYPE != self.dtype || data.len() > self.numel() || !self.is_contiguous() {
+            return Err(Error::Host(format!("upload of {} {} values into {self:?}", data.len(), T::DTYPE)));
+        }
+        self.storage.write_bytes_ordered(self.offset * self.dtype.size(), as_bytes(data))
     }
 }
 

@@ -11,6 +11,7 @@ use crate::backend::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops;
+use crate::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature};
 use crate::ops::rope::{Rope, RopeConfig, RopeLayout};
 use crate::ops::swiglu::GateUp;
 use crate::reference;
@@ -191,6 +192,7 @@ pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
     let mut out: Vec<Outcome> = rms_norm_cases(quick).into_iter().map(|c| outcome(c, rms_norm_case(device, c))).collect();
     out.extend(rope_cases(quick).into_iter().map(|c| outcome(c, rope_case(device, c))));
     out.extend(swiglu_cases(quick).into_iter().map(|c| outcome(c, swiglu_case(device, c))));
+    out.extend(attention_cases(quick).into_iter().map(|c| attention_case(device, &c).map_err(|e| (format!("{c:?}"), e))));
     out
 }
 
@@ -430,6 +432,158 @@ pub fn swiglu_cases(quick: bool) -> Vec<SwiGluCase> {
         v.push(SwiGluCase::new(dtype, tokens, 14336, SwiGluInput::GateThenUp));
         v.push(SwiGluCase::new(dtype, tokens, 769, SwiGluInput::Separate));
         v.push(SwiGluCase::new(dtype, tokens, 1024, SwiGluInput::Interleaved));
+    }
+    v
+}
+
+// -------------------------------------------------------------------------------- Attention
+
+/// An attention case: a varlen batch of (q_len, k_len) sequences.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionCase {
+    pub dtype: DType,
+    pub seqlens: Vec<(usize, usize)>,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub opts: AttentionOptions,
+    pub with_lse: bool,
+    /// q, k and v are views into one `[tokens, q_heads + 2 kv_heads, head_dim]` buffer (needs
+    /// q_len == k_len for every sequence).
+    pub fused_qkv: bool,
+    pub seed: u64,
+}
+
+impl AttentionCase {
+    pub fn new(dtype: DType, seqlens: &[(usize, usize)], q_heads: usize, kv_heads: usize, head_dim: usize, mask: AttentionMask) -> Self {
+        AttentionCase {
+            dtype,
+            seqlens: seqlens.to_vec(),
+            q_heads,
+            kv_heads,
+            head_dim,
+            opts: AttentionOptions { mask, ..Default::default() },
+            with_lse: true,
+            fused_qkv: false,
+            seed: 9,
+        }
+    }
+    /// One sequence of `len` queries and keys.
+    pub fn single(dtype: DType, len: usize, q_heads: usize, kv_heads: usize, head_dim: usize, mask: AttentionMask) -> Self {
+        Self::new(dtype, &[(len, len)], q_heads, kv_heads, head_dim, mask)
+    }
+}
+
+/// Tolerances for attention outputs: the output is a convex combination of V with P rounded to
+/// the storage type for the P V product (as in FlashAttention), so a few units of roundoff of
+/// that type, relative to |V| ~ 1, plus the output rounding.
+pub fn attention_tolerance(dtype: DType) -> Tolerance {
+    match dtype {
+        DType::F32 => Tolerance { atol: 1e-5, rtol: 1e-5 },
+        _ => Tolerance { atol: 4.0 * dtype.unit_roundoff(), rtol: 2.0 * dtype.unit_roundoff() },
+    }
+}
+
+/// Tolerance for the f32 log-sum-exp.
+pub const LSE_TOLERANCE: Tolerance = Tolerance { atol: 1e-4, rtol: 1e-5 };
+
+pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResult> {
+    let AttentionCase { dtype, ref seqlens, q_heads, kv_heads, head_dim: d, opts, with_lse, fused_qkv, seed } = *case;
+    let mut cu_q = vec![0i32];
+    let mut cu_k = vec![0i32];
+    for &(ql, kl) in seqlens {
+        cu_q.push(cu_q[cu_q.len() - 1] + ql as i32);
+        cu_k.push(cu_k[cu_k.len() - 1] + kl as i32);
+    }
+    let (tq, tk) = (cu_q[cu_q.len() - 1] as usize, cu_k[cu_k.len() - 1] as usize);
+    let mut rng = Rng::new(seed ^ (tq as u64) << 20 ^ (d as u64) << 40 ^ (q_heads as u64) << 8);
+    let q = rng.normal_vec(tq * q_heads * d, 1.0, dtype);
+    let k = rng.normal_vec(tk * kv_heads * d, 1.0, dtype);
+    let v = rng.normal_vec(tk * kv_heads * d, 1.0, dtype);
+    let (qt, kt, vt) = if fused_qkv {
+        if tq != tk {
+            return Err(crate::Error::Host("fused_qkv needs q_len == k_len".into()));
+        }
+        let heads = q_heads + 2 * kv_heads;
+        let mut all = Vec::with_capacity(tq * heads * d);
+        for t in 0..tq {
+            all.extend_from_slice(&q[t * q_heads * d..(t + 1) * q_heads * d]);
+            all.extend_from_slice(&k[t * kv_heads * d..(t + 1) * kv_heads * d]);
+            all.extend_from_slice(&v[t * kv_heads * d..(t + 1) * kv_heads * d]);
+        }
+        let buf = Tensor::from_f64(device, dtype, &all, &[tq, heads, d])?;
+        (buf.narrow(1, 0, q_heads)?, buf.narrow(1, q_heads, kv_heads)?, buf.narrow(1, q_heads + kv_heads, kv_heads)?)
+    } else {
+        (
+            Tensor::from_f64(device, dtype, &q, &[tq, q_heads, d])?,
+            Tensor::from_f64(device, dtype, &k, &[tk, kv_heads, d])?,
+            Tensor::from_f64(device, dtype, &v, &[tk, kv_heads, d])?,
+        )
+    };
+    let out = Tensor::poisoned(device, dtype, &[tq, q_heads, d])?;
+    let lse = if with_lse { Some(Tensor::poisoned(device, DType::F32, &[q_heads, tq])?) } else { None };
+    let mut ws = AttentionWorkspace::new(device);
+    let start = Instant::now();
+    ws.forward(&qt, &kt, &vt, &cu_q, &cu_k, &out, lse.as_ref(), &opts)?;
+    device.synchronize()?;
+    let millis = start.elapsed().as_secs_f64() * 1e3;
+
+    let spec = reference::attention::AttentionSpec {
+        q_heads,
+        kv_heads,
+        head_dim: d,
+        mask: opts.mask,
+        scale: f64::from(opts.scale.unwrap_or(1.0 / (d as f32).sqrt())),
+        temperature: opts.temperature,
+    };
+    let (oref, lref) = reference::attention::attention(&q, &k, &v, &cu_q, &cu_k, &spec)?;
+    let og = out.to_f64_vec()?;
+    let mut parts = vec![(compare(&og, &oref, attention_tolerance(dtype)), vec![tq, q_heads, d])];
+    let mut outputs = vec![og];
+    if let Some(l) = &lse {
+        let lg = l.to_f64_vec()?;
+        parts.push((compare(&lg, &lref, LSE_TOLERANCE), vec![q_heads, tq]));
+        outputs.push(lg);
+    }
+    let (comparison, worst_shape) = worst_of(parts);
+    let mask = match opts.mask {
+        AttentionMask::None => "full".to_string(),
+        AttentionMask::Causal => "causal".to_string(),
+        AttentionMask::ChunkedCausal { chunk_size } => format!("chunk {chunk_size}"),
+    };
+    let lens = if seqlens.len() == 1 && seqlens[0].0 == seqlens[0].1 {
+        format!("s{}", seqlens[0].0)
+    } else {
+        format!("{} seqs q{tq}/k{tk}", seqlens.len())
+    };
+    Ok(CaseResult {
+        op: "gqa_attention".into(),
+        dtype,
+        shape: format!(
+            "{lens} {q_heads}/{kv_heads}x{d} {mask}{}{}",
+            if opts.temperature.is_some() { " +temp" } else { "" },
+            if fused_qkv { " qkv" } else { "" }
+        ),
+        pass: comparison.pass,
+        comparison,
+        worst_shape,
+        gaps_untouched: true,
+        millis,
+        outputs,
+    })
+}
+
+/// The attention cases `verify` runs.
+pub fn attention_cases(quick: bool) -> Vec<AttentionCase> {
+    let len = if quick { 65 } else { 1024 };
+    let mut v = Vec::new();
+    for dtype in DType::FLOATS {
+        v.push(AttentionCase::single(dtype, len, 8, 2, 128, AttentionMask::Causal));
+        v.push(AttentionCase::single(dtype, len, 4, 4, 64, AttentionMask::None));
+        v.push(AttentionCase::new(dtype, &[(17, 40), (0, 5), (33, 33)], 8, 1, 128, AttentionMask::Causal));
+        let mut chunked = AttentionCase::single(dtype, len, 4, 1, 64, AttentionMask::ChunkedCausal { chunk_size: 16 });
+        chunked.opts.temperature = Some(Llama4Temperature { floor_scale: 8.0, attn_scale: 0.1 });
+        v.push(chunked);
     }
     v
 }

@@ -105,6 +105,8 @@ struct Warp {
   uint64_t buf[2][32];
   uint32_t joined[2];  // lanes that took part in the rendezvous using each buffer
   alignas(16) unsigned char big[2][32][64];  // fragment gathers for the mma/ldmatrix emulation
+  float scratch[2][128];  // a warp-wide result computed once per gather (mma emulation)
+  unsigned scratch_tag[2];  // which gather (sequence number + 1) scratch[par] belongs to
 };
 
 struct Worker {
@@ -317,6 +319,22 @@ inline const unsigned char* warp_gather(const void* mine, size_t bytes) {
 }
 inline int lane_id() { return tl_worker->cur->lane; }
 
+// After warp_gather: a per-warp scratch area for a result that depends only on the gathered
+// data, and whether the calling lane is the first of its warp to get here for this gather (and
+// so must fill it). The parity and sequence number are those of the caller's last gather.
+inline float* warp_scratch() {
+  Fiber* f = tl_worker->cur;
+  return tl_worker->warps[f->warp].scratch[(f->wseq - 1) & 1];
+}
+inline bool warp_scratch_first() {
+  Fiber* f = tl_worker->cur;
+  Warp& wp = tl_worker->warps[f->warp];
+  const int par = (f->wseq - 1) & 1;
+  if (wp.scratch_tag[par] == f->wseq) return false;
+  wp.scratch_tag[par] = f->wseq;
+  return true;
+}
+
 // cp.async: `src_bytes` of 16 are read from global memory, the rest zero-filled, when the group
 // completes.
 inline void cp_async_enqueue(void* dst, const void* src, int bytes, int src_bytes) {
@@ -381,6 +399,7 @@ inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
   for (int i = 0; i < nw; ++i) {
     int lanes = std::min(32, n - 32 * i);
     w->warps[i].arrived = 0;
+    w->warps[i].scratch_tag[0] = w->warps[i].scratch_tag[1] = 0;
     w->warps[i].live = lanes;
     w->warps[i].live_mask = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1);
   }

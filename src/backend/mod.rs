@@ -117,6 +117,7 @@ kernel_params!(
     crate::params::RmsNormParams,
     crate::params::RopeParams,
     crate::params::SwiGluParams,
+    crate::params::AttentionParams,
     crate::params::SelftestParams,
 );
 

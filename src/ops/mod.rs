@@ -4,10 +4,12 @@
 //! returns a named [`Error`](crate::Error) before anything reaches a kernel; then it queues a
 //! single launch. Outputs are passed as `&Tensor` views and written by the kernel.
 
+pub mod attention;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
 
+pub use attention::{AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature, gqa_attention};
 pub use rms_norm::{fused_add_rms_norm, rms_norm};
 pub use rope::{Llama3Scaling, Rope, RopeConfig, RopeLayout};
 pub use swiglu::{GateUp, swiglu};
@@ -18,6 +20,7 @@ pub fn kernel_symbols() -> Vec<crate::KernelRef> {
     rms_norm::kernel_symbols()
         .chain(rope::kernel_symbols())
         .chain(swiglu::kernel_symbols())
+        .chain(attention::kernel_symbols())
         .chain(crate::selftest::kernel_symbols())
         .collect()
 }

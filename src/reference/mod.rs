@@ -4,6 +4,7 @@
 //! row-major `f64` slices (inputs already rounded to the storage dtype, as the kernels see them),
 //! and they are written for clarity, not speed.
 
+pub mod attention;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;

@@ -1,0 +1,408 @@
+// attention.cu -- flash-style grouped-query attention (prefill), bf16/f16 on tensor cores, f32 SIMT.
+//
+// Math (the spec is src/reference/attention.rs, f64 with explicit masks and a full softmax):
+// for each sequence b of a variable-length batch, each q head h (kv head h / (q_heads/kv_heads)),
+// and each query i of the sequence at absolute position p_i = k_len - q_len + i (bottom-right
+// alignment: chunked prefill after a cached prefix),
+//   O[i] = sum_j softmax_j(scale * t(p_i) * <Q[i], K[j]> + mask(p_i, j)) V[j]
+//   LSE[h, i] = log sum_j exp(scale * t(p_i) * <Q[i], K[j]> + mask(p_i, j))
+// mask: none; causal (j <= p_i); chunked causal (j <= p_i and j >= floor(p_i / C) * C, Llama 4's
+// local attention). t(p) = log(floor((p + 1) / floor_scale) + 1) * attn_scale + 1 with Llama 4
+// temperature tuning (NoPE layers), else 1 (p < 0 counts as 0). A row with no allowed key
+// (fully masked, or a sequence without keys) writes zeros and LSE = -inf, never NaN. The S x S
+// score matrix is never stored: scores live in registers one 64-key tile at a time, with an online
+// softmax (running max m and sum l, rescaled as the max grows), all in f32 and base 2.
+//
+// Grid mapping. A block owns 64 "rows", each a (query token, q head) pair: `pack` q heads of one
+// KV group times 64 / pack consecutive tokens of one sequence (GQA packing: the heads that share
+// a KV head share every K/V tile the block loads). grid.x enumerates the row blocks of all
+// sequences (cu_tiles; within a sequence the last, heaviest causal block runs first);
+// grid.y = kv_heads * (group / pack). K and V are never copied or repeated: kv head = h / group.
+//
+// Tensor-core path (bf16, f16; head_dim 64 or 128). 4 warps, 16 rows each. Q (64 x D) is staged
+// in shared memory once and kept in registers as mma A-fragments. K/V tiles of 64 keys stream
+// through a 2-stage cp.async pipeline (16-byte copies, rows past the sequence zero-filled) into
+// shared memory with an XOR swizzle (16-byte chunk c of row r lives at c ^ (r % 8)), which makes
+// every ldmatrix conflict-free. Per tile and warp: S = Q K^T with mma.m16n8k16 (K B-fragments by
+// ldmatrix.x4), scale, mask (only on tiles that cross a mask or sequence boundary), online
+// softmax with quad shuffles, P converted in registers to A-fragments, O += P V (V B-fragments by
+// ldmatrix.x4.trans). The output is staged through shared memory and written with 16-byte stores.
+//
+// SIMT path (f32): 32 rows per block, 4 lanes per row (each owns head_dim / 4 dims of q and of
+// the accumulator), K/V tiles of 32 keys in shared memory, dot products finished by 2 shuffles.
+//
+// Precision: products and accumulation in f32; P is rounded to bf16/f16 for the P V mma (as in
+// FlashAttention); exp2 of scaled scores; LSE is returned in natural log.
+#include "common/llk.cuh"
+#include "common/ptx.cuh"
+
+namespace {
+
+constexpr int kBlockM = 64;   // rows per block (tensor-core path)
+constexpr int kBlockN = 64;   // keys per K/V tile (tensor-core path)
+constexpr int kThreads = 128; // 4 warps
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ------------------------------------------------------------------------- shared helpers
+struct Sequence {
+  int64_t q_start, q_len, k_start, k_len;
+  int64_t block;  // row block within the sequence
+};
+
+// Which sequence and row block grid.x tile `tile` is (binary search in cu_tiles).
+__device__ Sequence locate(const AttentionParams& p, int64_t tile) {
+  const int32_t* cu_tiles = reinterpret_cast<const int32_t*>(p.cu_tiles);
+  const int32_t* cu_q = reinterpret_cast<const int32_t*>(p.cu_seqlens_q);
+  const int32_t* cu_k = reinterpret_cast<const int32_t*>(p.cu_seqlens_k);
+  int64_t lo = 0, hi = p.batch;  // cu_tiles[lo] <= tile < cu_tiles[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (cu_tiles[mid] <= tile) lo = mid; else hi = mid;
+  }
+  // Now cu_tiles[lo] <= tile < cu_tiles[lo + 1]: sequence lo is not empty, even when empty
+  // sequences (equal neighbouring entries) surround it.
+  Sequence s;
+  s.q_start = cu_q[lo];
+  s.q_len = cu_q[lo + 1] - cu_q[lo];
+  s.k_start = cu_k[lo];
+  s.k_len = cu_k[lo + 1] - cu_k[lo];
+  const int64_t tiles = cu_tiles[lo + 1] - cu_tiles[lo];
+  s.block = tiles - 1 - (tile - cu_tiles[lo]);  // heaviest (last) causal block first
+  return s;
+}
+
+// The keys a query at absolute position `pos` may attend form one interval [lo, hi] (hi < lo when
+// none): all keys, or up to pos (causal), or from the start of pos's chunk up to pos (chunked).
+// Sequence lengths are i32, so key indices fit in int.
+struct KeyInterval {
+  int lo, hi;
+  __device__ bool contains(int key) const { return key >= lo && key <= hi; }
+};
+
+__device__ __forceinline__ KeyInterval key_interval(const AttentionParams& p, int64_t pos, int64_t k_len) {
+  KeyInterval iv{0, int(k_len) - 1};
+  if (p.mask != LLK_ATTN_NONE) iv.hi = int(min(pos, k_len - 1));  // pos < 0: hi < 0 <= lo, nothing
+  if (p.mask == LLK_ATTN_CHUNKED_CAUSAL && pos > 0) iv.lo = int((pos / p.chunk_size) * p.chunk_size);
+  return iv;
+}
+
+// Softmax scale of the row at absolute position `pos`, in the base-2 domain.
+__device__ __forceinline__ float row_scale_log2(const AttentionParams& p, int64_t pos) {
+  float s = p.scale * kLog2e;
+  if (p.temperature == LLK_ATTN_LLAMA4_TEMPERATURE) {
+    const float q = floorf(float(max(pos, int64_t(0)) + 1) / p.temp_floor_scale);
+    s *= logf(q + 1.f) * p.temp_attn_scale + 1.f;
+  }
+  return s;
+}
+
+// The key range [begin, end) a block with query positions [pos_lo, pos_hi] can attend.
+__device__ void key_range(const AttentionParams& p, int64_t pos_lo, int64_t pos_hi, int64_t k_len, int64_t& begin,
+                          int64_t& end) {
+  end = p.mask == LLK_ATTN_NONE ? k_len : min(k_len, max(pos_hi + 1, int64_t(0)));
+  begin = 0;
+  if (p.mask == LLK_ATTN_CHUNKED_CAUSAL && pos_lo > 0) begin = min(end, (pos_lo / p.chunk_size) * p.chunk_size);
+}
+
+// Rows of a block: row r is token (block * tokens_per_block + r / pack) of the sequence and q head
+// first_head + r % pack.
+struct RowMap {
+  int pack, tokens_per_block;  // 32-bit: r / pack is cheap
+  int64_t first_token, first_head;
+  __device__ int64_t token(int r) const { return first_token + r / pack; }
+  __device__ int64_t head(int r) const { return first_head + r % pack; }
+};
+
+__device__ RowMap row_map(const AttentionParams& p, const Sequence& s, int rows_per_block) {
+  const int64_t group = p.q_heads / p.kv_heads;
+  const int64_t packs = group / p.pack;
+  const int64_t kv_head = blockIdx.y / packs;
+  RowMap m;
+  m.pack = int(p.pack);
+  m.tokens_per_block = rows_per_block / m.pack;
+  m.first_token = s.block * m.tokens_per_block;
+  m.first_head = kv_head * group + (blockIdx.y % packs) * p.pack;
+  return m;
+}
+
+// ------------------------------------------------------------------------- tensor-core path
+// Byte offset of 16-byte chunk c of row r in a swizzled [rows][D] tile of 16-bit elements.
+template <int D>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * D + ((c ^ (r & 7)) * 8);
+}
+
+template <class T, int D>
+__device__ void attention_mma_kernel(const AttentionParams& p) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  LLK_DYN_SMEM(raw);
+  T* sQ = reinterpret_cast<T*>(raw);    // [kBlockM][D], later the output staging tile
+  T* sK = sQ + kBlockM * D;             // [2][kBlockN][D]
+  T* sV = sK + 2 * kBlockN * D;         // [2][kBlockN][D]
+
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+  const Sequence s = locate(p, blockIdx.x);
+  const RowMap rows = row_map(p, s, kBlockM);
+  const int used_rows = rows.tokens_per_block * rows.pack;
+  auto row_valid = [&](int r) { return r < used_rows && rows.token(r) < s.q_len; };
+  const int64_t kv_head = rows.first_head / (p.q_heads / p.kv_heads);
+
+  const T* q = reinterpret_cast<const T*>(p.q);
+  const T* k = reinterpret_cast<const T*>(p.k) + s.k_start * p.k_token_stride + kv_head * p.k_head_stride;
+  const T* v = reinterpret_cast<const T*>(p.v) + s.k_start * p.v_token_stride + kv_head * p.v_head_stride;
+
+  // Query positions of the block, and the key tiles it needs.
+  const int64_t last_token = min(s.q_len, rows.first_token + rows.tokens_per_block) - 1;
+  const int64_t pos_lo = s.k_len - s.q_len + rows.first_token, pos_hi = s.k_len - s.q_len + last_token;
+  int64_t kv_begin, kv_end;
+  key_range(p, pos_lo, pos_hi, s.k_len, kv_begin, kv_end);
+  const int64_t first_tile = kv_begin / kBlockN;
+  const int64_t end_tile = (kv_end + kBlockN - 1) / kBlockN;
+  const int64_t chunk_lo_of_pos_hi = key_interval(p, pos_hi, s.k_len).lo;  // rows below may start later
+
+  // Q tile: rows outside the sequence are zero-filled.
+  for (int i = tid; i < kBlockM * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool ok = row_valid(r);
+    const T* src = ok ? q + (s.q_start + rows.token(r)) * p.q_token_stride + rows.head(r) * p.q_head_stride + c * 8 : q;
+    llk::cp_async_16(sQ + swz<D>(r, c), src, ok ? 16 : 0);
+  }
+  auto load_kv = [&](int64_t tile, int stage) {
+    T* dk = sK + stage * kBlockN * D;
+    T* dv = sV + stage * kBlockN * D;
+    for (int i = tid; i < kBlockN * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const int64_t key = tile * kBlockN + r;
+      const bool ok = key < s.k_len;
+      llk::cp_async_16(dk + swz<D>(r, c), ok ? k + key * p.k_token_stride + c * 8 : k, ok ? 16 : 0);
+      llk::cp_async_16(dv + swz<D>(r, c), ok ? v + key * p.v_token_stride + c * 8 : v, ok ? 16 : 0);
+    }
+  };
+  if (first_tile < end_tile) load_kv(first_tile, 0);
+  llk::cp_async_commit();
+
+  // This lane's two rows (g and g + 8 of the warp's 16).
+  KeyInterval keys[2];
+  float scale[2];
+  bool valid[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp * 16 + g + 8 * h;
+    const int64_t pos = s.k_len - s.q_len + rows.token(r);
+    valid[h] = row_valid(r);
+    keys[h] = key_interval(p, pos, s.k_len);
+    scale[h] = row_scale_log2(p, pos);
+  }
+
+  float o[kChunks][4];
+#pragma unroll
+  for (int n = 0; n < kChunks; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  uint32_t qf[D / 16][4];
+
+  llk::cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int mi = lane >> 3, r = warp * 16 + (mi & 1) * 8 + (lane & 7);
+    llk::ldmatrix<4, false>(qf[kk], sQ + swz<D>(r, 2 * kk + (mi >> 1)));
+  }
+
+  for (int64_t tile = first_tile; tile < end_tile; ++tile) {
+    const int stage = int((tile - first_tile) & 1);
+    if (tile + 1 < end_tile) load_kv(tile + 1, stage ^ 1);
+    llk::cp_async_commit();
+    llk::cp_async_wait<1>();  // this tile's copies are done (the next tile's may be in flight)
+    __syncthreads();
+    const T* tk = sK + stage * kBlockN * D;
+    const T* tv = sV + stage * kBlockN * D;
+
+    // S = Q K^T for this warp's 16 rows and the tile's 64 keys (8 n-tiles of 8 keys).
+    float sc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk += 2) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t b[4];  // b[0], b[1]: k-step kk; b[2], b[3]: k-step kk + 1
+        llk::ldmatrix<4, false>(b, tk + swz<D>(8 * j + (lane & 7), 2 * kk + (lane >> 3)));
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        llk::mma_m16n8k16<T>(sc[j], qf[kk], b0, sc[j]);
+        llk::mma_m16n8k16<T>(sc[j], qf[kk + 1], b1, sc[j]);
+      }
+    }
+
+    // Scale to base 2, and mask where the tile crosses a boundary.
+    const int n0 = int(tile * kBlockN);
+    const bool needs_mask = n0 + kBlockN > s.k_len || (p.mask != LLK_ATTN_NONE && n0 + kBlockN - 1 > pos_lo) ||
+                            (p.mask == LLK_ATTN_CHUNKED_CAUSAL && n0 < chunk_lo_of_pos_hi);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int h = i >> 1;
+        float x = sc[j][i] * scale[h];
+        if (needs_mask && !keys[h].contains(n0 + 8 * j + 2 * t + (i & 1))) x = -INFINITY;
+        sc[j][i] = x;
+      }
+
+    // Online softmax: new row maxima (quad-wide), rescale, exponentiate.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx);
+      const float base = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row so far stays at 0
+      const float corr = exp2f(m[h] - base);
+      m[h] = m_new;
+      l[h] *= corr;
+#pragma unroll
+      for (int n = 0; n < kChunks; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        sc[j][2 * h] = exp2f(sc[j][2 * h] - base);
+        sc[j][2 * h + 1] = exp2f(sc[j][2 * h + 1] - base);
+        l[h] += sc[j][2 * h] + sc[j][2 * h + 1];
+      }
+    }
+
+    // O += P V: P's accumulator layout is the A-fragment layout of the next mma.
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {  // 16 keys per k-step
+      const uint32_t a[4] = {llk::pack_pair<T>(sc[2 * kk][0], sc[2 * kk][1]), llk::pack_pair<T>(sc[2 * kk][2], sc[2 * kk][3]),
+                             llk::pack_pair<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                             llk::pack_pair<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int n = 0; n < kChunks; n += 2) {
+        uint32_t b[4];  // b[0], b[1]: d-tile n; b[2], b[3]: d-tile n + 1
+        const int mi = lane >> 3;
+        llk::ldmatrix<4, true>(b, tv + swz<D>(16 * kk + (mi & 1) * 8 + (lane & 7), n + (mi >> 1)));
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        llk::mma_m16n8k16<T>(o[n], a, b0, o[n]);
+        llk::mma_m16n8k16<T>(o[n + 1], a, b1, o[n + 1]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  llk::cp_async_wait<0>();
+
+  // Finish the softmax: quad-wide sums, normalize, stage the output tile in shared memory.
+  float inv[2], lse[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    inv[h] = sum > 0.f ? 1.f / sum : 0.f;
+    lse[h] = sum > 0.f ? (m[h] + log2f(sum)) * kLn2 : -INFINITY;
+  }
+#pragma unroll
+  for (int n = 0; n < kChunks; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + g + 8 * h;
+      const uint32_t packed = llk::pack_pair<T>(o[n][2 * h] * inv[h], o[n][2 * h + 1] * inv[h]);
+      *reinterpret_cast<uint32_t*>(sQ + swz<D>(r, n) + 2 * t) = packed;
+    }
+  if (p.lse != 0 && t == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + g + 8 * h;
+      if (valid[h]) reinterpret_cast<float*>(p.lse)[rows.head(r) * p.total_q + s.q_start + rows.token(r)] = lse[h];
+    }
+  }
+  __syncthreads();
+  T* out = reinterpret_cast<T*>(p.out);
+  for (int i = tid; i < kBlockM * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    if (!row_valid(r)) continue;
+    const uint4 val = *reinterpret_cast<const uint4*>(sQ + swz<D>(r, c));
+    llk::store_u4(out + (s.q_start + rows.token(r)) * p.out_token_stride + rows.head(r) * p.out_head_stride + c * 8, val);
+  }
+}
+
+// ------------------------------------------------------------------------- SIMT path (f32)
+constexpr int kSimtRows = 32;  // 4 warps x 8 rows, 4 lanes per row
+constexpr int kSimtKeys = 32;  // keys per K/V tile
+
+template <int D>
+__device__ void attention_simt_kernel(const AttentionParams& p) {
+  constexpr int kPer = D / 4;  // dims per lane
+  __shared__ float sK[kSimtKeys][D];
+  __shared__ float sV[kSimtKeys][D];
+  const int tid = int(threadIdx.x), r = tid / 4, sub = tid % 4;
+  const Sequence s = locate(p, blockIdx.x);
+  const RowMap rows = row_map(p, s, kSimtRows);
+  const int used_rows = rows.tokens_per_block * rows.pack;
+  const bool valid = r < used_rows && rows.token(r) < s.q_len;
+  const int64_t kv_head = rows.first_head / (p.q_heads / p.kv_heads);
+  const int64_t token = rows.token(r), head = rows.head(r);
+  const int64_t pos = s.k_len - s.q_len + token;
+  const float* k = reinterpret_cast<const float*>(p.k) + s.k_start * p.k_token_stride + kv_head * p.k_head_stride;
+  const float* v = reinterpret_cast<const float*>(p.v) + s.k_start * p.v_token_stride + kv_head * p.v_head_stride;
+
+  const int64_t last_token = min(s.q_len, rows.first_token + rows.tokens_per_block) - 1;
+  const int64_t pos_lo = s.k_len - s.q_len + rows.first_token, pos_hi = s.k_len - s.q_len + last_token;
+  int64_t kv_begin, kv_end;
+  key_range(p, pos_lo, pos_hi, s.k_len, kv_begin, kv_end);
+
+  float qv[kPer], acc[kPer];
+  const float sc = row_scale_log2(p, pos);
+  const KeyInterval keys = key_interval(p, pos, s.k_len);
+  const float* qrow = reinterpret_cast<const float*>(p.q) + (s.q_start + token) * p.q_token_stride + head * p.q_head_stride;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) qv[i] = valid ? qrow[sub * kPer + i] * sc : 0.f, acc[i] = 0.f;
+  float m = -INFINITY, l = 0.f;
+
+  for (int64_t n0 = (kv_begin / kSimtKeys) * kSimtKeys; n0 < kv_end; n0 += kSimtKeys) {
+    __syncthreads();  // the previous tile is consumed
+    for (int i = tid; i < kSimtKeys * D; i += kThreads) {
+      const int j = i / D, d = i % D;
+      const bool ok = n0 + j < s.k_len;
+      sK[j][d] = ok ? k[(n0 + j) * p.k_token_stride + d] : 0.f;
+      sV[j][d] = ok ? v[(n0 + j) * p.v_token_stride + d] : 0.f;
+    }
+    __syncthreads();
+    for (int j = 0; j < kSimtKeys; ++j) {
+      float x = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) x = fmaf(qv[i], sK[j][sub * kPer + i], x);
+      x += __shfl_xor_sync(0xffffffffu, x, 1);
+      x += __shfl_xor_sync(0xffffffffu, x, 2);
+      if (!keys.contains(int(n0) + j)) x = -INFINITY;
+      const float m_new = fmaxf(m, x);
+      const float base = m_new == -INFINITY ? 0.f : m_new;
+      const float corr = exp2f(m - base), pj = exp2f(x - base);
+      l = l * corr + pj;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) acc[i] = fmaf(pj, sV[j][sub * kPer + i], acc[i] * corr);
+      m = m_new;
+    }
+  }
+  if (!valid) return;  // no barriers or warp operations below
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  float* orow = reinterpret_cast<float*>(p.out) + (s.q_start + token) * p.out_token_stride + head * p.out_head_stride;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) orow[sub * kPer + i] = acc[i] * inv;
+  if (p.lse != 0 && sub == 0)
+    reinterpret_cast<float*>(p.lse)[head * p.total_q + s.q_start + token] = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
+}
+
+}  // namespace
+
+// Symbols: attention_hd<head_dim>_<dtype>. bf16/f16 run on tensor cores, f32 on the SIMT path.
+#define ATTENTION_KERNELS(X)                                                                          \
+  X(attention_hd64_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 64>))     \
+  X(attention_hd128_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 128>))   \
+  X(attention_hd64_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 64>))             \
+  X(attention_hd128_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 128>))           \
+  X(attention_hd64_f32, AttentionParams, (kThreads), (attention_simt_kernel<64>))                    \
+  X(attention_hd128_f32, AttentionParams, (kThreads), (attention_simt_kernel<128>))
+
+LLK_EXPORT_KERNELS(attention, ATTENTION_KERNELS)

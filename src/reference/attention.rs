@@ -1,0 +1,104 @@
+//! Reference attention (the spec of kernels/attention.cu): explicit masks and a full softmax in
+//! f64, one (sequence, q head, query) at a time.
+//!
+//! For sequence b with `q_len` queries and `k_len` keys, query i sits at absolute position
+//! `p = k_len - q_len + i` (bottom-right alignment). Key j is allowed when: always (no mask);
+//! `j <= p` (causal); `j <= p` and `j >= floor(p / C) * C` (Llama 4 chunked local attention).
+//! Scores are `scale * t(p) * <q_i, k_j>` with `t(p) = ln(floor((max(p, 0) + 1) / floor_scale) + 1)
+//! * attn_scale + 1` under Llama 4 temperature tuning, else 1. Output: the softmax-weighted sum of
+//! V over allowed keys, and `lse = ln(sum_j exp(score_j))`; a query with no allowed key gets zeros
+//! and `lse = -inf`. q heads map to kv heads by `h / (q_heads / kv_heads)`.
+
+use super::check_len;
+use crate::error::{Error, Result};
+use crate::ops::attention::{AttentionMask, Llama4Temperature};
+
+/// Shapes and options of a reference attention call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpec {
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub mask: AttentionMask,
+    pub scale: f64,
+    pub temperature: Option<Llama4Temperature>,
+}
+
+/// The temperature factor t(p).
+pub fn temperature(t: &Llama4Temperature, pos: i64) -> f64 {
+    ((((pos.max(0) + 1) as f64) / f64::from(t.floor_scale)).floor() + 1.0).ln() * f64::from(t.attn_scale) + 1.0
+}
+
+/// Whether query position `pos` may attend key `key` of a sequence with `k_len` keys.
+pub fn allowed(mask: AttentionMask, pos: i64, key: i64, k_len: i64) -> bool {
+    if key < 0 || key >= k_len {
+        return false;
+    }
+    match mask {
+        AttentionMask::None => true,
+        AttentionMask::Causal => key <= pos,
+        AttentionMask::ChunkedCausal { chunk_size } => {
+            let c = chunk_size as i64;
+            key <= pos && key >= pos.div_euclid(c) * c
+        }
+    }
+}
+
+/// `q`: `[total_q, q_heads, head_dim]`, `k`, `v`: `[total_k, kv_heads, head_dim]`, contiguous.
+/// Returns `(out [total_q, q_heads, head_dim], lse [q_heads, total_q])`.
+pub fn attention(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    cu_seqlens_q: &[i32],
+    cu_seqlens_k: &[i32],
+    spec: &AttentionSpec,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let AttentionSpec { q_heads, kv_heads, head_dim: d, mask, scale, temperature: temp } = *spec;
+    if kv_heads == 0 || q_heads % kv_heads != 0 || cu_seqlens_q.len() != cu_seqlens_k.len() || cu_seqlens_q.is_empty() {
+        return Err(Error::Host("reference attention: inconsistent heads or batch".into()));
+    }
+    let total_q = *cu_seqlens_q.last().unwrap_or(&0) as usize;
+    let total_k = *cu_seqlens_k.last().unwrap_or(&0) as usize;
+    check_len("q", q.len(), total_q * q_heads * d)?;
+    check_len("k", k.len(), total_k * kv_heads * d)?;
+    check_len("v", v.len(), total_k * kv_heads * d)?;
+    let group = q_heads / kv_heads;
+    let mut out = vec![0.0; total_q * q_heads * d];
+    let mut lse = vec![f64::NEG_INFINITY; q_heads * total_q];
+    for b in 0..cu_seqlens_q.len() - 1 {
+        let (q0, q1) = (cu_seqlens_q[b] as usize, cu_seqlens_q[b + 1] as usize);
+        let (k0, k1) = (cu_seqlens_k[b] as usize, cu_seqlens_k[b + 1] as usize);
+        let (q_len, k_len) = ((q1 - q0) as i64, (k1 - k0) as i64);
+        for h in 0..q_heads {
+            let kh = h / group;
+            for i in 0..q_len {
+                let pos = k_len - q_len + i;
+                let row = q0 + i as usize;
+                let qv = &q[(row * q_heads + h) * d..(row * q_heads + h + 1) * d];
+                let t = temp.map_or(1.0, |t| temperature(&t, pos));
+                let scores: Vec<(usize, f64)> = (0..k_len)
+                    .filter(|&j| allowed(mask, pos, j, k_len))
+                    .map(|j| {
+                        let kr = k0 + j as usize;
+                        let kv = &k[(kr * kv_heads + kh) * d..(kr * kv_heads + kh + 1) * d];
+                        (kr, scale * t * qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>())
+                    })
+                    .collect();
+                if scores.is_empty() {
+                    continue;
+                }
+                let mx = scores.iter().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
+                let denom: f64 = scores.iter().map(|s| (s.1 - mx).exp()).sum();
+                lse[h * total_q + row] = mx + denom.ln();
+                let o = &mut out[(row * q_heads + h) * d..(row * q_heads + h + 1) * d];
+                for &(kr, sc) in &scores {
+                    let w = (sc - mx).exp() / denom;
+                    let vv = &v[(kr * kv_heads + kh) * d..(kr * kv_heads + kh + 1) * d];
+                    o.iter_mut().zip(vv).for_each(|(acc, x)| *acc += w * x);
+                }
+            }
+        }
+    }
+    Ok((out, lse))
+}
