@@ -7,6 +7,7 @@
 // error instead of a hang. They run on the GPU too, where the CORRECT variants must agree with
 // the emulated results (the PLANTED_BUG variants are never launched there).
 #include "common/llk.cuh"
+#include "common/ptx.cuh"
 
 namespace {
 
@@ -94,6 +95,71 @@ __device__ void atomics_kernel(const SelftestParams& p) {
   }
 }
 
+// ------------------------------------------------------------------ PTX wrapper fidelity
+// One warp. Fragments are built straight from global memory with the layouts documented in
+// ptx.cuh (not through ldmatrix), so the hardware result checks those layouts and the emulated
+// result checks the emulation: input f32 [A 16x16 | B^T 8x16 | C 16x8] (values exact in T),
+// out f32 [D 16x8].
+template <class T>
+__device__ void mma_kernel(const SelftestParams& p) {
+  const float* A = reinterpret_cast<const float*>(p.input);
+  const float* Bt = A + 256;  // Bt[n][k] = B[k][n]
+  const float* C = A + 384;
+  float* D = reinterpret_cast<float*>(p.out);
+  const int lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+  auto pk = [](float lo, float hi) { return llk::pack_pair<T>(lo, hi); };
+  const uint32_t a[4] = {pk(A[g * 16 + 2 * t], A[g * 16 + 2 * t + 1]), pk(A[(g + 8) * 16 + 2 * t], A[(g + 8) * 16 + 2 * t + 1]),
+                         pk(A[g * 16 + 2 * t + 8], A[g * 16 + 2 * t + 9]),
+                         pk(A[(g + 8) * 16 + 2 * t + 8], A[(g + 8) * 16 + 2 * t + 9])};
+  const uint32_t b[2] = {pk(Bt[g * 16 + 2 * t], Bt[g * 16 + 2 * t + 1]), pk(Bt[g * 16 + 2 * t + 8], Bt[g * 16 + 2 * t + 9])};
+  const float c[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t], C[(g + 8) * 8 + 2 * t + 1]};
+  float d[4];
+  llk::mma_m16n8k16<T>(d, a, b, c);
+  D[g * 8 + 2 * t] = d[0], D[g * 8 + 2 * t + 1] = d[1], D[(g + 8) * 8 + 2 * t] = d[2], D[(g + 8) * 8 + 2 * t + 1] = d[3];
+}
+
+// One warp: four 8x8 bf16 matrices (input f32 [4][8][8], values exact in bf16) in shared memory;
+// out i32 [6][32][4]: the registers each lane receives from ldmatrix x1, x2, x4, x1.trans,
+// x2.trans, x4.trans (unused registers 0). Lane l points at row l % 8 of matrix l / 8.
+template <int N, bool TRANS>
+__device__ void ldmatrix_variant(const __nv_bfloat16* tile, int32_t* out, int variant) {
+  const int lane = int(threadIdx.x & 31);
+  uint32_t r[N];
+  llk::ldmatrix<N, TRANS>(r, tile + ((lane >> 3) * 8 + (lane & 7)) * 8);
+  for (int j = 0; j < 4; ++j) out[(variant * 32 + lane) * 4 + j] = j < N ? int32_t(r[j]) : 0;
+}
+
+__device__ void ldmatrix_kernel(const SelftestParams& p) {
+  __shared__ __align__(16) __nv_bfloat16 tile[4 * 8 * 8];
+  const float* in = reinterpret_cast<const float*>(p.input);
+  int32_t* out = reinterpret_cast<int32_t*>(p.out);
+  for (int i = int(threadIdx.x); i < 256; i += 32) tile[i] = llk::from_f32<__nv_bfloat16>(in[i]);
+  __syncwarp();
+  ldmatrix_variant<1, false>(tile, out, 0);
+  ldmatrix_variant<2, false>(tile, out, 1);
+  ldmatrix_variant<4, false>(tile, out, 2);
+  ldmatrix_variant<1, true>(tile, out, 3);
+  ldmatrix_variant<2, true>(tile, out, 4);
+  ldmatrix_variant<4, true>(tile, out, 5);
+}
+
+// One warp: lane l copies 16 bytes of input (f32 [32][4]) to shared memory with cp.async and
+// src_bytes = (4 * l) % 17 (0..16), after the buffer was filled with ones; out f32 [32][4] is the
+// buffer after the wait: the first src_bytes bytes copied, the rest zero.
+__device__ void cp_async_kernel(const SelftestParams& p) {
+  __shared__ __align__(16) float buf[32 * 4];
+  const int lane = int(threadIdx.x & 31);
+  const float* in = reinterpret_cast<const float*>(p.input);
+  float* out = reinterpret_cast<float*>(p.out);
+  for (int j = 0; j < 4; ++j) buf[lane * 4 + j] = 1.f;
+  __syncwarp();
+  llk::cp_async_16(buf + lane * 4, in + lane * 4, (4 * lane) % 17);
+  llk::cp_async_commit();
+  llk::cp_async_wait<0>();
+  __syncwarp();
+  for (int j = 0; j < 4; ++j) out[lane * 4 + j] = buf[lane * 4 + j];
+}
+
 }  // namespace
 
 #define SELFTEST_KERNELS(X)                                                               \
@@ -102,6 +168,10 @@ __device__ void atomics_kernel(const SelftestParams& p) {
   X(selftest_divergent_barrier, SelftestParams, (1024), (divergent_barrier_kernel))       \
   X(selftest_warp_ops, SelftestParams, (1024), (warp_ops_kernel))                         \
   X(selftest_dyn_smem, SelftestParams, (1024), (dyn_smem_kernel))                         \
-  X(selftest_atomics, SelftestParams, (1024), (atomics_kernel))
+  X(selftest_atomics, SelftestParams, (1024), (atomics_kernel))                          \
+  X(selftest_mma_bf16, SelftestParams, (32), (mma_kernel<__nv_bfloat16>))                 \
+  X(selftest_mma_f16, SelftestParams, (32), (mma_kernel<__half>))                         \
+  X(selftest_ldmatrix, SelftestParams, (32), (ldmatrix_kernel))                           \
+  X(selftest_cp_async, SelftestParams, (32), (cp_async_kernel))
 
 LLK_EXPORT_KERNELS(selftest, SELFTEST_KERNELS)

@@ -37,6 +37,14 @@ pub enum Kernel {
     DynSmem,
     /// atomicAdd of thread indices and counts (`out` i32 [2], zeroed by the caller).
     Atomics,
+    /// One bf16 `mma.m16n8k16` (`in` f32 [A 16x16 | B^T 8x16 | C 16x8], `out` f32 [16x8]).
+    MmaBf16,
+    /// The same in f16.
+    MmaF16,
+    /// ldmatrix x1/x2/x4, plain and .trans (`in` f32 [4][8][8], `out` i32 [6][32][4]).
+    Ldmatrix,
+    /// cp.async with zero-fill (`in` f32 [32][4], `out` f32 [32][4]).
+    CpAsync,
 }
 
 impl Kernel {
@@ -48,10 +56,33 @@ impl Kernel {
             Kernel::WarpOps => "selftest_warp_ops",
             Kernel::DynSmem => "selftest_dyn_smem",
             Kernel::Atomics => "selftest_atomics",
+            Kernel::MmaBf16 => "selftest_mma_bf16",
+            Kernel::MmaF16 => "selftest_mma_f16",
+            Kernel::Ldmatrix => "selftest_ldmatrix",
+            Kernel::CpAsync => "selftest_cp_async",
         }
     }
-    pub const ALL: [Kernel; 6] =
-        [Kernel::Stencil, Kernel::Deadlock, Kernel::DivergentBarrier, Kernel::WarpOps, Kernel::DynSmem, Kernel::Atomics];
+    pub const ALL: [Kernel; 10] = [
+        Kernel::Stencil,
+        Kernel::Deadlock,
+        Kernel::DivergentBarrier,
+        Kernel::WarpOps,
+        Kernel::DynSmem,
+        Kernel::Atomics,
+        Kernel::MmaBf16,
+        Kernel::MmaF16,
+        Kernel::Ldmatrix,
+        Kernel::CpAsync,
+    ];
+    /// Warp-level PTX checks: one warp, fixed input and output sizes (in, out elements).
+    fn fixed_io(self) -> Option<(usize, usize)> {
+        match self {
+            Kernel::MmaBf16 | Kernel::MmaF16 => Some((512, 128)),
+            Kernel::Ldmatrix => Some((256, 6 * 32 * 4)),
+            Kernel::CpAsync => Some((128, 128)),
+            _ => None,
+        }
+    }
 }
 
 /// The symbols of this family, for static checks.
@@ -74,17 +105,24 @@ pub fn launch(
     if variant == Variant::PlantedBug && out.device().target() == Target::Cuda {
         return Err(Error::invalid(OP, "variant", "PlantedBug", "planted bugs run on the emulated target only"));
     }
-    let block = if kernel == Kernel::Stencil { STENCIL_BLOCK } else { block };
+    let (block, threads) = match kernel {
+        Kernel::Stencil => (STENCIL_BLOCK, threads),
+        k if k.fixed_io().is_some() => (32, 32),
+        _ => (block, threads),
+    };
     if block == 0 || block > 1024 {
         return Err(Error::invalid(OP, "block", block, "must be 1..=1024"));
     }
-    let out_dtype = if matches!(kernel, Kernel::WarpOps | Kernel::Atomics) { DType::I32 } else { DType::F32 };
+    let out_dtype = if matches!(kernel, Kernel::WarpOps | Kernel::Atomics | Kernel::Ldmatrix) { DType::I32 } else { DType::F32 };
     check_dtype(OP, "out", out, out_dtype)?;
-    let needed = match kernel {
-        Kernel::WarpOps => 8 * threads,
-        Kernel::Atomics => 2,
-        Kernel::Deadlock | Kernel::DivergentBarrier => n.min(block),
-        Kernel::Stencil | Kernel::DynSmem => n,
+    let (n, needed) = match kernel.fixed_io() {
+        Some((inputs, outputs)) => (inputs, outputs),
+        None => match kernel {
+            Kernel::WarpOps => (n, 8 * threads),
+            Kernel::Atomics => (n, 2),
+            Kernel::Deadlock | Kernel::DivergentBarrier => (n, n.min(block)),
+            _ => (n, n),
+        },
     };
     if !out.is_contiguous() || out.numel() < needed {
         return Err(Error::invalid(OP, "out", out.numel(), format!("needs {needed} contiguous elements")));
@@ -94,7 +132,7 @@ pub fn launch(
         if !i.is_contiguous() || i.numel() < n {
             return Err(Error::invalid(OP, "in", i.numel(), format!("needs {n} contiguous elements")));
         }
-    } else if matches!(kernel, Kernel::Stencil | Kernel::DynSmem) {
+    } else if matches!(kernel, Kernel::Stencil | Kernel::DynSmem) || kernel.fixed_io().is_some() {
         return Err(Error::invalid(OP, "in", "None", "this kernel reads an input"));
     }
     let mut args = KernelArgs::new(OP, out.device());

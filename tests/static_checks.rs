@@ -104,3 +104,23 @@ fn vectorized_rope_rotates_with_128_bit_accesses() {
         assert!(!ops.iter().any(|o| o.starts_with("LDL") || o.starts_with("STL")), "{name} uses local memory");
     }
 }
+
+#[test]
+fn attention_runs_on_tensor_cores() {
+    // bf16/f16 kernels: HMMA (mma.sync), LDSM and LDSM.MT (ldmatrix and .trans), LDGSTS
+    // (cp.async); f32 kernels stay on the SIMT path.
+    let funcs = per_function(&sass("attention"));
+    assert_eq!(funcs.len(), 6, "{:?}", funcs.iter().map(|f| &f.0).collect::<Vec<_>>());
+    for (name, ops) in &funcs {
+        let has = |prefix: &str| ops.iter().any(|o| o.starts_with(prefix));
+        if name.ends_with("_f32") {
+            assert!(!has("HMMA"), "{name} should not use tensor cores");
+            continue;
+        }
+        let hmma = if name.ends_with("_bf16") { "HMMA.16816.F32.BF16" } else { "HMMA.16816.F32" };
+        assert!(has(hmma), "{name}: no {hmma}");
+        assert!(has("LDSM.16.M88.4") && has("LDSM.16.MT88.4"), "{name}: no ldmatrix x4 / x4.trans");
+        assert!(has("LDGSTS.E.BYPASS.128"), "{name}: no 16-byte cp.async");
+        assert!(!has("LDL") && !has("STL"), "{name} uses local memory");
+    }
+}
