@@ -110,5 +110,8 @@ fn main() {
         rows.push(common::Row { name: s.name.clone(), us, bytes: 0.0, flops: f });
     }
     group.finish();
-    common::print_flops_table("Attention summary (CUDA events, mean of 20 launches; FLOPs as FlashAttention counts)", &rows);
+    common::print_flops_table(
+        "Attention summary (CUDA events, mean of 20 launches; FLOPs as FlashAttention counts)",
+        &rows,
+    );
 }

@@ -27,7 +27,11 @@ fn main() {
                     let y = Tensor::zeros(&device, dtype, &[tokens, hidden]).expect("alloc");
                     let w = Tensor::zeros(&device, dtype, &[hidden]).expect("alloc");
                     let mut run = || {
-                        if fused { ops::fused_add_rms_norm(&x, &r, &w, 1e-5, &y) } else { ops::rms_norm(&x, &w, 1e-5, &y) }
+                        if fused {
+                            ops::fused_add_rms_norm(&x, &r, &w, 1e-5, &y)
+                        } else {
+                            ops::rms_norm(&x, &w, 1e-5, &y)
+                        }
                     };
                     let size = dtype.size() as f64;
                     let per_row = if fused { 4.0 } else { 2.0 };

@@ -18,7 +18,8 @@ fn main() {
     let mut c = common::criterion();
     let mut rows = Vec::new();
     let mut group = c.benchmark_group("rope");
-    let cases = [("llama3", RopeConfig::llama3_1(128), 32usize, 8usize), ("llama4", RopeConfig::llama4_scout(128), 40, 8)];
+    let cases =
+        [("llama3", RopeConfig::llama3_1(128), 32usize, 8usize), ("llama4", RopeConfig::llama4_scout(128), 40, 8)];
     for (model, cfg, qh, kh) in cases {
         let rope = Rope::new(&device, cfg).expect("rope table");
         let dtype = DType::BF16;
@@ -35,7 +36,8 @@ fn main() {
                 b.iter_custom(|iters| common::event_duration(&device, iters, &mut run))
             });
             let us = common::gpu_time_us(&device, 200, &mut run);
-            let name = format!("rope {dtype} {tokens}x({qh}+{kh})x128{}", if model == "llama4" { " llama4" } else { "" });
+            let name =
+                format!("rope {dtype} {tokens}x({qh}+{kh})x128{}", if model == "llama4" { " llama4" } else { "" });
             rows.push(common::Row { name, us, bytes, flops: 0.0 });
         }
     }

@@ -28,7 +28,11 @@ fn main() {
                 let up = Tensor::zeros(&device, dtype, &[tokens, d]).expect("alloc");
                 let out = Tensor::zeros(&device, dtype, &[tokens, d]).expect("alloc");
                 let mut run = || {
-                    if packed { swiglu(GateUp::GateThenUp(&gate_up), &out) } else { swiglu(GateUp::Separate { gate: &gate, up: &up }, &out) }
+                    if packed {
+                        swiglu(GateUp::GateThenUp(&gate_up), &out)
+                    } else {
+                        swiglu(GateUp::Separate { gate: &gate, up: &up }, &out)
+                    }
                 };
                 let bytes = 3.0 * (tokens * d * dtype.size()) as f64;
                 let form = if packed { "packed" } else { "separate" };

@@ -97,12 +97,21 @@ __device__ __forceinline__ float row_scale_log2(const AttentionParams& p, int64_
   return s;
 }
 
-// The key range [begin, end) a block with query positions [pos_lo, pos_hi] can attend.
-__device__ void key_range(const AttentionParams& p, int64_t pos_lo, int64_t pos_hi, int64_t k_len, int64_t& begin,
-                          int64_t& end) {
-  end = p.mask == LLK_ATTN_NONE ? k_len : min(k_len, max(pos_hi + 1, int64_t(0)));
-  begin = 0;
-  if (p.mask == LLK_ATTN_CHUNKED_CAUSAL && pos_lo > 0) begin = min(end, (pos_lo / p.chunk_size) * p.chunk_size);
+// The query positions [pos_lo, pos_hi] of a block's tokens [first, first + count) and the key
+// range [begin, end) they can attend.
+struct BlockKeys {
+  int64_t pos_lo, pos_hi, begin, end;
+};
+
+__device__ BlockKeys block_keys(const AttentionParams& p, const Sequence& s, int64_t first_token, int64_t tokens) {
+  BlockKeys b;
+  const int64_t last_token = min(s.q_len, first_token + tokens) - 1;
+  b.pos_lo = s.k_len - s.q_len + first_token;
+  b.pos_hi = s.k_len - s.q_len + last_token;
+  b.end = p.mask == LLK_ATTN_NONE ? s.k_len : min(s.k_len, max(b.pos_hi + 1, int64_t(0)));
+  b.begin = 0;
+  if (p.mask == LLK_ATTN_CHUNKED_CAUSAL && b.pos_lo > 0) b.begin = min(b.end, (b.pos_lo / p.chunk_size) * p.chunk_size);
+  return b;
 }
 
 // Rows of a block: row r is token (block * tokens_per_block + r / pack) of the sequence and q head
@@ -154,13 +163,10 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
   const T* v = reinterpret_cast<const T*>(p.v) + s.k_start * p.v_token_stride + kv_head * p.v_head_stride;
 
   // Query positions of the block, and the key tiles it needs.
-  const int64_t last_token = min(s.q_len, rows.first_token + rows.tokens_per_block) - 1;
-  const int64_t pos_lo = s.k_len - s.q_len + rows.first_token, pos_hi = s.k_len - s.q_len + last_token;
-  int64_t kv_begin, kv_end;
-  key_range(p, pos_lo, pos_hi, s.k_len, kv_begin, kv_end);
-  const int64_t first_tile = kv_begin / kBlockN;
-  const int64_t end_tile = (kv_end + kBlockN - 1) / kBlockN;
-  const int64_t chunk_lo_of_pos_hi = key_interval(p, pos_hi, s.k_len).lo;  // rows below may start later
+  const BlockKeys bk = block_keys(p, s, rows.first_token, rows.tokens_per_block);
+  const int64_t first_tile = bk.begin / kBlockN;
+  const int64_t end_tile = (bk.end + kBlockN - 1) / kBlockN;
+  const int64_t chunk_lo_of_pos_hi = key_interval(p, bk.pos_hi, s.k_len).lo;  // rows below may start later
 
   // Q tile: rows outside the sequence are zero-filled.
   for (int i = tid; i < kBlockM * kChunks; i += kThreads) {
@@ -237,7 +243,7 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
 
     // Scale to base 2, and mask where the tile crosses a boundary.
     const int n0 = int(tile * kBlockN);
-    const bool needs_mask = n0 + kBlockN > s.k_len || (p.mask != LLK_ATTN_NONE && n0 + kBlockN - 1 > pos_lo) ||
+    const bool needs_mask = n0 + kBlockN > s.k_len || (p.mask != LLK_ATTN_NONE && n0 + kBlockN - 1 > bk.pos_lo) ||
                             (p.mask == LLK_ATTN_CHUNKED_CAUSAL && n0 < chunk_lo_of_pos_hi);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -347,10 +353,7 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
   const float* k = reinterpret_cast<const float*>(p.k) + s.k_start * p.k_token_stride + kv_head * p.k_head_stride;
   const float* v = reinterpret_cast<const float*>(p.v) + s.k_start * p.v_token_stride + kv_head * p.v_head_stride;
 
-  const int64_t last_token = min(s.q_len, rows.first_token + rows.tokens_per_block) - 1;
-  const int64_t pos_lo = s.k_len - s.q_len + rows.first_token, pos_hi = s.k_len - s.q_len + last_token;
-  int64_t kv_begin, kv_end;
-  key_range(p, pos_lo, pos_hi, s.k_len, kv_begin, kv_end);
+  const BlockKeys bk = block_keys(p, s, rows.first_token, rows.tokens_per_block);
 
   float qv[kPer], acc[kPer];
   const float sc = row_scale_log2(p, pos);
@@ -360,7 +363,7 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
   for (int i = 0; i < kPer; ++i) qv[i] = valid ? qrow[sub * kPer + i] * sc : 0.f, acc[i] = 0.f;
   float m = -INFINITY, l = 0.f;
 
-  for (int64_t n0 = (kv_begin / kSimtKeys) * kSimtKeys; n0 < kv_end; n0 += kSimtKeys) {
+  for (int64_t n0 = (bk.begin / kSimtKeys) * kSimtKeys; n0 < bk.end; n0 += kSimtKeys) {
     __syncthreads();  // the previous tile is consumed
     for (int i = tid; i < kSimtKeys * D; i += kThreads) {
       const int j = i / D, d = i % D;

@@ -44,9 +44,9 @@ impl DType {
     /// Unit roundoff (half an ulp at 1.0) of the storage type; 0 for integers.
     pub const fn unit_roundoff(self) -> f64 {
         match self {
-            DType::F32 => 5.960464477539063e-8,  // 2^-24
-            DType::F16 => 4.8828125e-4,          // 2^-11
-            DType::BF16 => 3.90625e-3,           // 2^-8
+            DType::F32 => 5.960464477539063e-8, // 2^-24
+            DType::F16 => 4.8828125e-4,         // 2^-11
+            DType::BF16 => 3.90625e-3,          // 2^-8
             DType::I32 | DType::I64 => 0.0,
         }
     }

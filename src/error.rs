@@ -62,7 +62,12 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn invalid(op: &'static str, name: &'static str, value: impl std::fmt::Display, why: impl Into<String>) -> Self {
+    pub(crate) fn invalid(
+        op: &'static str,
+        name: &'static str,
+        value: impl std::fmt::Display,
+        why: impl Into<String>,
+    ) -> Self {
         Error::InvalidArgument { op, name, value: value.to_string(), why: why.into() }
     }
 }

@@ -77,8 +77,18 @@ mod tests {
         assert_eq!(k.len(), 1);
         assert_eq!(
             k[0],
-            KernelResources { name: "rms_norm_f32".into(), registers: 30, spill_stores: 4, spill_loads: 12, stack_bytes: 8, smem_bytes: 128 }
+            KernelResources {
+                name: "rms_norm_f32".into(),
+                registers: 30,
+                spill_stores: 4,
+                spill_loads: 12,
+                stack_bytes: 8,
+                smem_bytes: 128
+            }
         );
-        assert_eq!(ptx_entries(".visible .entry foo(\n.param x\n)\n.visible .entry bar_baz(\n"), vec!["foo", "bar_baz"]);
+        assert_eq!(
+            ptx_entries(".visible .entry foo(\n.param x\n)\n.visible .entry bar_baz(\n"),
+            vec!["foo", "bar_baz"]
+        );
     }
 }

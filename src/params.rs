@@ -23,21 +23,15 @@ const _: () = {
     ["Size of RmsNormParams"][::core::mem::size_of::<RmsNormParams>() - 80usize];
     ["Alignment of RmsNormParams"][::core::mem::align_of::<RmsNormParams>() - 8usize];
     ["Offset of field: RmsNormParams::x"][::core::mem::offset_of!(RmsNormParams, x) - 0usize];
-    ["Offset of field: RmsNormParams::residual"]
-        [::core::mem::offset_of!(RmsNormParams, residual) - 8usize];
-    ["Offset of field: RmsNormParams::weight"]
-        [::core::mem::offset_of!(RmsNormParams, weight) - 16usize];
+    ["Offset of field: RmsNormParams::residual"][::core::mem::offset_of!(RmsNormParams, residual) - 8usize];
+    ["Offset of field: RmsNormParams::weight"][::core::mem::offset_of!(RmsNormParams, weight) - 16usize];
     ["Offset of field: RmsNormParams::y"][::core::mem::offset_of!(RmsNormParams, y) - 24usize];
-    ["Offset of field: RmsNormParams::rows"]
-        [::core::mem::offset_of!(RmsNormParams, rows) - 32usize];
-    ["Offset of field: RmsNormParams::hidden"]
-        [::core::mem::offset_of!(RmsNormParams, hidden) - 40usize];
-    ["Offset of field: RmsNormParams::x_row_stride"]
-        [::core::mem::offset_of!(RmsNormParams, x_row_stride) - 48usize];
+    ["Offset of field: RmsNormParams::rows"][::core::mem::offset_of!(RmsNormParams, rows) - 32usize];
+    ["Offset of field: RmsNormParams::hidden"][::core::mem::offset_of!(RmsNormParams, hidden) - 40usize];
+    ["Offset of field: RmsNormParams::x_row_stride"][::core::mem::offset_of!(RmsNormParams, x_row_stride) - 48usize];
     ["Offset of field: RmsNormParams::residual_row_stride"]
         [::core::mem::offset_of!(RmsNormParams, residual_row_stride) - 56usize];
-    ["Offset of field: RmsNormParams::y_row_stride"]
-        [::core::mem::offset_of!(RmsNormParams, y_row_stride) - 64usize];
+    ["Offset of field: RmsNormParams::y_row_stride"][::core::mem::offset_of!(RmsNormParams, y_row_stride) - 64usize];
     ["Offset of field: RmsNormParams::eps"][::core::mem::offset_of!(RmsNormParams, eps) - 72usize];
 };
 #[repr(u32)]
@@ -85,33 +79,21 @@ const _: () = {
     ["Alignment of RopeParams"][::core::mem::align_of::<RopeParams>() - 8usize];
     ["Offset of field: RopeParams::q"][::core::mem::offset_of!(RopeParams, q) - 0usize];
     ["Offset of field: RopeParams::k"][::core::mem::offset_of!(RopeParams, k) - 8usize];
-    ["Offset of field: RopeParams::positions"]
-        [::core::mem::offset_of!(RopeParams, positions) - 16usize];
-    ["Offset of field: RopeParams::inv_freq"]
-        [::core::mem::offset_of!(RopeParams, inv_freq) - 24usize];
+    ["Offset of field: RopeParams::positions"][::core::mem::offset_of!(RopeParams, positions) - 16usize];
+    ["Offset of field: RopeParams::inv_freq"][::core::mem::offset_of!(RopeParams, inv_freq) - 24usize];
     ["Offset of field: RopeParams::tokens"][::core::mem::offset_of!(RopeParams, tokens) - 32usize];
-    ["Offset of field: RopeParams::q_heads"]
-        [::core::mem::offset_of!(RopeParams, q_heads) - 40usize];
-    ["Offset of field: RopeParams::kv_heads"]
-        [::core::mem::offset_of!(RopeParams, kv_heads) - 48usize];
-    ["Offset of field: RopeParams::head_dim"]
-        [::core::mem::offset_of!(RopeParams, head_dim) - 56usize];
-    ["Offset of field: RopeParams::rotary_dim"]
-        [::core::mem::offset_of!(RopeParams, rotary_dim) - 64usize];
-    ["Offset of field: RopeParams::q_token_stride"]
-        [::core::mem::offset_of!(RopeParams, q_token_stride) - 72usize];
-    ["Offset of field: RopeParams::q_head_stride"]
-        [::core::mem::offset_of!(RopeParams, q_head_stride) - 80usize];
-    ["Offset of field: RopeParams::k_token_stride"]
-        [::core::mem::offset_of!(RopeParams, k_token_stride) - 88usize];
-    ["Offset of field: RopeParams::k_head_stride"]
-        [::core::mem::offset_of!(RopeParams, k_head_stride) - 96usize];
+    ["Offset of field: RopeParams::q_heads"][::core::mem::offset_of!(RopeParams, q_heads) - 40usize];
+    ["Offset of field: RopeParams::kv_heads"][::core::mem::offset_of!(RopeParams, kv_heads) - 48usize];
+    ["Offset of field: RopeParams::head_dim"][::core::mem::offset_of!(RopeParams, head_dim) - 56usize];
+    ["Offset of field: RopeParams::rotary_dim"][::core::mem::offset_of!(RopeParams, rotary_dim) - 64usize];
+    ["Offset of field: RopeParams::q_token_stride"][::core::mem::offset_of!(RopeParams, q_token_stride) - 72usize];
+    ["Offset of field: RopeParams::q_head_stride"][::core::mem::offset_of!(RopeParams, q_head_stride) - 80usize];
+    ["Offset of field: RopeParams::k_token_stride"][::core::mem::offset_of!(RopeParams, k_token_stride) - 88usize];
+    ["Offset of field: RopeParams::k_head_stride"][::core::mem::offset_of!(RopeParams, k_head_stride) - 96usize];
     ["Offset of field: RopeParams::layout"][::core::mem::offset_of!(RopeParams, layout) - 104usize];
-    ["Offset of field: RopeParams::position_type"]
-        [::core::mem::offset_of!(RopeParams, position_type) - 108usize];
+    ["Offset of field: RopeParams::position_type"][::core::mem::offset_of!(RopeParams, position_type) - 108usize];
     ["Offset of field: RopeParams::norm"][::core::mem::offset_of!(RopeParams, norm) - 112usize];
-    ["Offset of field: RopeParams::norm_eps"]
-        [::core::mem::offset_of!(RopeParams, norm_eps) - 116usize];
+    ["Offset of field: RopeParams::norm_eps"][::core::mem::offset_of!(RopeParams, norm_eps) - 116usize];
 };
 impl Default for RopeParams {
     fn default() -> Self {
@@ -148,17 +130,13 @@ const _: () = {
     ["Offset of field: SwiGluParams::gate"][::core::mem::offset_of!(SwiGluParams, gate) - 0usize];
     ["Offset of field: SwiGluParams::up"][::core::mem::offset_of!(SwiGluParams, up) - 8usize];
     ["Offset of field: SwiGluParams::out"][::core::mem::offset_of!(SwiGluParams, out) - 16usize];
-    ["Offset of field: SwiGluParams::tokens"]
-        [::core::mem::offset_of!(SwiGluParams, tokens) - 24usize];
+    ["Offset of field: SwiGluParams::tokens"][::core::mem::offset_of!(SwiGluParams, tokens) - 24usize];
     ["Offset of field: SwiGluParams::d"][::core::mem::offset_of!(SwiGluParams, d) - 32usize];
     ["Offset of field: SwiGluParams::gate_row_stride"]
         [::core::mem::offset_of!(SwiGluParams, gate_row_stride) - 40usize];
-    ["Offset of field: SwiGluParams::up_row_stride"]
-        [::core::mem::offset_of!(SwiGluParams, up_row_stride) - 48usize];
-    ["Offset of field: SwiGluParams::out_row_stride"]
-        [::core::mem::offset_of!(SwiGluParams, out_row_stride) - 56usize];
-    ["Offset of field: SwiGluParams::layout"]
-        [::core::mem::offset_of!(SwiGluParams, layout) - 64usize];
+    ["Offset of field: SwiGluParams::up_row_stride"][::core::mem::offset_of!(SwiGluParams, up_row_stride) - 48usize];
+    ["Offset of field: SwiGluParams::out_row_stride"][::core::mem::offset_of!(SwiGluParams, out_row_stride) - 56usize];
+    ["Offset of field: SwiGluParams::layout"][::core::mem::offset_of!(SwiGluParams, layout) - 64usize];
 };
 impl Default for SwiGluParams {
     fn default() -> Self {
@@ -221,26 +199,18 @@ const _: () = {
     ["Offset of field: AttentionParams::q"][::core::mem::offset_of!(AttentionParams, q) - 0usize];
     ["Offset of field: AttentionParams::k"][::core::mem::offset_of!(AttentionParams, k) - 8usize];
     ["Offset of field: AttentionParams::v"][::core::mem::offset_of!(AttentionParams, v) - 16usize];
-    ["Offset of field: AttentionParams::out"]
-        [::core::mem::offset_of!(AttentionParams, out) - 24usize];
-    ["Offset of field: AttentionParams::lse"]
-        [::core::mem::offset_of!(AttentionParams, lse) - 32usize];
+    ["Offset of field: AttentionParams::out"][::core::mem::offset_of!(AttentionParams, out) - 24usize];
+    ["Offset of field: AttentionParams::lse"][::core::mem::offset_of!(AttentionParams, lse) - 32usize];
     ["Offset of field: AttentionParams::cu_seqlens_q"]
         [::core::mem::offset_of!(AttentionParams, cu_seqlens_q) - 40usize];
     ["Offset of field: AttentionParams::cu_seqlens_k"]
         [::core::mem::offset_of!(AttentionParams, cu_seqlens_k) - 48usize];
-    ["Offset of field: AttentionParams::cu_tiles"]
-        [::core::mem::offset_of!(AttentionParams, cu_tiles) - 56usize];
-    ["Offset of field: AttentionParams::batch"]
-        [::core::mem::offset_of!(AttentionParams, batch) - 64usize];
-    ["Offset of field: AttentionParams::q_heads"]
-        [::core::mem::offset_of!(AttentionParams, q_heads) - 72usize];
-    ["Offset of field: AttentionParams::kv_heads"]
-        [::core::mem::offset_of!(AttentionParams, kv_heads) - 80usize];
-    ["Offset of field: AttentionParams::head_dim"]
-        [::core::mem::offset_of!(AttentionParams, head_dim) - 88usize];
-    ["Offset of field: AttentionParams::total_q"]
-        [::core::mem::offset_of!(AttentionParams, total_q) - 96usize];
+    ["Offset of field: AttentionParams::cu_tiles"][::core::mem::offset_of!(AttentionParams, cu_tiles) - 56usize];
+    ["Offset of field: AttentionParams::batch"][::core::mem::offset_of!(AttentionParams, batch) - 64usize];
+    ["Offset of field: AttentionParams::q_heads"][::core::mem::offset_of!(AttentionParams, q_heads) - 72usize];
+    ["Offset of field: AttentionParams::kv_heads"][::core::mem::offset_of!(AttentionParams, kv_heads) - 80usize];
+    ["Offset of field: AttentionParams::head_dim"][::core::mem::offset_of!(AttentionParams, head_dim) - 88usize];
+    ["Offset of field: AttentionParams::total_q"][::core::mem::offset_of!(AttentionParams, total_q) - 96usize];
     ["Offset of field: AttentionParams::q_token_stride"]
         [::core::mem::offset_of!(AttentionParams, q_token_stride) - 104usize];
     ["Offset of field: AttentionParams::q_head_stride"]
@@ -257,16 +227,11 @@ const _: () = {
         [::core::mem::offset_of!(AttentionParams, out_token_stride) - 152usize];
     ["Offset of field: AttentionParams::out_head_stride"]
         [::core::mem::offset_of!(AttentionParams, out_head_stride) - 160usize];
-    ["Offset of field: AttentionParams::pack"]
-        [::core::mem::offset_of!(AttentionParams, pack) - 168usize];
-    ["Offset of field: AttentionParams::chunk_size"]
-        [::core::mem::offset_of!(AttentionParams, chunk_size) - 176usize];
-    ["Offset of field: AttentionParams::mask"]
-        [::core::mem::offset_of!(AttentionParams, mask) - 184usize];
-    ["Offset of field: AttentionParams::temperature"]
-        [::core::mem::offset_of!(AttentionParams, temperature) - 188usize];
-    ["Offset of field: AttentionParams::scale"]
-        [::core::mem::offset_of!(AttentionParams, scale) - 192usize];
+    ["Offset of field: AttentionParams::pack"][::core::mem::offset_of!(AttentionParams, pack) - 168usize];
+    ["Offset of field: AttentionParams::chunk_size"][::core::mem::offset_of!(AttentionParams, chunk_size) - 176usize];
+    ["Offset of field: AttentionParams::mask"][::core::mem::offset_of!(AttentionParams, mask) - 184usize];
+    ["Offset of field: AttentionParams::temperature"][::core::mem::offset_of!(AttentionParams, temperature) - 188usize];
+    ["Offset of field: AttentionParams::scale"][::core::mem::offset_of!(AttentionParams, scale) - 192usize];
     ["Offset of field: AttentionParams::temp_floor_scale"]
         [::core::mem::offset_of!(AttentionParams, temp_floor_scale) - 196usize];
     ["Offset of field: AttentionParams::temp_attn_scale"]
@@ -299,12 +264,10 @@ pub struct SelftestParams {
 const _: () = {
     ["Size of SelftestParams"][::core::mem::size_of::<SelftestParams>() - 32usize];
     ["Alignment of SelftestParams"][::core::mem::align_of::<SelftestParams>() - 8usize];
-    ["Offset of field: SelftestParams::input"]
-        [::core::mem::offset_of!(SelftestParams, input) - 0usize];
+    ["Offset of field: SelftestParams::input"][::core::mem::offset_of!(SelftestParams, input) - 0usize];
     ["Offset of field: SelftestParams::out"][::core::mem::offset_of!(SelftestParams, out) - 8usize];
     ["Offset of field: SelftestParams::n"][::core::mem::offset_of!(SelftestParams, n) - 16usize];
-    ["Offset of field: SelftestParams::variant"]
-        [::core::mem::offset_of!(SelftestParams, variant) - 24usize];
+    ["Offset of field: SelftestParams::variant"][::core::mem::offset_of!(SelftestParams, variant) - 24usize];
 };
 impl Default for SelftestParams {
     fn default() -> Self {

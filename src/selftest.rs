@@ -113,7 +113,8 @@ pub fn launch(
     if block == 0 || block > 1024 {
         return Err(Error::invalid(OP, "block", block, "must be 1..=1024"));
     }
-    let out_dtype = if matches!(kernel, Kernel::WarpOps | Kernel::Atomics | Kernel::Ldmatrix) { DType::I32 } else { DType::F32 };
+    let out_dtype =
+        if matches!(kernel, Kernel::WarpOps | Kernel::Atomics | Kernel::Ldmatrix) { DType::I32 } else { DType::F32 };
     check_dtype(OP, "out", out, out_dtype)?;
     let (n, needed) = match kernel.fixed_io() {
         Some((inputs, outputs)) => (inputs, outputs),

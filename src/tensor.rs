@@ -112,7 +112,9 @@ impl Storage {
                 // SAFETY: [base+start, base+start+len) lies inside this allocation (checked above);
                 // `out` is a live host buffer of exactly `len` bytes that stays in place until the
                 // stream synchronization below completes the copy.
-                unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut out, base + start as u64, c.stream.cu_stream()) }?;
+                unsafe {
+                    cudarc::driver::result::memcpy_dtoh_async(&mut out, base + start as u64, c.stream.cu_stream())
+                }?;
                 c.stream.synchronize()?;
                 drop(guard);
             }

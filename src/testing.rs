@@ -123,7 +123,13 @@ pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {
     };
     for i in 0..n {
         let (g, e) = (got[i], expected[i]);
-        let err = if g == e { 0.0 } else if g.is_finite() && e.is_finite() { (g - e).abs() } else { f64::INFINITY };
+        let err = if g == e {
+            0.0
+        } else if g.is_finite() && e.is_finite() {
+            (g - e).abs()
+        } else {
+            f64::INFINITY
+        };
         let allowed = tol.atol + tol.rtol * e.abs();
         let ratio = if err == 0.0 { 0.0 } else { err / allowed };
         c.max_abs = c.max_abs.max(err);
@@ -157,8 +163,14 @@ mod tests {
 
     #[test]
     fn rng_is_seeded_and_roughly_normal() {
-        let a: Vec<u64> = { let mut r = Rng::new(1); (0..4).map(|_| r.next_u64()).collect() };
-        let b: Vec<u64> = { let mut r = Rng::new(1); (0..4).map(|_| r.next_u64()).collect() };
+        let a: Vec<u64> = {
+            let mut r = Rng::new(1);
+            (0..4).map(|_| r.next_u64()).collect()
+        };
+        let b: Vec<u64> = {
+            let mut r = Rng::new(1);
+            (0..4).map(|_| r.next_u64()).collect()
+        };
         assert_eq!(a, b);
         let mut r = Rng::new(2);
         let v: Vec<f64> = (0..20000).map(|_| r.normal()).collect();

@@ -61,7 +61,14 @@ fn worst_of(parts: Vec<(Comparison, Vec<usize>)>) -> (Comparison, Vec<usize>) {
 
 /// A `[rows, cols]` tensor holding `data`, either contiguous or as a view into a wider buffer
 /// of `cols + pad` columns whose extra columns are poisoned. Returns (view, backing buffer).
-pub fn rows_tensor(device: &Device, dtype: DType, data: &[f64], rows: usize, cols: usize, pad: usize) -> Result<(Tensor, Tensor)> {
+pub fn rows_tensor(
+    device: &Device,
+    dtype: DType,
+    data: &[f64],
+    rows: usize,
+    cols: usize,
+    pad: usize,
+) -> Result<(Tensor, Tensor)> {
     let full = Tensor::poisoned(device, dtype, &[rows, cols + pad])?;
     let view = full.narrow(1, 0, cols)?;
     let staged = Tensor::from_f64(device, dtype, data, &[rows, cols])?;
@@ -138,7 +145,8 @@ pub fn rms_norm_case(device: &Device, case: RmsNormCase) -> Result<CaseResult> {
     let mut outputs = vec![y.clone()];
     let mut gaps = gaps_poisoned(&yfull, hidden)?;
     if fused {
-        let (sum, yref) = reference::rms_norm::fused_add_rms_norm(&x, &res, &w, hidden, f64::from(RMS_NORM_EPS), dtype)?;
+        let (sum, yref) =
+            reference::rms_norm::fused_add_rms_norm(&x, &res, &w, hidden, f64::from(RMS_NORM_EPS), dtype)?;
         let s = rt.to_f64_vec()?;
         parts.push((compare(&s, &sum, tol), shape.clone()));
         parts.push((compare(&y, &yref, tol), shape.clone()));
@@ -154,7 +162,11 @@ pub fn rms_norm_case(device: &Device, case: RmsNormCase) -> Result<CaseResult> {
     Ok(CaseResult {
         op: if fused { "fused_add_rms_norm" } else { "rms_norm" }.into(),
         dtype,
-        shape: if pad > 0 { format!("{rows}x{hidden} (row stride {})", hidden + pad) } else { format!("{rows}x{hidden}") },
+        shape: if pad > 0 {
+            format!("{rows}x{hidden} (row stride {})", hidden + pad)
+        } else {
+            format!("{rows}x{hidden}")
+        },
         pass: comparison.pass && gaps,
         comparison,
         worst_shape,
@@ -166,8 +178,11 @@ pub fn rms_norm_case(device: &Device, case: RmsNormCase) -> Result<CaseResult> {
 
 /// The cases `verify` runs. `quick` keeps shapes small enough for the emulated target.
 pub fn rms_norm_cases(quick: bool) -> Vec<RmsNormCase> {
-    let shapes: &[(usize, usize)] =
-        if quick { &[(1, 4096), (7, 769), (83, 768), (16, 8192)] } else { &[(1, 4096), (7, 769), (83, 768), (4096, 4096), (1024, 8192)] };
+    let shapes: &[(usize, usize)] = if quick {
+        &[(1, 4096), (7, 769), (83, 768), (16, 8192)]
+    } else {
+        &[(1, 4096), (7, 769), (83, 768), (4096, 4096), (1024, 8192)]
+    };
     let mut v = Vec::new();
     for fused in [false, true] {
         for dtype in DType::FLOATS {
@@ -189,10 +204,13 @@ fn outcome<C: std::fmt::Debug + Copy>(case: C, r: Result<CaseResult>) -> Outcome
 
 /// Runs every case on `device`. Errors (a failed launch) become failing rows, not aborts.
 pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
-    let mut out: Vec<Outcome> = rms_norm_cases(quick).into_iter().map(|c| outcome(c, rms_norm_case(device, c))).collect();
+    let mut out: Vec<Outcome> =
+        rms_norm_cases(quick).into_iter().map(|c| outcome(c, rms_norm_case(device, c))).collect();
     out.extend(rope_cases(quick).into_iter().map(|c| outcome(c, rope_case(device, c))));
     out.extend(swiglu_cases(quick).into_iter().map(|c| outcome(c, swiglu_case(device, c))));
-    out.extend(attention_cases(quick).into_iter().map(|c| attention_case(device, &c).map_err(|e| (format!("{c:?}"), e))));
+    out.extend(
+        attention_cases(quick).into_iter().map(|c| attention_case(device, &c).map_err(|e| (format!("{c:?}"), e))),
+    );
     out
 }
 
@@ -219,7 +237,17 @@ pub struct RopeCase {
 
 impl RopeCase {
     pub fn new(dtype: DType, tokens: usize, q_heads: usize, kv_heads: usize, config: RopeConfig) -> Self {
-        RopeCase { dtype, tokens, q_heads, kv_heads, config, i64_positions: false, fused_qkv: false, max_position: 131_072, seed: 3 }
+        RopeCase {
+            dtype,
+            tokens,
+            q_heads,
+            kv_heads,
+            config,
+            i64_positions: false,
+            fused_qkv: false,
+            max_position: 131_072,
+            seed: 3,
+        }
     }
 }
 
@@ -269,7 +297,11 @@ pub fn rope_case(device: &Device, case: RopeCase) -> Result<CaseResult> {
         let kt = buf.narrow(1, q_heads, kv_heads)?;
         (qt, kt, Some((buf.narrow(1, q_heads + kv_heads, kv_heads)?, v)))
     } else {
-        (Tensor::from_f64(device, dtype, &q, &[tokens, q_heads, d])?, Tensor::from_f64(device, dtype, &k, &[tokens, kv_heads, d])?, None)
+        (
+            Tensor::from_f64(device, dtype, &q, &[tokens, q_heads, d])?,
+            Tensor::from_f64(device, dtype, &k, &[tokens, kv_heads, d])?,
+            None,
+        )
     };
     let start = Instant::now();
     rope.apply(&qt, Some(&kt), &positions)?;
@@ -280,7 +312,10 @@ pub fn rope_case(device: &Device, case: RopeCase) -> Result<CaseResult> {
     let (qg, kg) = (qt.to_f64_vec()?, kt.to_f64_vec()?);
     let qref = reference::rope::rope(&q, q_heads, &pos, &config)?;
     let kref = reference::rope::rope(&k, kv_heads, &pos, &config)?;
-    let mut parts = vec![(compare(&qg, &qref, tol), vec![tokens, q_heads, d]), (compare(&kg, &kref, tol), vec![tokens, kv_heads, d])];
+    let mut parts = vec![
+        (compare(&qg, &qref, tol), vec![tokens, q_heads, d]),
+        (compare(&kg, &kref, tol), vec![tokens, kv_heads, d]),
+    ];
     let mut untouched = true;
     if let Some((vt, v)) = qkv {
         let vg = vt.to_f64_vec()?;
@@ -321,7 +356,11 @@ pub fn rope_cases(quick: bool) -> Vec<RopeCase> {
     let mut v = Vec::new();
     for dtype in DType::FLOATS {
         v.push(RopeCase::new(dtype, tokens, 32, 8, RopeConfig::llama3_1(128)));
-        v.push(RopeCase { fused_qkv: true, i64_positions: true, ..RopeCase::new(dtype, tokens, 40, 8, RopeConfig::llama4_scout(128)) });
+        v.push(RopeCase {
+            fused_qkv: true,
+            i64_positions: true,
+            ..RopeCase::new(dtype, tokens, 40, 8, RopeConfig::llama4_scout(128))
+        });
         let partial = RopeConfig { rotary_dim: 50, scaling: None, theta: 10_000.0, ..RopeConfig::llama3_1(64) };
         v.push(RopeCase::new(dtype, tokens, 4, 4, partial));
     }
@@ -367,7 +406,11 @@ pub fn swiglu_case(device: &Device, case: SwiGluCase) -> Result<CaseResult> {
         (0..tokens)
             .flat_map(|t| {
                 let (g, u) = (&gate[t * d..(t + 1) * d], &up[t * d..(t + 1) * d]);
-                if interleaved { g.iter().zip(u).flat_map(|(&a, &b)| [a, b]).collect::<Vec<_>>() } else { [g, u].concat() }
+                if interleaved {
+                    g.iter().zip(u).flat_map(|(&a, &b)| [a, b]).collect::<Vec<_>>()
+                } else {
+                    [g, u].concat()
+                }
             })
             .collect()
     };
@@ -414,7 +457,11 @@ pub fn swiglu_case(device: &Device, case: SwiGluCase) -> Result<CaseResult> {
     Ok(CaseResult {
         op: "swiglu".into(),
         dtype,
-        shape: format!("{tokens}x{d} {name}{}{}", if in_place { " in-place" } else { "" }, if pad > 0 { " strided" } else { "" }),
+        shape: format!(
+            "{tokens}x{d} {name}{}{}",
+            if in_place { " in-place" } else { "" },
+            if pad > 0 { " strided" } else { "" }
+        ),
         pass: comparison.pass && gaps,
         comparison,
         worst_shape: vec![tokens, d],
@@ -455,7 +502,14 @@ pub struct AttentionCase {
 }
 
 impl AttentionCase {
-    pub fn new(dtype: DType, seqlens: &[(usize, usize)], q_heads: usize, kv_heads: usize, head_dim: usize, mask: AttentionMask) -> Self {
+    pub fn new(
+        dtype: DType,
+        seqlens: &[(usize, usize)],
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        mask: AttentionMask,
+    ) -> Self {
         AttentionCase {
             dtype,
             seqlens: seqlens.to_vec(),
@@ -469,7 +523,14 @@ impl AttentionCase {
         }
     }
     /// One sequence of `len` queries and keys.
-    pub fn single(dtype: DType, len: usize, q_heads: usize, kv_heads: usize, head_dim: usize, mask: AttentionMask) -> Self {
+    pub fn single(
+        dtype: DType,
+        len: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        mask: AttentionMask,
+    ) -> Self {
         Self::new(dtype, &[(len, len)], q_heads, kv_heads, head_dim, mask)
     }
 }

@@ -4,7 +4,9 @@
 
 mod common;
 
-use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature, gqa_attention};
+use llama_kernels::ops::attention::{
+    AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature, gqa_attention,
+};
 use llama_kernels::verify::{AttentionCase, attention_case};
 use llama_kernels::{DType, Device, Error, Tensor};
 
@@ -13,7 +15,8 @@ fn assert_pass(device: &Device, case: &AttentionCase) {
     assert!(r.pass, "{} on {device:?}", r.describe());
 }
 
-const MASKS: [AttentionMask; 3] = [AttentionMask::None, AttentionMask::Causal, AttentionMask::ChunkedCausal { chunk_size: 48 }];
+const MASKS: [AttentionMask; 3] =
+    [AttentionMask::None, AttentionMask::Causal, AttentionMask::ChunkedCausal { chunk_size: 48 }];
 
 #[test]
 fn tile_edge_lengths_every_dtype_mask_and_head_dim() {
@@ -120,15 +123,10 @@ fn fully_masked_rows_write_zeros_and_negative_infinite_lse() {
 
 #[test]
 fn schedules_agree_bit_for_bit() {
-    let devices = common::schedule_devices();
     for dtype in DType::FLOATS {
         for mask in MASKS {
             let case = AttentionCase::new(dtype, &[(70, 70), (9, 30)], 4, 2, 64, mask);
-            let runs: Vec<_> = devices.iter().map(|d| attention_case(d, &case).expect("launch")).collect();
-            for r in &runs {
-                assert!(r.pass, "{}", r.describe());
-                assert!(common::bitwise_equal(&runs[0].outputs, &r.outputs), "{case:?}: schedules disagree");
-            }
+            common::assert_schedules_agree(&format!("{case:?}"), |d| attention_case(d, &case));
         }
     }
 }
@@ -149,7 +147,10 @@ fn every_validation_error_is_named() {
         assert!(matches!(&e, Error::InvalidArgument { name: n, .. } if *n == name), "{name}: {e}");
     };
     // q heads not divisible by kv heads.
-    named(gqa_attention(&t(DType::BF16, &[10, 7, 64]), &k, &v, &cq, &ck, &t(DType::BF16, &[10, 7, 64]), None, &opts), "q_heads");
+    named(
+        gqa_attention(&t(DType::BF16, &[10, 7, 64]), &k, &v, &cq, &ck, &t(DType::BF16, &[10, 7, 64]), None, &opts),
+        "q_heads",
+    );
     // head_dim mismatch between q, k and v.
     let e = gqa_attention(&q, &t(DType::BF16, &[12, 2, 128]), &v, &cq, &ck, &out, None, &opts).unwrap_err();
     assert!(matches!(e, Error::ShapeMismatch { what: "k", .. }), "{e}");
@@ -157,8 +158,17 @@ fn every_validation_error_is_named() {
     assert!(matches!(e, Error::ShapeMismatch { what: "v", .. }), "{e}");
     // Unsupported head_dim, named with the supported ones.
     let q96 = t(DType::BF16, &[10, 8, 96]);
-    let e = gqa_attention(&q96, &t(DType::BF16, &[12, 2, 96]), &t(DType::BF16, &[12, 2, 96]), &cq, &ck, &t(DType::BF16, &[10, 8, 96]), None, &opts)
-        .unwrap_err();
+    let e = gqa_attention(
+        &q96,
+        &t(DType::BF16, &[12, 2, 96]),
+        &t(DType::BF16, &[12, 2, 96]),
+        &cq,
+        &ck,
+        &t(DType::BF16, &[10, 8, 96]),
+        None,
+        &opts,
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("head_dim 96") || e.to_string().contains("= 96"), "{e}");
     assert!(e.to_string().contains("[64, 128]"), "{e}");
     // cu_seqlens not non-decreasing, not starting at 0, or disagreeing with the tensors.
@@ -176,7 +186,19 @@ fn every_validation_error_is_named() {
     let e = gqa_attention(&qv, &kv, &vv, &[0, 10], &[0, 10], &qkv.narrow(1, 4, 8).unwrap(), None, &opts).unwrap_err();
     assert!(matches!(e, Error::Overlap { .. }), "{e}");
     // Chunk size 0.
-    named(gqa_attention(&q, &k, &v, &cq, &ck, &out, None, &AttentionOptions { mask: AttentionMask::ChunkedCausal { chunk_size: 0 }, ..opts }), "chunk_size");
+    named(
+        gqa_attention(
+            &q,
+            &k,
+            &v,
+            &cq,
+            &ck,
+            &out,
+            None,
+            &AttentionOptions { mask: AttentionMask::ChunkedCausal { chunk_size: 0 }, ..opts },
+        ),
+        "chunk_size",
+    );
     // Scale not finite.
     for s in [f32::NAN, f32::INFINITY] {
         named(gqa_attention(&q, &k, &v, &cq, &ck, &out, None, &AttentionOptions { scale: Some(s), ..opts }), "scale");

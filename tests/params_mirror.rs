@@ -22,7 +22,10 @@ fn committed_mirrors_are_fresh() {
         );
         if libclang {
             let fresh = params_mirror::generate(&root, header).expect("bindgen");
-            assert!(fresh == committed, "{out} differs from bindgen's output for {header}; run scripts/regen-params.sh");
+            assert!(
+                fresh == committed,
+                "{out} differs from bindgen's output for {header}; run scripts/regen-params.sh"
+            );
         } else {
             eprintln!("note: libclang not found; checked {out} by its SHA-256 stamp only");
         }

@@ -55,14 +55,26 @@ fn mma_matches_a_scalar_gemm_and_the_hardware() {
                 let got = run(&device, kernel, &input, DType::F32, 128);
                 for i in 0..128 {
                     let tol = 2e-6 * mag[i] + 1e-6;
-                    assert!((got[i] - expected[i]).abs() <= tol, "{kernel:?} on {device:?}: D[{}][{}] = {} vs {}", i / 8, i % 8, got[i], expected[i]);
+                    assert!(
+                        (got[i] - expected[i]).abs() <= tol,
+                        "{kernel:?} on {device:?}: D[{}][{}] = {} vs {}",
+                        i / 8,
+                        i % 8,
+                        got[i],
+                        expected[i]
+                    );
                 }
                 outputs.push((device.target(), got));
             }
             // Hardware vs emulation on the same fragments (only where a GPU ran).
             if let [(_, emu), (_, gpu)] = outputs.as_slice() {
                 for i in 0..128 {
-                    assert!((emu[i] - gpu[i]).abs() <= 2e-6 * mag[i] + 1e-6, "{kernel:?}: emulated {} vs GPU {} at {i}", emu[i], gpu[i]);
+                    assert!(
+                        (emu[i] - gpu[i]).abs() <= 2e-6 * mag[i] + 1e-6,
+                        "{kernel:?}: emulated {} vs GPU {} at {i}",
+                        emu[i],
+                        gpu[i]
+                    );
                 }
             }
         }
@@ -75,7 +87,9 @@ fn ldmatrix_delivers_the_documented_fragments() {
     let input: Vec<f32> = rng.normal_vec(256, 1.0, DType::BF16).into_iter().map(|x| x as f32).collect();
     let bits = |m: usize, r: usize, c: usize| u32::from(bf16::from_f32(input[(m * 8 + r) * 8 + c]).to_bits());
     let mut expected = vec![0i32; 6 * 32 * 4];
-    for (variant, (n, trans)) in [(1, false), (2, false), (4, false), (1, true), (2, true), (4, true)].into_iter().enumerate() {
+    for (variant, (n, trans)) in
+        [(1, false), (2, false), (4, false), (1, true), (2, true), (4, true)].into_iter().enumerate()
+    {
         for lane in 0..32 {
             for j in 0..n {
                 let (lo, hi) = if trans {
@@ -89,7 +103,8 @@ fn ldmatrix_delivers_the_documented_fragments() {
     }
     let mut outputs = Vec::new();
     for device in common::devices() {
-        let got: Vec<i32> = run(&device, Kernel::Ldmatrix, &input, DType::I32, 6 * 32 * 4).iter().map(|&x| x as i32).collect();
+        let got: Vec<i32> =
+            run(&device, Kernel::Ldmatrix, &input, DType::I32, 6 * 32 * 4).iter().map(|&x| x as i32).collect();
         for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
             assert_eq!(g, e, "{device:?}: variant {} lane {} register {}", i / 128, i / 4 % 32, i % 4);
         }
@@ -113,7 +128,11 @@ fn cp_async_copies_and_zero_fills() {
                 let mut b = [0u8; 4];
                 b[..copied].copy_from_slice(&src[..copied]);
                 let expected = f32::from_le_bytes(b);
-                assert_eq!(got[lane * 4 + j].to_bits(), f64::from(expected).to_bits(), "{device:?}: lane {lane} float {j} (src_bytes {src_bytes})");
+                assert_eq!(
+                    got[lane * 4 + j].to_bits(),
+                    f64::from(expected).to_bits(),
+                    "{device:?}: lane {lane} float {j} (src_bytes {src_bytes})"
+                );
             }
         }
     }

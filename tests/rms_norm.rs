@@ -60,18 +60,11 @@ fn long_rows_use_the_uncached_tail() {
 
 #[test]
 fn schedules_agree_bit_for_bit() {
-    let devices = common::schedule_devices();
     for fused in [false, true] {
         for dtype in DType::FLOATS {
             for (rows, hidden, pad) in [(7, 4096, 0), (13, 769, 0), (300, 8, 0), (5, 2048, 3)] {
                 let case = RmsNormCase::new(dtype, rows, hidden, fused).strided(pad);
-                let runs: Vec<_> = devices.iter().map(|d| rms_norm_case(d, case).expect("launch")).collect();
-                for r in &runs {
-                    assert!(r.pass, "{}", r.describe());
-                }
-                for r in &runs[1..] {
-                    assert!(common::bitwise_equal(&runs[0].outputs, &r.outputs), "{case:?}: schedules disagree");
-                }
+                common::assert_schedules_agree(&format!("{case:?}"), |d| rms_norm_case(d, case));
             }
         }
     }

@@ -12,7 +12,12 @@ fn every_symbol_the_wrappers_load_exists_everywhere() {
     for k in llama_kernels::ops::kernel_symbols() {
         let m = modules.iter().find(|m| m.name == k.module).unwrap_or_else(|| panic!("no module {}", k.module));
         for (arch, ptx) in [("sm_90", m.ptx_sm90), ("sm_80", m.ptx_sm80)] {
-            assert!(ptx_entries(ptx).iter().any(|e| e == k.symbol), "{} missing from {} PTX for {arch}", k.symbol, k.module);
+            assert!(
+                ptx_entries(ptx).iter().any(|e| e == k.symbol),
+                "{} missing from {} PTX for {arch}",
+                k.symbol,
+                k.module
+            );
         }
         assert!(emulated_kernel_names(k.module).contains(&k.symbol), "{} missing from the emulated registry", k.symbol);
     }

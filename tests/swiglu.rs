@@ -34,8 +34,14 @@ fn strided_and_in_place() {
                 assert_pass(&device, SwiGluCase { pad, ..SwiGluCase::new(dtype, 7, 1024, SwiGluInput::Separate) });
                 assert_pass(&device, SwiGluCase { pad, ..SwiGluCase::new(dtype, 7, 256, SwiGluInput::Interleaved) });
             }
-            assert_pass(&device, SwiGluCase { in_place: true, ..SwiGluCase::new(dtype, 9, 1024, SwiGluInput::Separate) });
-            assert_pass(&device, SwiGluCase { in_place: true, ..SwiGluCase::new(dtype, 9, 769, SwiGluInput::GateThenUp) });
+            assert_pass(
+                &device,
+                SwiGluCase { in_place: true, ..SwiGluCase::new(dtype, 9, 1024, SwiGluInput::Separate) },
+            );
+            assert_pass(
+                &device,
+                SwiGluCase { in_place: true, ..SwiGluCase::new(dtype, 9, 769, SwiGluInput::GateThenUp) },
+            );
         }
     }
 }
@@ -49,15 +55,10 @@ fn many_tokens_wrap_the_grid() {
 
 #[test]
 fn schedules_agree_bit_for_bit() {
-    let devices = common::schedule_devices();
     for dtype in DType::FLOATS {
         for input in [SwiGluInput::Separate, SwiGluInput::GateThenUp, SwiGluInput::Interleaved] {
             let case = SwiGluCase::new(dtype, 4, 1000, input);
-            let runs: Vec<_> = devices.iter().map(|d| swiglu_case(d, case).expect("launch")).collect();
-            for r in &runs {
-                assert!(r.pass, "{}", r.describe());
-                assert!(common::bitwise_equal(&runs[0].outputs, &r.outputs), "{case:?}: schedules disagree");
-            }
+            common::assert_schedules_agree(&format!("{case:?}"), |d| swiglu_case(d, case));
         }
     }
 }
@@ -98,6 +99,7 @@ fn every_validation_error_is_named() {
     assert!(matches!(e, Error::Overlap { .. }), "{e}");
     // Non-contiguous last dimension.
     let wide = t(DType::BF16, &[4, 128]);
-    let e = swiglu(GateUp::Separate { gate: &wide.as_strided(&[4, 64], &[128, 2], 0).unwrap(), up: &u }, &out).unwrap_err();
+    let e =
+        swiglu(GateUp::Separate { gate: &wide.as_strided(&[4, 64], &[128, 2], 0).unwrap(), up: &u }, &out).unwrap_err();
     assert!(matches!(e, Error::BadLayout { what: "gate", .. }), "{e}");
 }

@@ -11,7 +11,6 @@ use std::path::Path;
 pub const MIRRORS: [(&str, &str); 2] =
     [("kernels/params.h", "src/params.rs"), ("kernels/emu/emu_abi.h", "src/backend/emu_abi.rs")];
 
-
 /// libclang from the project toolchain (`scripts/setup.sh` installs the PyPI `libclang` wheel),
 /// unless LIBCLANG_PATH is already set.
 pub fn point_at_project_libclang(root: &Path) {
@@ -56,7 +55,9 @@ pub fn generate(root: &Path, header_rel: &str) -> Result<String, String> {
 }
 
 fn regex_escape(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '/' || c == '_' { c.to_string() } else { format!("\\{c}") }).collect()
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '/' || c == '_' { c.to_string() } else { format!("\\{c}") })
+        .collect()
 }
 
 // A small SHA-256 (FIPS 180-4), so that the stamp check needs no extra crate.

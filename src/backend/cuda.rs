@@ -73,7 +73,10 @@ impl CudaBackend {
     }
 
     pub fn description(&self) -> String {
-        format!("{} (compute capability {}.{}, {} SMs, PTX {})", self.name, self.cc.0, self.cc.1, self.sm_count, self.arch)
+        format!(
+            "{} (compute capability {}.{}, {} SMs, PTX {})",
+            self.name, self.cc.0, self.cc.1, self.sm_count, self.arch
+        )
     }
 
     pub fn synchronize(&self) -> Result<()> {
@@ -117,10 +120,7 @@ impl CudaBackend {
                     format!("exceeds the device's {} bytes per block", self.max_optin_smem),
                 ));
             }
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                dyn_smem as i32,
-            )?;
+            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dyn_smem as i32)?;
         }
         Ok(f)
     }

@@ -37,17 +37,12 @@ const _: () = {
     ["Size of LlkEmuLaunch"][::core::mem::size_of::<LlkEmuLaunch>() - 56usize];
     ["Alignment of LlkEmuLaunch"][::core::mem::align_of::<LlkEmuLaunch>() - 8usize];
     ["Offset of field: LlkEmuLaunch::grid"][::core::mem::offset_of!(LlkEmuLaunch, grid) - 0usize];
-    ["Offset of field: LlkEmuLaunch::block"]
-        [::core::mem::offset_of!(LlkEmuLaunch, block) - 12usize];
-    ["Offset of field: LlkEmuLaunch::dyn_smem_bytes"]
-        [::core::mem::offset_of!(LlkEmuLaunch, dyn_smem_bytes) - 24usize];
-    ["Offset of field: LlkEmuLaunch::schedule"]
-        [::core::mem::offset_of!(LlkEmuLaunch, schedule) - 32usize];
+    ["Offset of field: LlkEmuLaunch::block"][::core::mem::offset_of!(LlkEmuLaunch, block) - 12usize];
+    ["Offset of field: LlkEmuLaunch::dyn_smem_bytes"][::core::mem::offset_of!(LlkEmuLaunch, dyn_smem_bytes) - 24usize];
+    ["Offset of field: LlkEmuLaunch::schedule"][::core::mem::offset_of!(LlkEmuLaunch, schedule) - 32usize];
     ["Offset of field: LlkEmuLaunch::seed"][::core::mem::offset_of!(LlkEmuLaunch, seed) - 40usize];
-    ["Offset of field: LlkEmuLaunch::os_threads"]
-        [::core::mem::offset_of!(LlkEmuLaunch, os_threads) - 48usize];
-    ["Offset of field: LlkEmuLaunch::stack_bytes"]
-        [::core::mem::offset_of!(LlkEmuLaunch, stack_bytes) - 52usize];
+    ["Offset of field: LlkEmuLaunch::os_threads"][::core::mem::offset_of!(LlkEmuLaunch, os_threads) - 48usize];
+    ["Offset of field: LlkEmuLaunch::stack_bytes"][::core::mem::offset_of!(LlkEmuLaunch, stack_bytes) - 52usize];
 };
 impl Default for LlkEmuLaunch {
     fn default() -> Self {
@@ -71,16 +66,11 @@ pub struct LlkEmuReport {
 const _: () = {
     ["Size of LlkEmuReport"][::core::mem::size_of::<LlkEmuReport>() - 544usize];
     ["Alignment of LlkEmuReport"][::core::mem::align_of::<LlkEmuReport>() - 8usize];
-    ["Offset of field: LlkEmuReport::status"]
-        [::core::mem::offset_of!(LlkEmuReport, status) - 0usize];
-    ["Offset of field: LlkEmuReport::threads"]
-        [::core::mem::offset_of!(LlkEmuReport, threads) - 8usize];
-    ["Offset of field: LlkEmuReport::blocks"]
-        [::core::mem::offset_of!(LlkEmuReport, blocks) - 16usize];
-    ["Offset of field: LlkEmuReport::switches"]
-        [::core::mem::offset_of!(LlkEmuReport, switches) - 24usize];
-    ["Offset of field: LlkEmuReport::message"]
-        [::core::mem::offset_of!(LlkEmuReport, message) - 32usize];
+    ["Offset of field: LlkEmuReport::status"][::core::mem::offset_of!(LlkEmuReport, status) - 0usize];
+    ["Offset of field: LlkEmuReport::threads"][::core::mem::offset_of!(LlkEmuReport, threads) - 8usize];
+    ["Offset of field: LlkEmuReport::blocks"][::core::mem::offset_of!(LlkEmuReport, blocks) - 16usize];
+    ["Offset of field: LlkEmuReport::switches"][::core::mem::offset_of!(LlkEmuReport, switches) - 24usize];
+    ["Offset of field: LlkEmuReport::message"][::core::mem::offset_of!(LlkEmuReport, message) - 32usize];
 };
 impl Default for LlkEmuReport {
     fn default() -> Self {
@@ -110,10 +100,8 @@ const _: () = {
     ["Size of LlkEmuKernel"][::core::mem::size_of::<LlkEmuKernel>() - 24usize];
     ["Alignment of LlkEmuKernel"][::core::mem::align_of::<LlkEmuKernel>() - 8usize];
     ["Offset of field: LlkEmuKernel::name"][::core::mem::offset_of!(LlkEmuKernel, name) - 0usize];
-    ["Offset of field: LlkEmuKernel::params_size"]
-        [::core::mem::offset_of!(LlkEmuKernel, params_size) - 8usize];
-    ["Offset of field: LlkEmuKernel::launch"]
-        [::core::mem::offset_of!(LlkEmuKernel, launch) - 16usize];
+    ["Offset of field: LlkEmuKernel::params_size"][::core::mem::offset_of!(LlkEmuKernel, params_size) - 8usize];
+    ["Offset of field: LlkEmuKernel::launch"][::core::mem::offset_of!(LlkEmuKernel, launch) - 16usize];
 };
 impl Default for LlkEmuKernel {
     fn default() -> Self {

@@ -123,7 +123,12 @@ fn check_cu_seqlens(name: &'static str, cu: &[i32], total: usize) -> Result<usiz
         return Err(Error::invalid(OP, name, cu[0], "must start at 0"));
     }
     if let Some(i) = cu.windows(2).position(|w| w[1] < w[0]) {
-        return Err(Error::invalid(OP, name, format!("{:?}", &cu[i..i + 2]), format!("must be non-decreasing (at index {i})")));
+        return Err(Error::invalid(
+            OP,
+            name,
+            format!("{:?}", &cu[i..i + 2]),
+            format!("must be non-decreasing (at index {i})"),
+        ));
     }
     let last = cu[cu.len() - 1];
     if last as usize != total {
@@ -182,11 +187,17 @@ impl AttentionWorkspace {
         if !q.device().same(&self.device) {
             return Err(Error::DeviceMismatch { op: OP, what: "workspace" });
         }
-        let (qh, kh, vh, oh) = (Heads::of(OP, "q", q)?, Heads::of(OP, "k", k)?, Heads::of(OP, "v", v)?, Heads::of(OP, "out", out)?);
+        let (qh, kh, vh, oh) =
+            (Heads::of(OP, "q", q)?, Heads::of(OP, "k", k)?, Heads::of(OP, "v", v)?, Heads::of(OP, "out", out)?);
         let d = qh.head_dim;
         for (what, t, h) in [("k", k, &kh), ("v", v, &vh), ("out", out, &oh)] {
             if h.head_dim != d {
-                return Err(Error::ShapeMismatch { op: OP, what, got: t.shape().to_vec(), expected: format!("head_dim {d} like q") });
+                return Err(Error::ShapeMismatch {
+                    op: OP,
+                    what,
+                    got: t.shape().to_vec(),
+                    expected: format!("head_dim {d} like q"),
+                });
             }
         }
         if !SUPPORTED_HEAD_DIMS.contains(&d) {
@@ -196,10 +207,20 @@ impl AttentionWorkspace {
             return Err(Error::invalid(OP, "q_heads", qh.heads, format!("not divisible by kv_heads {}", kh.heads)));
         }
         if vh.heads != kh.heads || vh.tokens != kh.tokens {
-            return Err(Error::ShapeMismatch { op: OP, what: "v", got: v.shape().to_vec(), expected: format!("{:?} like k", k.shape()) });
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                what: "v",
+                got: v.shape().to_vec(),
+                expected: format!("{:?} like k", k.shape()),
+            });
         }
         if oh.tokens != qh.tokens || oh.heads != qh.heads {
-            return Err(Error::ShapeMismatch { op: OP, what: "out", got: out.shape().to_vec(), expected: format!("{:?} like q", q.shape()) });
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                what: "out",
+                got: out.shape().to_vec(),
+                expected: format!("{:?} like q", q.shape()),
+            });
         }
         let batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, qh.tokens)?;
         if check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, kh.tokens)? != batch {
@@ -230,7 +251,9 @@ impl AttentionWorkspace {
         let (mask, chunk_size) = match opts.mask {
             AttentionMask::None => (LlkAttnMask::LLK_ATTN_NONE, 0),
             AttentionMask::Causal => (LlkAttnMask::LLK_ATTN_CAUSAL, 0),
-            AttentionMask::ChunkedCausal { chunk_size: 0 } => return Err(Error::invalid(OP, "chunk_size", 0, "must be > 0")),
+            AttentionMask::ChunkedCausal { chunk_size: 0 } => {
+                return Err(Error::invalid(OP, "chunk_size", 0, "must be > 0"));
+            }
             AttentionMask::ChunkedCausal { chunk_size } => (LlkAttnMask::LLK_ATTN_CHUNKED_CAUSAL, chunk_size),
         };
         if let Some(t) = &opts.temperature {
@@ -244,7 +267,12 @@ impl AttentionWorkspace {
         let group = qh.heads / kh.heads;
         let pack = match opts.gqa_pack {
             Some(p) if p == 0 || p > MAX_PACK || group % p != 0 => {
-                return Err(Error::invalid(OP, "gqa_pack", p, format!("must divide the group size {group} and be 1..={MAX_PACK}")));
+                return Err(Error::invalid(
+                    OP,
+                    "gqa_pack",
+                    p,
+                    format!("must divide the group size {group} and be 1..={MAX_PACK}"),
+                ));
             }
             Some(p) => p,
             None => (1..=group.min(MAX_PACK)).rev().find(|p| group % p == 0).unwrap_or(1),
@@ -270,8 +298,10 @@ impl AttentionWorkspace {
         let mut tiles = 0usize;
         self.host.push(0);
         for w in cu_seqlens_q.windows(2) {
-            tiles += (w[1] - w[0]) as usize / tokens_per_block + usize::from((w[1] - w[0]) as usize % tokens_per_block != 0);
-            self.host.push(i32::try_from(tiles).map_err(|_| Error::invalid(OP, "total_q", qh.tokens, "too many tiles"))?);
+            tiles +=
+                (w[1] - w[0]) as usize / tokens_per_block + usize::from((w[1] - w[0]) as usize % tokens_per_block != 0);
+            self.host
+                .push(i32::try_from(tiles).map_err(|_| Error::invalid(OP, "total_q", qh.tokens, "too many tiles"))?);
         }
         if tiles == 0 || qh.heads == 0 {
             return Ok(()); // empty batch: nothing to write
@@ -324,7 +354,9 @@ impl AttentionWorkspace {
         // The tensor-core path copies 16-byte chunks: every row must start 16-byte aligned.
         if dtype != DType::F32 {
             let v16 = dtype.vec16();
-            for (what, addr, h) in [("q", params.q, &qh), ("k", params.k, &kh), ("v", params.v, &vh), ("out", params.out, &oh)] {
+            for (what, addr, h) in
+                [("q", params.q, &qh), ("k", params.k, &kh), ("v", params.v, &vh), ("out", params.out, &oh)]
+            {
                 if addr % 16 != 0 || h.token_stride % v16 != 0 || h.head_stride % v16 != 0 {
                     return Err(Error::BadLayout {
                         op: OP,

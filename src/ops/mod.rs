@@ -68,8 +68,8 @@ impl Rows {
             }
         }
         // Outer dims: collapsible into one stride.
-        let (_, row_stride) =
-            collapse(&shape[..split], &strides[..split]).ok_or_else(|| bad("the leading dimensions must collapse into one row stride"))?;
+        let (_, row_stride) = collapse(&shape[..split], &strides[..split])
+            .ok_or_else(|| bad("the leading dimensions must collapse into one row stride"))?;
         let row_stride = row_stride.unwrap_or(cols);
         if rows > 1 && row_stride < cols {
             return Err(bad("rows overlap (row stride smaller than the row)"));
@@ -176,16 +176,27 @@ impl Heads {
     /// conservative span.
     pub fn rows(&self) -> Rows {
         if self.head_stride == self.head_dim || self.heads <= 1 {
-            Rows { offset: self.offset, rows: self.tokens, cols: self.heads * self.head_dim, row_stride: self.token_stride }
+            Rows {
+                offset: self.offset,
+                rows: self.tokens,
+                cols: self.heads * self.head_dim,
+                row_stride: self.token_stride,
+            }
         } else {
-            let span = (self.tokens.max(1) - 1) * self.token_stride + (self.heads.max(1) - 1) * self.head_stride + self.head_dim;
+            let span = (self.tokens.max(1) - 1) * self.token_stride
+                + (self.heads.max(1) - 1) * self.head_stride
+                + self.head_dim;
             Rows { offset: self.offset, rows: 1, cols: span, row_stride: span }
         }
     }
 }
 
 /// Fails unless the two views are disjoint in memory.
-pub(crate) fn check_disjoint(op: &'static str, a: (&'static str, &Tensor, &Rows), b: (&'static str, &Tensor, &Rows)) -> Result<()> {
+pub(crate) fn check_disjoint(
+    op: &'static str,
+    a: (&'static str, &Tensor, &Rows),
+    b: (&'static str, &Tensor, &Rows),
+) -> Result<()> {
     if a.1.shares_storage(b.1) && a.2.overlaps(b.2) {
         return Err(Error::Overlap { op, a: a.0, b: b.0 });
     }

@@ -96,7 +96,14 @@ pub fn fused_add_rms_norm(x: &Tensor, residual: &Tensor, weight: &Tensor, eps: f
     launch("fused_add_rms_norm", x, Some(residual), weight, eps, y)
 }
 
-fn launch(op: &'static str, x: &Tensor, residual: Option<&Tensor>, weight: &Tensor, eps: f32, y: &Tensor) -> Result<()> {
+fn launch(
+    op: &'static str,
+    x: &Tensor,
+    residual: Option<&Tensor>,
+    weight: &Tensor,
+    eps: f32,
+    y: &Tensor,
+) -> Result<()> {
     // Dtypes and devices.
     check_float(op, "x", x)?;
     let dtype = x.dtype();

@@ -60,11 +60,19 @@ pub struct Llama3Scaling {
 
 impl Llama3Scaling {
     /// Meta's published Llama 3.1 values: 8, 1, 4, 8192.
-    pub const LLAMA_3_1: Llama3Scaling =
-        Llama3Scaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192.0 };
+    pub const LLAMA_3_1: Llama3Scaling = Llama3Scaling {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 8192.0,
+    };
     /// Llama 4 Scout: factor 16, low and high frequency factors both 1 (no smooth band), 8192.
-    pub const LLAMA_4_SCOUT: Llama3Scaling =
-        Llama3Scaling { factor: 16.0, low_freq_factor: 1.0, high_freq_factor: 1.0, original_max_position_embeddings: 8192.0 };
+    pub const LLAMA_4_SCOUT: Llama3Scaling = Llama3Scaling {
+        factor: 16.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 1.0,
+        original_max_position_embeddings: 8192.0,
+    };
 }
 
 /// A RoPE configuration.
@@ -112,13 +120,28 @@ impl RopeConfig {
             return Err(Error::invalid(OP, "head_dim", 0, "must be > 0"));
         }
         if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 {
-            return Err(Error::invalid(OP, "rotary_dim", self.rotary_dim, "must be even and > 0 (rotary dims come in pairs)"));
+            return Err(Error::invalid(
+                OP,
+                "rotary_dim",
+                self.rotary_dim,
+                "must be even and > 0 (rotary dims come in pairs)",
+            ));
         }
         if self.rotary_dim > self.head_dim {
-            return Err(Error::invalid(OP, "rotary_dim", self.rotary_dim, format!("exceeds head_dim {}", self.head_dim)));
+            return Err(Error::invalid(
+                OP,
+                "rotary_dim",
+                self.rotary_dim,
+                format!("exceeds head_dim {}", self.head_dim),
+            ));
         }
         if self.rotary_dim > MAX_ROTARY_DIM {
-            return Err(Error::invalid(OP, "rotary_dim", self.rotary_dim, format!("unsupported (at most {MAX_ROTARY_DIM})")));
+            return Err(Error::invalid(
+                OP,
+                "rotary_dim",
+                self.rotary_dim,
+                format!("unsupported (at most {MAX_ROTARY_DIM})"),
+            ));
         }
         if !self.theta.is_finite() || self.theta <= 0.0 {
             return Err(Error::invalid(OP, "theta", self.theta, "must be finite and > 0"));
@@ -229,7 +252,12 @@ impl Rope {
             None => None,
         };
         if qh.head_dim != cfg.head_dim {
-            return Err(Error::ShapeMismatch { op: OP, what: "q", got: q.shape().to_vec(), expected: format!("head_dim {}", cfg.head_dim) });
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                what: "q",
+                got: q.shape().to_vec(),
+                expected: format!("head_dim {}", cfg.head_dim),
+            });
         }
         if let (Some(k), Some(kh)) = (k, kh) {
             if kh.head_dim != qh.head_dim {
@@ -253,7 +281,9 @@ impl Rope {
         let position_type = match positions.dtype() {
             DType::I32 => LlkIndexType::LLK_INDEX_I32,
             DType::I64 => LlkIndexType::LLK_INDEX_I64,
-            other => return Err(Error::UnsupportedDType { op: OP, what: "positions", dtype: other, supported: "i32, i64" }),
+            other => {
+                return Err(Error::UnsupportedDType { op: OP, what: "positions", dtype: other, supported: "i32, i64" });
+            }
         };
         if positions.numel() != qh.tokens || !positions.is_contiguous() {
             return Err(Error::ShapeMismatch {
@@ -297,12 +327,23 @@ impl Rope {
         let chunk_elems = if cfg.layout == RopeLayout::Interleaved { cfg.rotary_dim } else { cfg.rotary_dim / 2 };
         let aligned = |addr: u64, h: &Heads| addr % 16 == 0 && h.token_stride % v == 0 && h.head_stride % v == 0;
         let vectorized = chunk_elems % v == 0 && aligned(params.q, &qh) && (k.is_none() || aligned(params.k, &kk));
-        let vec = if vectorized { v } else if cfg.layout == RopeLayout::Interleaved { 2 } else { 1 };
+        let vec = if vectorized {
+            v
+        } else if cfg.layout == RopeLayout::Interleaved {
+            2
+        } else {
+            1
+        };
         let (pairs, max_chunks) = chunking(cfg.layout, vec);
         let nchunks = cfg.rotary_dim / 2 / pairs;
         let g = nchunks.next_power_of_two().min(32);
         if nchunks > g * max_chunks {
-            return Err(Error::invalid(OP, "rotary_dim", cfg.rotary_dim, format!("unsupported (at most {MAX_ROTARY_DIM})")));
+            return Err(Error::invalid(
+                OP,
+                "rotary_dim",
+                cfg.rotary_dim,
+                format!("unsupported (at most {MAX_ROTARY_DIM})"),
+            ));
         }
         let nheads = qh.heads + kv_heads;
         let heads_per_block = (MAX_THREADS / g).min(nheads.div_ceil(32 / g) * (32 / g));

@@ -75,7 +75,7 @@ fn last_dim(what: &'static str, t: &Tensor) -> Result<usize> {
     })
 }
 
-fn split_packed<'a>(packed: &'a Tensor) -> Result<(Tensor, Tensor)> {
+fn split_packed(packed: &Tensor) -> Result<(Tensor, Tensor)> {
     let width = last_dim("gate_up", packed)?;
     if width % 2 != 0 {
         return Err(Error::ShapeMismatch {
@@ -122,7 +122,12 @@ fn launch_separate(gate: &Tensor, up: &Tensor, out: &Tensor) -> Result<()> {
     check_dtype(OP, "up", up, dtype)?;
     check_same_device(OP, gate, &[("up", up), ("out", out)])?;
     if gate.shape() != up.shape() {
-        return Err(Error::ShapeMismatch { op: OP, what: "up", got: up.shape().to_vec(), expected: format!("{:?} like gate", gate.shape()) });
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            what: "up",
+            got: up.shape().to_vec(),
+            expected: format!("{:?} like gate", gate.shape()),
+        });
     }
     let gr = Rows::of(OP, "gate", gate, 1)?;
     let ur = Rows::of(OP, "up", up, 1)?;
@@ -153,7 +158,16 @@ fn launch_interleaved(packed: &Tensor, out: &Tensor) -> Result<()> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run(interleaved: bool, dtype: DType, gate: &Tensor, up: Option<&Tensor>, out: &Tensor, gr: &Rows, ur: Option<&Rows>, or: &Rows) -> Result<()> {
+fn run(
+    interleaved: bool,
+    dtype: DType,
+    gate: &Tensor,
+    up: Option<&Tensor>,
+    out: &Tensor,
+    gr: &Rows,
+    ur: Option<&Rows>,
+    or: &Rows,
+) -> Result<()> {
     let (tokens, d) = (or.rows, or.cols);
     if tokens == 0 || d == 0 {
         return Ok(());
@@ -168,7 +182,11 @@ fn run(interleaved: bool, dtype: DType, gate: &Tensor, up: Option<&Tensor>, out:
         gate_row_stride: to_i64(OP, "gate row stride", gr.row_stride)?,
         up_row_stride: to_i64(OP, "up row stride", ur.map_or(0, |r| r.row_stride))?,
         out_row_stride: to_i64(OP, "out row stride", or.row_stride)?,
-        layout: if interleaved { LlkGateUpLayout::LLK_GATE_UP_INTERLEAVED } else { LlkGateUpLayout::LLK_GATE_UP_SEPARATE },
+        layout: if interleaved {
+            LlkGateUpLayout::LLK_GATE_UP_INTERLEAVED
+        } else {
+            LlkGateUpLayout::LLK_GATE_UP_SEPARATE
+        },
     };
     let v = dtype.vec16();
     let aligned = |addr: u64, stride: usize| addr % 16 == 0 && stride % v == 0;

@@ -28,3 +28,15 @@ pub fn bitwise_equal(a: &[Vec<f64>], b: &[Vec<f64>]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()))
 }
+
+/// Runs a case under the three schedules: every run passes, and all outputs agree bit for bit.
+pub fn assert_schedules_agree(
+    what: &str,
+    run: impl Fn(&Device) -> llama_kernels::Result<llama_kernels::verify::CaseResult>,
+) {
+    let runs: Vec<_> = schedule_devices().iter().map(|d| run(d).unwrap_or_else(|e| panic!("{what}: {e}"))).collect();
+    for r in &runs {
+        assert!(r.pass, "{}", r.describe());
+        assert!(bitwise_equal(&runs[0].outputs, &r.outputs), "{what}: schedules disagree");
+    }
+}
