@@ -15,10 +15,23 @@ import re
 import sys
 import time
 
-COMPILE_BUDGET_S = 150.0
+COMPILE_BUDGET_S = 90.0
+# --cpu-smoke: run every code path on the CPU with tiny shapes and wall-clock timing, to check the
+# script itself on a machine without a GPU. Its numbers mean nothing and are labelled so.
+SMOKE = False
+DEVICE = "cuda"
+SMOKE_MAX_TOKENS = 64
+
+
+def skip(tokens):
+    return SMOKE and tokens > SMOKE_MAX_TOKENS
 
 
 def cuda_time_us(torch, fn, iters=100):
+    if SMOKE:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
@@ -41,6 +54,9 @@ class Compiler:
         self.note = None
 
     def compile(self, fn):
+        if SMOKE:
+            self.note = "torch.compile not run in --cpu-smoke mode"
+            return None
         if self.spent > COMPILE_BUDGET_S:
             self.note = f"torch.compile skipped after {self.spent:.0f} s of compiling"
             return None
@@ -79,9 +95,11 @@ def rms_norm_section(torch, compiler):
             dt = dtype_of(torch, dname)
             for hidden in [4096, 8192]:
                 for tokens in [1, 16, 512, 4096, 16384]:
-                    x = torch.randn(tokens, hidden, device="cuda", dtype=dt)
-                    r = torch.randn(tokens, hidden, device="cuda", dtype=dt)
-                    w = torch.rand(hidden, device="cuda", dtype=dt) + 0.5
+                    if skip(tokens):
+                        continue
+                    x = torch.randn(tokens, hidden, device=DEVICE, dtype=dt)
+                    r = torch.randn(tokens, hidden, device=DEVICE, dtype=dt)
+                    w = torch.rand(hidden, device=DEVICE, dtype=dt) + 0.5
                     if op == "rms_norm":
                         def eager(x=x, w=w, hidden=hidden):
                             return F.rms_norm(x, (hidden,), w, 1e-5)
@@ -132,12 +150,14 @@ def rope_section(torch, compiler):
         return l2norm(qo), l2norm(ko)
 
     dt = torch.bfloat16
-    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, device="cuda", dtype=torch.float32) / 128))
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, device=DEVICE, dtype=torch.float32) / 128))
     for model, qh, kh, token_counts in [("llama3", 32, 8, [1, 16, 512, 4096, 16384]), ("llama4", 40, 8, [4096])]:
         for tokens in token_counts:
-            q = torch.randn(tokens, qh, 128, device="cuda", dtype=dt)
-            k = torch.randn(tokens, kh, 128, device="cuda", dtype=dt)
-            freqs = torch.outer(torch.arange(tokens, device="cuda", dtype=torch.float32), inv_freq)
+            if skip(tokens):
+                continue
+            q = torch.randn(tokens, qh, 128, device=DEVICE, dtype=dt)
+            k = torch.randn(tokens, kh, 128, device=DEVICE, dtype=dt)
+            freqs = torch.outer(torch.arange(tokens, device=DEVICE, dtype=torch.float32), inv_freq)
             if model == "llama3":
                 emb = torch.cat((freqs, freqs), dim=-1)
                 cos, sin = emb.cos().to(dt)[:, None, :], emb.sin().to(dt)[:, None, :]
@@ -172,12 +192,12 @@ def swiglu_section(torch, compiler):
         dt = dtype_of(torch, dname)
         for form in ["packed", "separate"]:
             for tokens in [1, 16, 512, 4096, 16384]:
-                if dname != "bf16" and tokens != 4096:
+                if (dname != "bf16" and tokens != 4096) or skip(tokens):
                     continue
                 if form == "packed":
-                    fn, args = packed, (torch.randn(tokens, 2 * d, device="cuda", dtype=dt),)
+                    fn, args = packed, (torch.randn(tokens, 2 * d, device=DEVICE, dtype=dt),)
                 else:
-                    fn, args = separate, (torch.randn(tokens, d, device="cuda", dtype=dt), torch.randn(tokens, d, device="cuda", dtype=dt))
+                    fn, args = separate, (torch.randn(tokens, d, device=DEVICE, dtype=dt), torch.randn(tokens, d, device=DEVICE, dtype=dt))
                 theirs = {"torch eager": cuda_time_us(torch, lambda: fn(*args))}
                 if dname == "bf16" and tokens >= 4096:
                     c = compiler.time(fn, *args)
@@ -209,9 +229,13 @@ def attention_section(torch, compiler):
         shapes.append((f"attention bf16 causal b{16384 // seq}xs{seq} 32/8x64", 16384 // seq, seq, 32, 8, 64, True))
     rows = []
     for name, b, s, hq, hk, d, causal in shapes:
-        q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, hk, s, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, hk, s, d, device="cuda", dtype=torch.bfloat16)
+        if SMOKE:
+            if s != 512:
+                continue
+            b = 1
+        q = torch.randn(b, hq, s, d, device=DEVICE, dtype=torch.bfloat16)
+        k = torch.randn(b, hk, s, d, device=DEVICE, dtype=torch.bfloat16)
+        v = torch.randn(b, hk, s, d, device=DEVICE, dtype=torch.bfloat16)
         ke, ve = k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hk, dim=1)
         theirs = {}
         for bname, backend in backends:
@@ -251,16 +275,22 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", nargs="*", default=[], help="bench outputs with summary tables")
     ap.add_argument("--only", nargs="*", default=list(SECTIONS), help="sections to run")
+    ap.add_argument("--cpu-smoke", action="store_true", help="check this script on a CPU (tiny shapes, meaningless times)")
     a = ap.parse_args()
+    global SMOKE, DEVICE
     try:
         import torch
     except ImportError:
         print("torch is not installed here: no PyTorch comparison")
         return 1
-    if not torch.cuda.is_available():
+    if a.cpu_smoke:
+        SMOKE, DEVICE = True, "cpu"
+        print(f"torch {torch.__version__} on the CPU: --cpu-smoke, times are not measurements")
+    elif not torch.cuda.is_available():
         print("torch sees no GPU: no PyTorch comparison")
         return 1
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    else:
+        print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     ours = parse_ours(a.ours)
     compiler = Compiler(torch)
     results = []

@@ -24,9 +24,9 @@ pub fn gpu_or_explain(bench: &str) -> Option<Device> {
 /// Criterion tuned for GPU kernels timed by events: short warm-up, enough samples.
 pub fn criterion() -> Criterion {
     Criterion::default()
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(1))
-        .sample_size(20)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_millis(600))
+        .sample_size(10)
         .configure_from_args()
 }
 
