@@ -14,8 +14,8 @@
 // angle is formed as a double-float (p split into hi + lo, the hi * hi product split exactly by
 // an fma), reduced modulo pi/2 with a double-float pi/2, and only the reduced angle |r| <= pi/4
 // goes through the sin/cos polynomials. Error bound: the reduced angle is within ~1e-7 rad of
-// (p f_i mod pi/2) for |p| < 2^24, and the polynomials add ~1 ulp; the rotation is accurate to a
-// few f32 ulps at any position a Llama model reaches (tests check 131071 against f64).
+// (p f_i mod pi/2) for |p| < 2^24, and the polynomials add ~1 ulp; a unit pair is rotated to
+// within 3e-7 of the exact result (tests sweep positions up to 2^24 - 1 against f64; 7e-8 seen).
 // Cost: ~30 flops per (token, pair), shared by all heads of the token.
 //
 // Grid mapping: one block per token; blockDim.x = G threads per head (a power of two <= 32),
@@ -48,10 +48,15 @@ __device__ __forceinline__ void rope_cos_sin(int64_t pos, float2 f, float& c, fl
   const float p_lo = float(pos - int64_t(p_hi));  // exact for |pos| < 2^48
   const float a_hi = p_hi * f.x;
   const float a_lo = fmaf(p_hi, f.x, -a_hi) + (p_hi * f.y + p_lo * f.x);
-  const float k = rintf(a_hi * kTwoOverPi);
+  float k = rintf(a_hi * kTwoOverPi);
   const float t_hi = k * kPiO2Hi;
   const float t_lo = fmaf(k, kPiO2Hi, -t_hi) + k * kPiO2Lo;
-  const float r = (a_hi - t_hi) + (a_lo - t_lo);  // a_hi - t_hi is exact (Sterbenz)
+  float r = (a_hi - t_hi) + (a_lo - t_lo);  // a_hi - t_hi is exact (Sterbenz)
+  // Above 2^22 the f32 quotient a_hi * 2/pi can round k off by one, leaving |r| up to 3 pi / 4:
+  // one more (exact) step brings r back to [-pi/4, pi/4].
+  const float k2 = rintf(r * kTwoOverPi);
+  r = (r - k2 * kPiO2Hi) - k2 * kPiO2Lo;
+  k += k2;
   const float r2 = r * r;
   const float sr = fmaf(r * r2, fmaf(r2, fmaf(r2, -1.9515295891e-4f, 8.3321608736e-3f), -1.6666654611e-1f), r);
   const float cr = fmaf(r2 * r2, fmaf(r2, fmaf(r2, 2.443315711809948e-5f, -1.388731625493765e-3f), 4.166664568298827e-2f),

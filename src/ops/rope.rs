@@ -345,8 +345,11 @@ impl Rope {
                 format!("unsupported (at most {MAX_ROTARY_DIM})"),
             ));
         }
+        // Heads per block: as few passes over the heads as the block size allows, spread evenly
+        // (40 heads in 8-thread groups: 2 passes of 20, not 32 + 8), in whole warps.
         let nheads = qh.heads + kv_heads;
-        let heads_per_block = (MAX_THREADS / g).min(nheads.div_ceil(32 / g) * (32 / g));
+        let passes = nheads.div_ceil(MAX_THREADS / g);
+        let heads_per_block = nheads.div_ceil(passes).div_ceil(32 / g) * (32 / g);
         let dims = LaunchDims {
             grid: (grid_x(OP, qh.tokens)?, 1, 1),
             block: (g as u32, heads_per_block as u32, 1),
