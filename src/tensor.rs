@@ -229,6 +229,35 @@ impl Tensor {
         Ok(t)
     }
 
+    /// Wraps device memory allocated elsewhere (an engine's own cudarc buffer) as a contiguous
+    /// tensor of `shape`, without copying. The slice must belong to `device`'s context and hold
+    /// at least `shape`'s bytes; the tensor owns it from now on.
+    pub fn from_cuda_slice(device: &Device, slice: CudaSlice<u8>, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        let DeviceInner::Cuda(c) = &*device.0 else {
+            return Err(Error::Host("from_cuda_slice needs a CUDA device".into()));
+        };
+        if slice.context().cu_ctx() != c.ctx.cu_ctx() {
+            return Err(Error::DeviceMismatch { op: "from_cuda_slice", what: "slice" });
+        }
+        let bytes = numel_of(shape)?
+            .checked_mul(dtype.size())
+            .ok_or_else(|| Error::Host(format!("shape {shape:?} is too large")))?;
+        if slice.len() < bytes {
+            return Err(Error::Host(format!("a {}-byte slice cannot hold {shape:?} of {dtype}", slice.len())));
+        }
+        let storage = Storage { device: device.clone(), bytes: slice.len(), mem: Memory::Cuda(slice) };
+        Ok(Tensor { storage: Arc::new(storage), dtype, shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 })
+    }
+
+    /// The cudarc buffer behind this tensor (CUDA only), for interop: the tensor's first element
+    /// is at byte `offset() * dtype().size()` of it.
+    pub fn cuda_slice(&self) -> Option<&CudaSlice<u8>> {
+        match &self.storage.mem {
+            Memory::Cuda(s) => Some(s),
+            Memory::Host(_) => None,
+        }
+    }
+
     /// A new contiguous tensor holding `data`.
     pub fn from_slice<T: Element>(device: &Device, data: &[T], shape: &[usize]) -> Result<Tensor> {
         let n = numel_of(shape)?;

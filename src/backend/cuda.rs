@@ -19,7 +19,8 @@ pub(crate) struct CudaBackend {
     cc: (i32, i32),
     max_optin_smem: usize,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
-    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// Loaded kernels, with the dynamic shared memory they were opted in to.
+    functions: Mutex<HashMap<&'static str, (CudaFunction, u32)>>,
 }
 
 impl CudaBackend {
@@ -44,6 +45,13 @@ impl CudaBackend {
         Self::probe()?;
         let ctx = CudaContext::new(ordinal)
             .map_err(|e| Error::CudaUnavailable(format!("cannot create a context on device {ordinal}: {e}")))?;
+        let stream = ctx.default_stream();
+        Self::on_stream(stream)
+    }
+
+    /// A backend that queues every launch and copy on `stream` (an engine's own stream).
+    pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        let ctx = stream.context().clone();
         let cc = ctx.compute_capability()?;
         let arch = match cc {
             (major, _) if major >= 9 => "sm_90",
@@ -58,7 +66,6 @@ impl CudaBackend {
         let max_optin_smem =
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as usize;
         let name = ctx.name()?;
-        let stream = ctx.default_stream();
         Ok(CudaBackend {
             ctx,
             stream,
@@ -100,18 +107,18 @@ impl CudaBackend {
 
     fn function(&self, kernel: KernelRef, dyn_smem: u32) -> Result<CudaFunction> {
         let mut functions = self.functions.lock().unwrap_or_else(|p| p.into_inner());
-        let f = match functions.get(kernel.symbol) {
-            Some(f) => f.clone(),
+        let entry = match functions.get_mut(kernel.symbol) {
+            Some(e) => e,
             None => {
                 let f = self
                     .module(kernel.module)?
                     .load_function(kernel.symbol)
                     .map_err(|_| Error::KernelNotFound { module: kernel.module, symbol: kernel.symbol })?;
-                functions.insert(kernel.symbol, f.clone());
-                f
+                functions.entry(kernel.symbol).or_insert((f, 48 * 1024))
             }
         };
-        if dyn_smem as usize > 48 * 1024 {
+        // Above 48 KiB, dynamic shared memory needs an opt-in, once per size increase.
+        if dyn_smem > entry.1 {
             if dyn_smem as usize > self.max_optin_smem {
                 return Err(Error::invalid(
                     kernel.symbol,
@@ -120,9 +127,10 @@ impl CudaBackend {
                     format!("exceeds the device's {} bytes per block", self.max_optin_smem),
                 ));
             }
-            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dyn_smem as i32)?;
+            entry.0.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dyn_smem as i32)?;
+            entry.1 = dyn_smem;
         }
-        Ok(f)
+        Ok(entry.0.clone())
     }
 
     pub fn launch<P: KernelParams>(&self, kernel: KernelRef, dims: LaunchDims, params: &P) -> Result<()> {

@@ -142,6 +142,19 @@ impl Device {
     pub fn cuda(ordinal: usize) -> Result<Device> {
         Ok(Device(Arc::new(DeviceInner::Cuda(cuda::CudaBackend::new(ordinal)?))))
     }
+    /// The GPU of `stream`'s context, queueing every launch and copy on `stream`: share an
+    /// engine's own stream with the kernels of this crate.
+    pub fn cuda_on_stream(stream: std::sync::Arc<cudarc::driver::CudaStream>) -> Result<Device> {
+        cuda::CudaBackend::probe()?;
+        Ok(Device(Arc::new(DeviceInner::Cuda(cuda::CudaBackend::on_stream(stream)?))))
+    }
+    /// The stream this device queues work on (CUDA only).
+    pub fn cuda_stream(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaStream>> {
+        match &*self.0 {
+            DeviceInner::Cuda(c) => Some(&c.stream),
+            DeviceInner::Emulated(_) => None,
+        }
+    }
     /// The emulated target with default options (forward schedule, all cores).
     pub fn emulated() -> Device {
         Self::emulated_with(EmuOptions::default())
