@@ -44,14 +44,18 @@ constexpr float kTwoOverPi = 0.636619772367581343f;
 // goes through minimax polynomials (Cephes sinf/cosf coefficients, ~1 ulp on [-pi/4, pi/4]); the
 // quadrant k mod 4 picks signs and swaps. No sincosf: its large-argument path needs local memory.
 __device__ __forceinline__ void rope_cos_sin(int64_t pos, float2 f, float& c, float& s) {
+  // The __fmul_rn/__fadd_rn below are not style: they forbid nvcc/ptxas from contracting a
+  // multiply into a following add (FMA). `a_hi - t_hi` contracted into fma(-k, hi, a_hi) would use
+  // the exact k * hi while t_lo already holds its rounding error, counting it twice (0.5 rad at
+  // p = 2^24). Contracting the other products into fmas only makes them more exact.
   const float p_hi = float(pos);
   const float p_lo = float(pos - int64_t(p_hi));  // exact for |pos| < 2^48
-  const float a_hi = p_hi * f.x;
+  const float a_hi = __fmul_rn(p_hi, f.x);
   const float a_lo = fmaf(p_hi, f.x, -a_hi) + (p_hi * f.y + p_lo * f.x);
   float k = rintf(a_hi * kTwoOverPi);
-  const float t_hi = k * kPiO2Hi;
+  const float t_hi = __fmul_rn(k, kPiO2Hi);
   const float t_lo = fmaf(k, kPiO2Hi, -t_hi) + k * kPiO2Lo;
-  float r = (a_hi - t_hi) + (a_lo - t_lo);  // a_hi - t_hi is exact (Sterbenz)
+  float r = __fadd_rn(__fadd_rn(a_hi, -t_hi), __fadd_rn(a_lo, -t_lo));  // a_hi - t_hi is exact (Sterbenz)
   // Above 2^22 the f32 quotient a_hi * 2/pi can round k off by one, leaving |r| up to 3 pi / 4:
   // one more (exact) step brings r back to [-pi/4, pi/4].
   const float k2 = rintf(r * kTwoOverPi);

@@ -129,3 +129,43 @@ fn attention_runs_on_tensor_cores() {
         assert!(!has("LDL") && !has("STL"), "{name} uses local memory");
     }
 }
+
+#[test]
+fn rope_angle_reduction_is_not_contracted_into_fmas() {
+    // kernels/rope.cu reduces the angle in two steps, each of which rounds k (FRND): the first
+    // forms a_hi - t_hi from the *rounded* product t_hi = k * (pi/2)_hi, because t_lo carries that
+    // product's rounding error; only the second step (k2 in {-1, 0, 1}, exact either way) may fuse
+    // r - k2 * (pi/2)_hi into an FMA. Were the first contracted too (0.5 rad error at p = 2^24),
+    // each pair would show two FMAs subtracting a multiple of (pi/2)_hi instead of one.
+    for (name, ops) in per_function_lines(&sass("rope")) {
+        let frnd = ops.iter().filter(|l| l.starts_with("FRND")).count();
+        // `FFMA Rd, Ra, C, Rc` with C = +-(pi/2)_hi and a negative product Ra * C.
+        let subtractive = ops
+            .iter()
+            .filter(|l| l.starts_with("FFMA") && l.contains("1.5707963705"))
+            .filter(|l| {
+                let operands: Vec<&str> = l.split(',').map(str::trim).collect();
+                operands.len() >= 4 && (operands[1].starts_with('-') != operands[2].starts_with('-'))
+            })
+            .count();
+        assert!(frnd > 0 && frnd % 2 == 0, "{name}: expected two FRND per rotary pair, found {frnd}");
+        assert!(subtractive <= frnd / 2, "{name}: {subtractive} FMAs subtract k * pi/2 for {} pairs: the first reduction step was contracted", frnd / 2);
+    }
+}
+
+/// SASS instruction lines (operands included) per function.
+fn per_function_lines(sass: &str) -> Vec<(String, Vec<String>)> {
+    let mut v: Vec<(String, Vec<String>)> = Vec::new();
+    for line in sass.lines() {
+        if let Some(name) = line.trim().strip_prefix("Function : ") {
+            v.push((name.trim().to_string(), Vec::new()));
+        } else if let (Some(f), Some(code)) = (v.last_mut(), line.split("*/").nth(1)) {
+            // Drop a predicate guard (`@P0`, `@!P1`) before the mnemonic.
+            let code = code.split_whitespace().skip_while(|w| w.starts_with('@')).collect::<Vec<_>>().join(" ");
+            if !code.is_empty() {
+                f.1.push(code);
+            }
+        }
+    }
+    v
+}
