@@ -190,11 +190,12 @@ impl std::fmt::Debug for Tensor {
     }
 }
 
-/// Row-major strides of a shape.
+/// Row-major strides of a shape (saturating: only an empty shape can get that far, and then
+/// the strides are never used).
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
+    let mut strides = vec![1usize; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1];
+        strides[i] = strides[i + 1].saturating_mul(shape[i + 1]);
     }
     strides
 }
@@ -314,7 +315,8 @@ impl Tensor {
         Arc::ptr_eq(&self.storage, &other.storage)
     }
 
-    /// Elements spanned in storage: [first, last] (inclusive), or None when empty.
+    /// Elements spanned in storage: [first, last] (inclusive), or None when empty. Views are
+    /// validated at creation, so this cannot overflow.
     pub(crate) fn element_span(&self) -> Option<(usize, usize)> {
         if self.numel() == 0 {
             return None;
@@ -324,27 +326,38 @@ impl Tensor {
     }
 
     /// A view with explicit shape, strides and offset (all in elements) over the same storage.
+    /// Every element it addresses must lie inside the storage; the arithmetic is checked, so no
+    /// view can wrap around. An empty view is normalized to offset 0 and zero strides.
     pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
+        let out_of_bounds = || {
+            Error::Host(format!(
+                "view {shape:?} strides {strides:?} offset {offset} exceeds a storage of {} bytes",
+                self.storage.bytes
+            ))
+        };
         if shape.len() != strides.len() {
             return Err(Error::Host(format!("shape {shape:?} and strides {strides:?} differ in rank")));
         }
-        let t = Tensor {
-            storage: self.storage.clone(),
-            dtype: self.dtype,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
-            offset,
-        };
-        if let Some((_, last)) = t.element_span() {
-            let end = (last + 1).checked_mul(self.dtype.size());
-            if end.is_none_or(|e| e > self.storage.bytes) {
-                return Err(Error::Host(format!(
-                    "view {shape:?} strides {strides:?} offset {offset} exceeds a storage of {} bytes",
-                    self.storage.bytes
-                )));
-            }
+        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(out_of_bounds)?;
+        if numel == 0 {
+            return Ok(Tensor {
+                storage: self.storage.clone(),
+                dtype: self.dtype,
+                shape: shape.to_vec(),
+                strides: vec![0; shape.len()],
+                offset: 0,
+            });
         }
-        Ok(t)
+        let last = shape
+            .iter()
+            .zip(strides)
+            .try_fold(offset, |acc, (&d, &s)| (d - 1).checked_mul(s).and_then(|x| acc.checked_add(x)))
+            .ok_or_else(out_of_bounds)?;
+        let end = last.checked_add(1).and_then(|e| e.checked_mul(self.dtype.size())).ok_or_else(out_of_bounds)?;
+        if end > self.storage.bytes {
+            return Err(out_of_bounds());
+        }
+        Ok(Tensor { storage: self.storage.clone(), dtype: self.dtype, shape: shape.to_vec(), strides: strides.to_vec(), offset })
     }
 
     /// The view of `len` entries of dimension `dim` starting at `start`.
@@ -358,7 +371,11 @@ impl Tensor {
         }
         let mut shape = self.shape.clone();
         shape[dim] = len;
-        self.as_strided(&shape, &self.strides.clone(), self.offset + start * self.strides[dim])
+        let offset = start
+            .checked_mul(self.strides[dim])
+            .and_then(|o| o.checked_add(self.offset))
+            .ok_or_else(|| Error::Host(format!("narrow: offset of {start} overflows")))?;
+        self.as_strided(&shape, &self.strides.clone(), offset)
     }
 
     /// A view with another shape; the tensor must be contiguous.

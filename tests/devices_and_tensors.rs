@@ -72,3 +72,21 @@ fn views_copies_and_bounds() {
         assert!(device.copy(&t, &Tensor::zeros(&device, DType::F32, &[23]).unwrap()).is_err());
     }
 }
+
+#[test]
+fn views_cannot_wrap_around_or_hide_bad_strides() {
+    // Found in review: unchecked arithmetic let these views pass the bounds check in release
+    // builds, and a kernel then read far outside the allocation.
+    let d = Device::emulated();
+    let base = Tensor::zeros(&d, DType::BF16, &[5, 8]).unwrap();
+    assert!(base.as_strided(&[5, 8], &[1 << 62, 1], 0).is_err());
+    assert!(base.as_strided(&[1], &[1], usize::MAX).is_err());
+    assert!(base.as_strided(&[usize::MAX, 2], &[1, 1], 0).is_err());
+    assert!(base.narrow(0, 2, 3).unwrap().narrow(1, 7, 1).is_ok());
+    // An empty view with absurd strides is a harmless no-op everywhere.
+    let empty = base.as_strided(&[2, 0], &[usize::MAX, usize::MAX], usize::MAX).unwrap();
+    assert_eq!((empty.numel(), empty.offset()), (0, 0));
+    let out = Tensor::zeros(&d, DType::BF16, &[2, 0]).unwrap();
+    llama_kernels::ops::swiglu(llama_kernels::ops::GateUp::Separate { gate: &empty, up: &empty }, &out).unwrap();
+    llama_kernels::ops::rms_norm(&Tensor::zeros(&d, DType::BF16, &[0, 8]).unwrap(), &base.narrow(0, 0, 1).unwrap().reshape(&[8]).unwrap(), 1e-5, &Tensor::zeros(&d, DType::BF16, &[0, 8]).unwrap()).unwrap();
+}

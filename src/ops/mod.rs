@@ -64,7 +64,7 @@ impl Rows {
                 if shape[d] > 1 && strides[d] != expect {
                     return Err(bad("the innermost dimensions must be contiguous (last stride 1)"));
                 }
-                expect *= shape[d];
+                expect = expect.saturating_mul(shape[d]);
             }
         }
         // Outer dims: collapsible into one stride.
@@ -121,9 +121,9 @@ fn collapse(shape: &[usize], strides: &[usize]) -> Option<(usize, Option<usize>)
             Some(e) if e != strides[d] => return None,
             Some(_) => {}
         }
-        expect_next = Some(strides[d] * shape[d]);
+        expect_next = Some(strides[d].checked_mul(shape[d])?);
     }
-    let count = shape.iter().product::<usize>();
+    let count = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
     Some((count, if count > 1 { stride } else { None }))
 }
 
