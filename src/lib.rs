@@ -60,7 +60,7 @@ pub mod tensor;
 pub mod testing;
 pub mod verify;
 
-pub use backend::{Device, EmuOptions, KernelRef, Schedule, Target};
+pub use backend::{CpAsyncTiming, Device, EmuOptions, KernelRef, Schedule, Target};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use tensor::Tensor;

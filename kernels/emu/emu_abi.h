@@ -15,7 +15,20 @@ typedef enum LlkEmuSchedule {
   LLK_EMU_FORWARD = 0,  // thread 0, 1, 2, ...
   LLK_EMU_REVERSE = 1,  // last thread first
   LLK_EMU_RANDOM = 2,   // a fresh seeded permutation at every scheduling round
+  // One warp at a time: the lowest (or highest) warp with a runnable thread runs until all its
+  // threads wait at __syncthreads or exit. Maximizes the skew between warps inside a barrier
+  // interval, so a shared-memory stage refilled by one warp while others still read it shows up.
+  LLK_EMU_WARP_SERIAL = 3,
+  LLK_EMU_WARP_SERIAL_REVERSE = 4,
 } LlkEmuSchedule;
+
+// When cp.async copies land. A correct kernel gives the same result under both; comparing them
+// exposes a read before cp.async.wait_group (AT_WAIT) and a stage overwritten while another
+// warp still reads it (AT_ISSUE).
+typedef enum LlkEmuCpAsyncTiming {
+  LLK_EMU_CP_ASYNC_AT_WAIT = 0,   // the latest legal moment: cp.async.wait_group
+  LLK_EMU_CP_ASYNC_AT_ISSUE = 1,  // the earliest: the cp.async instruction itself
+} LlkEmuCpAsyncTiming;
 
 typedef enum LlkEmuStatus {
   LLK_EMU_OK = 0,
@@ -34,6 +47,7 @@ typedef struct LlkEmuLaunch {
   uint64_t seed;          // for LLK_EMU_RANDOM; each block derives its own stream from it
   uint32_t os_threads;    // blocks run concurrently on this many OS threads (>= 1)
   uint32_t stack_bytes;   // per-fiber stack; 0 selects the default (64 KiB)
+  LlkEmuCpAsyncTiming cp_async_timing;
 } LlkEmuLaunch;
 
 typedef struct LlkEmuReport {

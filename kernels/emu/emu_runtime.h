@@ -123,6 +123,7 @@ struct Worker {
   void* body_ctx = nullptr;
   uint64_t switches = 0;
   std::mt19937_64 rng;
+  LlkEmuCpAsyncTiming cp_async_timing = LLK_EMU_CP_ASYNC_AT_WAIT;
   LlkEmuStatus status = LLK_EMU_OK;  // first failure seen in the current block
   char message[400] = {0};
 
@@ -335,10 +336,16 @@ inline bool warp_scratch_first() {
   return true;
 }
 
-// cp.async: `src_bytes` of 16 are read from global memory, the rest zero-filled, when the group
-// completes.
+// cp.async: `src_bytes` of `bytes` are read from global memory, the rest zero-filled, when the
+// group completes (AT_WAIT) or at once (AT_ISSUE).
 inline void cp_async_enqueue(void* dst, const void* src, int bytes, int src_bytes) {
-  Fiber* f = tl_worker->cur;
+  Worker* w = tl_worker;
+  if (w->cp_async_timing == LLK_EMU_CP_ASYNC_AT_ISSUE) {
+    if (src_bytes > 0) memcpy(dst, src, size_t(src_bytes));
+    if (bytes > src_bytes) memset(static_cast<char*>(dst) + src_bytes, 0, size_t(bytes - src_bytes));
+    return;
+  }
+  Fiber* f = w->cur;
   f->cp_pending.push_back({dst, src, src_bytes, bytes, f->cp_group});
 }
 inline void cp_async_commit() { tl_worker->cur->cp_group++; }
@@ -426,10 +433,25 @@ inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
   for (int i = 0; i < n; ++i) w->order[i] = mode == LLK_EMU_REVERSE ? n - 1 - i : i;
   const uint64_t lin = bid.x + uint64_t(cfg.grid[0]) * (bid.y + uint64_t(cfg.grid[1]) * bid.z);
   w->rng.seed(cfg.seed * 0x9E3779B97F4A7C15ull + lin);
+  const bool warp_serial = mode == LLK_EMU_WARP_SERIAL || mode == LLK_EMU_WARP_SERIAL_REVERSE;
   while (w->nlive > 0) {
     if (mode == LLK_EMU_RANDOM) std::shuffle(w->order.begin(), w->order.end(), w->rng);
     bool progressed = false;
+    int lo = 0, hi = n;  // the fibers this round may run
+    if (warp_serial) {
+      for (int k = 0; k < nw; ++k) {
+        const int wi = mode == LLK_EMU_WARP_SERIAL_REVERSE ? nw - 1 - k : k;
+        const int first = wi * 32, last = std::min(n, first + 32);
+        bool runnable = false;
+        for (int t = first; t < last && !runnable; ++t) runnable = w->fibers[t].state == RUNNABLE;
+        if (runnable) {
+          lo = first, hi = last;
+          break;
+        }
+      }
+    }
     for (int idx : w->order) {
+      if (idx < lo || idx >= hi) continue;
       Fiber* f = &w->fibers[idx];
       if (f->state != RUNNABLE) continue;
       switch_to(w, f);
@@ -483,6 +505,7 @@ LlkEmuStatus launch(Body& body, const LlkEmuLaunch& cfg, LlkEmuReport* rep) {
     w->body = [](void* c) { (*static_cast<Body*>(c))(); };
     w->body_ctx = &body;
     w->switches = 0;
+    w->cp_async_timing = cfg.cp_async_timing;
     for (uint64_t b; !failed.load(std::memory_order_relaxed) && (b = next.fetch_add(1)) < nblocks;) {
       uint3 bid{unsigned(b % cfg.grid[0]), unsigned(b / cfg.grid[0] % cfg.grid[1]),
                 unsigned(b / (uint64_t(cfg.grid[0]) * cfg.grid[1]))};

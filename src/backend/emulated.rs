@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::sync::{Mutex, OnceLock};
 
-use super::emu_abi::{LlkEmuKernel, LlkEmuLaunch, LlkEmuReport, LlkEmuSchedule, LlkEmuStatus};
+use super::emu_abi::{LlkEmuCpAsyncTiming, LlkEmuKernel, LlkEmuLaunch, LlkEmuReport, LlkEmuSchedule, LlkEmuStatus};
 use super::{KernelParams, KernelRef, LaunchDims, MODULES};
 use crate::error::{Error, Result};
 
@@ -20,12 +20,28 @@ pub enum Schedule {
     Reverse,
     /// A seeded random permutation at every round.
     Random { seed: u64 },
+    /// One warp at a time (lowest first, or highest first when `reverse`), each running until
+    /// all its threads wait at `__syncthreads`: the largest skew between warps a barrier allows.
+    WarpByWarp { reverse: bool },
+}
+
+/// When the emulator completes `cp.async` copies. A correct kernel gives the same result under
+/// both; the difference exposes a read before `cp.async.wait_group` (`AtWait`) or a shared-memory
+/// stage refilled while another warp still reads it (`AtIssue`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CpAsyncTiming {
+    /// At the wait: the latest moment the PTX ISA allows.
+    #[default]
+    AtWait,
+    /// At the copy instruction: the earliest.
+    AtIssue,
 }
 
 /// Options of the emulated target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EmuOptions {
     pub schedule: Schedule,
+    pub cp_async: CpAsyncTiming,
     /// OS threads that run blocks concurrently (default: the machine's cores).
     pub os_threads: u32,
     /// Stack bytes per emulated CUDA thread (default 64 KiB).
@@ -35,7 +51,12 @@ pub struct EmuOptions {
 impl Default for EmuOptions {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        EmuOptions { schedule: Schedule::Forward, os_threads: cores.min(64) as u32, stack_bytes: 64 * 1024 }
+        EmuOptions {
+            schedule: Schedule::Forward,
+            cp_async: CpAsyncTiming::AtWait,
+            os_threads: cores.min(64) as u32,
+            stack_bytes: 64 * 1024,
+        }
     }
 }
 
@@ -110,8 +131,14 @@ impl EmuBackend {
             Schedule::Forward => "forward".to_string(),
             Schedule::Reverse => "reverse".to_string(),
             Schedule::Random { seed } => format!("random(seed {seed})"),
+            Schedule::WarpByWarp { reverse: false } => "warp-by-warp".to_string(),
+            Schedule::WarpByWarp { reverse: true } => "warp-by-warp (last warp first)".to_string(),
         };
-        format!("CPU emulation ({sched} schedule, {} OS threads)", self.options.os_threads)
+        let copies = match self.options.cp_async {
+            CpAsyncTiming::AtWait => "cp.async at wait",
+            CpAsyncTiming::AtIssue => "cp.async at issue",
+        };
+        format!("CPU emulation ({sched} schedule, {copies}, {} OS threads)", self.options.os_threads)
     }
 
     pub fn launch<P: KernelParams>(&self, kernel: KernelRef, dims: LaunchDims, params: &P) -> Result<()> {
@@ -136,6 +163,8 @@ impl EmuBackend {
             Schedule::Forward => (LlkEmuSchedule::LLK_EMU_FORWARD, 0),
             Schedule::Reverse => (LlkEmuSchedule::LLK_EMU_REVERSE, 0),
             Schedule::Random { seed } => (LlkEmuSchedule::LLK_EMU_RANDOM, seed),
+            Schedule::WarpByWarp { reverse: false } => (LlkEmuSchedule::LLK_EMU_WARP_SERIAL, 0),
+            Schedule::WarpByWarp { reverse: true } => (LlkEmuSchedule::LLK_EMU_WARP_SERIAL_REVERSE, 0),
         };
         let cfg = LlkEmuLaunch {
             grid: [dims.grid.0, dims.grid.1, dims.grid.2],
@@ -145,6 +174,10 @@ impl EmuBackend {
             seed,
             os_threads: self.options.os_threads.max(1),
             stack_bytes: self.options.stack_bytes,
+            cp_async_timing: match self.options.cp_async {
+                CpAsyncTiming::AtWait => LlkEmuCpAsyncTiming::LLK_EMU_CP_ASYNC_AT_WAIT,
+                CpAsyncTiming::AtIssue => LlkEmuCpAsyncTiming::LLK_EMU_CP_ASYNC_AT_ISSUE,
+            },
         };
         let mut report = LlkEmuReport::default();
         let _stream = self.stream.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

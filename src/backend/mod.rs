@@ -16,7 +16,7 @@ mod emulated;
 
 use std::sync::Arc;
 
-pub use emulated::{EmuOptions, Schedule};
+pub use emulated::{CpAsyncTiming, EmuOptions, Schedule};
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

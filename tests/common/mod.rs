@@ -1,7 +1,7 @@
 //! Shared test helpers: the devices every parity test runs on.
 #![allow(dead_code)]
 
-use llama_kernels::{Device, EmuOptions, Schedule};
+use llama_kernels::{CpAsyncTiming, Device, EmuOptions, Schedule};
 
 /// The emulated target always; CUDA device 0 too when a GPU is usable (then the same tests run
 /// on it automatically). The reason for skipping CUDA is printed, never hidden.
@@ -14,12 +14,15 @@ pub fn devices() -> Vec<Device> {
     v
 }
 
-/// Three emulated devices whose schedules differ: forward, reverse and seeded random.
-pub fn schedule_devices() -> [Device; 3] {
+/// Emulated devices whose schedules differ (forward, reverse, seeded random, and one warp at a
+/// time from the last), with cp.async copies landing at the wait or at the issue.
+pub fn schedule_devices() -> [Device; 4] {
+    let dev = |schedule, cp_async| Device::emulated_with(EmuOptions { schedule, cp_async, ..EmuOptions::default() });
     [
-        Device::emulated_with(EmuOptions::with_schedule(Schedule::Forward)),
-        Device::emulated_with(EmuOptions::with_schedule(Schedule::Reverse)),
-        Device::emulated_with(EmuOptions::with_schedule(Schedule::Random { seed: 0x1234_5678 })),
+        dev(Schedule::Forward, CpAsyncTiming::AtWait),
+        dev(Schedule::Reverse, CpAsyncTiming::AtIssue),
+        dev(Schedule::Random { seed: 0x1234_5678 }, CpAsyncTiming::AtWait),
+        dev(Schedule::WarpByWarp { reverse: true }, CpAsyncTiming::AtIssue),
     ]
 }
 
