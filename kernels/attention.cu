@@ -124,14 +124,14 @@ struct RowMap {
 };
 
 __device__ RowMap row_map(const AttentionParams& p, const Sequence& s, int rows_per_block) {
-  const int64_t group = p.q_heads / p.kv_heads;
-  const int64_t packs = group / p.pack;
-  const int64_t kv_head = blockIdx.y / packs;
+  const int group = int(p.q_heads / p.kv_heads);  // heads fit in int: 32-bit divisions
+  const int packs = group / int(p.pack);
+  const int kv_head = int(blockIdx.y) / packs;
   RowMap m;
   m.pack = int(p.pack);
   m.tokens_per_block = rows_per_block / m.pack;
   m.first_token = s.block * m.tokens_per_block;
-  m.first_head = kv_head * group + (blockIdx.y % packs) * p.pack;
+  m.first_head = int64_t(kv_head) * group + int64_t(int(blockIdx.y) % packs) * m.pack;
   return m;
 }
 
@@ -156,7 +156,7 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
   const RowMap rows = row_map(p, s, kBlockM);
   const int used_rows = rows.tokens_per_block * rows.pack;
   auto row_valid = [&](int r) { return r < used_rows && rows.token(r) < s.q_len; };
-  const int64_t kv_head = rows.first_head / (p.q_heads / p.kv_heads);
+  const int64_t kv_head = int(rows.first_head) / int(p.q_heads / p.kv_heads);
 
   const T* q = reinterpret_cast<const T*>(p.q);
   const T* k = reinterpret_cast<const T*>(p.k) + s.k_start * p.k_token_stride + kv_head * p.k_head_stride;
@@ -175,15 +175,24 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
     const T* src = ok ? q + (s.q_start + rows.token(r)) * p.q_token_stride + rows.head(r) * p.q_head_stride + c * 8 : q;
     llk::cp_async_16(sQ + swz<D>(r, c), src, ok ? 16 : 0);
   }
+  // K/V tiles: thread tid copies 16-byte chunk tid % kChunks of rows tid / kChunks + i * kRowStep,
+  // so its offsets are computed once and only advance by a tile per call.
+  constexpr int kRowStep = kThreads / kChunks;  // 8 (D = 128) or 16 (D = 64)
+  constexpr int kLoadPasses = kBlockN / kRowStep;
+  const int ld_c = tid % kChunks, ld_r = tid / kChunks;
+  const int64_t k_step = kRowStep * p.k_token_stride, v_step = kRowStep * p.v_token_stride;
   auto load_kv = [&](int64_t tile, int stage) {
     T* dk = sK + stage * kBlockN * D;
     T* dv = sV + stage * kBlockN * D;
-    for (int i = tid; i < kBlockN * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const int64_t key = tile * kBlockN + r;
-      const bool ok = key < s.k_len;
-      llk::cp_async_16(dk + swz<D>(r, c), ok ? k + key * p.k_token_stride + c * 8 : k, ok ? 16 : 0);
-      llk::cp_async_16(dv + swz<D>(r, c), ok ? v + key * p.v_token_stride + c * 8 : v, ok ? 16 : 0);
+    const int64_t key0 = tile * kBlockN + ld_r;
+    const T* ks = k + key0 * p.k_token_stride + ld_c * 8;
+    const T* vs = v + key0 * p.v_token_stride + ld_c * 8;
+#pragma unroll
+    for (int i = 0; i < kLoadPasses; ++i) {
+      const int r = ld_r + i * kRowStep;
+      const bool ok = key0 + i * kRowStep < s.k_len;  // rows past the sequence are zero-filled
+      llk::cp_async_16(dk + swz<D>(r, ld_c), ok ? ks + i * k_step : k, ok ? 16 : 0);
+      llk::cp_async_16(dv + swz<D>(r, ld_c), ok ? vs + i * v_step : v, ok ? 16 : 0);
     }
   };
   if (first_tile < end_tile) load_kv(first_tile, 0);
@@ -216,12 +225,19 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
     llk::ldmatrix<4, false>(qf[kk], sQ + swz<D>(r, 2 * kk + (mi >> 1)));
   }
 
+  // One barrier per tile: after it, this tile's copies have landed for every thread, and every
+  // warp is done with the other stage, which the copies issued next refill while this tile's
+  // math runs.
   for (int64_t tile = first_tile; tile < end_tile; ++tile) {
     const int stage = int((tile - first_tile) & 1);
-    if (tile + 1 < end_tile) load_kv(tile + 1, stage ^ 1);
-    llk::cp_async_commit();
-    llk::cp_async_wait<1>();  // this tile's copies are done (the next tile's may be in flight)
-    __syncthreads();
+    if (tile > first_tile) {
+      llk::cp_async_wait<0>();
+      __syncthreads();
+    }
+    if (tile + 1 < end_tile) {
+      load_kv(tile + 1, stage ^ 1);
+      llk::cp_async_commit();
+    }
     const T* tk = sK + stage * kBlockN * D;
     const T* tv = sV + stage * kBlockN * D;
 
@@ -241,21 +257,21 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
       }
     }
 
-    // Scale to base 2, and mask where the tile crosses a boundary.
+    // Mask, only on tiles that cross a mask or sequence boundary.
     const int n0 = int(tile * kBlockN);
     const bool needs_mask = n0 + kBlockN > s.k_len || (p.mask != LLK_ATTN_NONE && n0 + kBlockN - 1 > bk.pos_lo) ||
                             (p.mask == LLK_ATTN_CHUNKED_CAUSAL && n0 < chunk_lo_of_pos_hi);
+    if (needs_mask) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int h = i >> 1;
-        float x = sc[j][i] * scale[h];
-        if (needs_mask && !keys[h].contains(n0 + 8 * j + 2 * t + (i & 1))) x = -INFINITY;
-        sc[j][i] = x;
-      }
+        for (int i = 0; i < 4; ++i)
+          if (!keys[i >> 1].contains(n0 + 8 * j + 2 * t + (i & 1))) sc[j][i] = -INFINITY;
+    }
 
-    // Online softmax: new row maxima (quad-wide), rescale, exponentiate.
+    // Online softmax in base 2: new row maxima (quad-wide), rescale, exponentiate. The scale is
+    // positive, so the maximum of the raw scores scales to the maximum of the scaled ones, and
+    // exp2(s * scale - m) is one fma and one ex2.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = -INFINITY;
@@ -263,17 +279,17 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
       for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[h], mx);
+      const float m_new = fmaxf(m[h], mx * scale[h]);
       const float base = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row so far stays at 0
-      const float corr = exp2f(m[h] - base);
+      const float corr = llk::fast_exp2(m[h] - base);
       m[h] = m_new;
       l[h] *= corr;
 #pragma unroll
       for (int n = 0; n < kChunks; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        sc[j][2 * h] = exp2f(sc[j][2 * h] - base);
-        sc[j][2 * h + 1] = exp2f(sc[j][2 * h + 1] - base);
+        sc[j][2 * h] = llk::fast_exp2(fmaf(sc[j][2 * h], scale[h], -base));
+        sc[j][2 * h + 1] = llk::fast_exp2(fmaf(sc[j][2 * h + 1], scale[h], -base));
         l[h] += sc[j][2 * h] + sc[j][2 * h + 1];
       }
     }
@@ -294,9 +310,7 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
         llk::mma_m16n8k16<T>(o[n + 1], a, b1, o[n + 1]);
       }
     }
-    __syncthreads();  // every warp is done with this stage before it is refilled
   }
-  llk::cp_async_wait<0>();
 
   // Finish the softmax: quad-wide sums, normalize, stage the output tile in shared memory.
   float inv[2], lse[2];
@@ -339,7 +353,7 @@ constexpr int kSimtKeys = 32;  // keys per K/V tile
 
 template <int D>
 __device__ void attention_simt_kernel(const AttentionParams& p) {
-  constexpr int kPer = D / 4;  // dims per lane
+  constexpr int kPer = D / 4;  // dims per lane: sub, sub + 4, sub + 8, ... (conflict-free reads)
   __shared__ float sK[kSimtKeys][D];
   __shared__ float sV[kSimtKeys][D];
   const int tid = int(threadIdx.x), r = tid / 4, sub = tid % 4;
@@ -360,7 +374,7 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
   const KeyInterval keys = key_interval(p, pos, s.k_len);
   const float* qrow = reinterpret_cast<const float*>(p.q) + (s.q_start + token) * p.q_token_stride + head * p.q_head_stride;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) qv[i] = valid ? qrow[sub * kPer + i] * sc : 0.f, acc[i] = 0.f;
+  for (int i = 0; i < kPer; ++i) qv[i] = valid ? qrow[4 * i + sub] * sc : 0.f, acc[i] = 0.f;
   float m = -INFINITY, l = 0.f;
 
   for (int64_t n0 = (bk.begin / kSimtKeys) * kSimtKeys; n0 < bk.end; n0 += kSimtKeys) {
@@ -375,7 +389,7 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
     for (int j = 0; j < kSimtKeys; ++j) {
       float x = 0.f;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) x = fmaf(qv[i], sK[j][sub * kPer + i], x);
+      for (int i = 0; i < kPer; ++i) x = fmaf(qv[i], sK[j][4 * i + sub], x);
       x += __shfl_xor_sync(0xffffffffu, x, 1);
       x += __shfl_xor_sync(0xffffffffu, x, 2);
       if (!keys.contains(int(n0) + j)) x = -INFINITY;
@@ -384,7 +398,7 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
       const float corr = exp2f(m - base), pj = exp2f(x - base);
       l = l * corr + pj;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) acc[i] = fmaf(pj, sV[j][sub * kPer + i], acc[i] * corr);
+      for (int i = 0; i < kPer; ++i) acc[i] = fmaf(pj, sV[j][4 * i + sub], acc[i] * corr);
       m = m_new;
     }
   }
@@ -392,7 +406,7 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
   const float inv = l > 0.f ? 1.f / l : 0.f;
   float* orow = reinterpret_cast<float*>(p.out) + (s.q_start + token) * p.out_token_stride + head * p.out_head_stride;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) orow[sub * kPer + i] = acc[i] * inv;
+  for (int i = 0; i < kPer; ++i) orow[4 * i + sub] = acc[i] * inv;
   if (p.lse != 0 && sub == 0)
     reinterpret_cast<float*>(p.lse)[head * p.total_q + s.q_start + token] = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
 }

@@ -200,8 +200,8 @@ fn every_validation_error_is_named() {
         ),
         "chunk_size",
     );
-    // Scale not finite.
-    for s in [f32::NAN, f32::INFINITY] {
+    // Scale not finite (or not positive).
+    for s in [f32::NAN, f32::INFINITY, 0.0, -0.5] {
         named(gqa_attention(&q, &k, &v, &cq, &ck, &out, None, &AttentionOptions { scale: Some(s), ..opts }), "scale");
     }
     // GQA pack that does not divide the group.

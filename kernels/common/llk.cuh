@@ -155,6 +155,18 @@ __device__ __forceinline__ void round_to(float (&v)[N]) {
   for (int i = 0; i < N; ++i) v[i] = to_f32(from_f32<T>(v[i]));
 }
 
+// 2^x with the hardware approximation (ex2.approx.ftz: ~2 ulp, denormals flushed; -inf -> 0).
+// The emulator uses exp2f.
+__device__ __forceinline__ float fast_exp2(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
 // ------------------------------------------------------------------------ reductions
 // Sum over aligned groups of `width` lanes (a power of two <= 32): every lane gets its group's sum.
 // The butterfly order is fixed, so the result does not depend on scheduling.

@@ -104,23 +104,29 @@ __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* smem_row)
 #if defined(__CUDA_ARCH__)
   const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem_row));
   if constexpr (N == 1 && !TRANS) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(addr) : "memory");
   } else if constexpr (N == 1 && TRANS) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(addr) : "memory");
   } else if constexpr (N == 2 && !TRANS) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr)
+                 : "memory");
   } else if constexpr (N == 2 && TRANS) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r[0]), "=r"(r[1])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
   } else if constexpr (N == 4 && !TRANS) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
   } else {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
   }
 #elif !defined(__CUDACC__)
   const unsigned char* all = llk_emu::warp_gather(&smem_row, sizeof(void*));
@@ -149,13 +155,14 @@ __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* smem_row)
 // cp.async.cg.shared.global [dst], [src], 16, src_bytes: copies src_bytes (0..16) from global to
 // shared memory and zero-fills the rest of the 16 bytes, asynchronously; a group of copies is
 // closed by cp_async_commit() and awaited by cp_async_wait<N>() (all but the newest N groups).
-// With src_bytes == 0 nothing is read (src must still be a valid address). The emulation
+// With src_bytes == 0 nothing is read (src must still be a valid address). Every asm here
+// clobbers "memory", so the compiler never moves plain shared-memory accesses across them. The emulation
 // performs the copies at the wait, the latest moment the PTX ISA allows, so a read before the
 // wait sees poison, not data.
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, int src_bytes = 16) {
 #if defined(__CUDA_ARCH__)
   const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem_src), "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem_src), "r"(src_bytes) : "memory");
 #elif !defined(__CUDACC__)
   llk_emu::cp_async_enqueue(smem_dst, gmem_src, 16, src_bytes);
 #endif
@@ -163,7 +170,7 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
 
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__)
-  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 #elif !defined(__CUDACC__)
   llk_emu::cp_async_commit();
 #endif
@@ -172,7 +179,7 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__)
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #elif !defined(__CUDACC__)
   llk_emu::cp_async_wait(N);
 #endif

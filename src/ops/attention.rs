@@ -87,7 +87,7 @@ impl Default for Llama4Temperature {
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct AttentionOptions {
     pub mask: AttentionMask,
-    /// Softmax scale; `None` is `1 / sqrt(head_dim)`.
+    /// Softmax scale, finite and > 0; `None` is `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
     pub temperature: Option<Llama4Temperature>,
     /// q heads of one KV group that share a block (and so every K/V tile it loads). `None`
@@ -245,8 +245,10 @@ impl AttentionWorkspace {
         }
         // Options.
         let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
-        if !scale.is_finite() {
-            return Err(Error::invalid(OP, "scale", scale, "must be finite"));
+        // Positive: the kernel takes row maxima of raw scores and scales them (and a softmax
+        // with a negative scale is not something a model asks for).
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(Error::invalid(OP, "scale", scale, "must be finite and > 0"));
         }
         let (mask, chunk_size) = match opts.mask {
             AttentionMask::None => (LlkAttnMask::LLK_ATTN_NONE, 0),
@@ -260,8 +262,8 @@ impl AttentionWorkspace {
             if !(t.floor_scale.is_finite() && t.floor_scale > 0.0) {
                 return Err(Error::invalid(OP, "temperature floor_scale", t.floor_scale, "must be finite and > 0"));
             }
-            if !t.attn_scale.is_finite() {
-                return Err(Error::invalid(OP, "temperature attn_scale", t.attn_scale, "must be finite"));
+            if !(t.attn_scale.is_finite() && t.attn_scale >= 0.0) {
+                return Err(Error::invalid(OP, "temperature attn_scale", t.attn_scale, "must be finite and >= 0"));
             }
         }
         let group = qh.heads / kh.heads;
