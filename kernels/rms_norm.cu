@@ -99,7 +99,7 @@ __device__ void rms_norm_kernel(const RmsNormParams& p) {
   // Pass 2: scale by inv_rms and the weight, store.
   auto store_output = [&](int64_t v, const float (&in)[VEC]) {
     float wt[VEC], out[VEC];
-    llk::load_f32<T, VEC>(w + v * VEC, wt);
+    llk::load_f32_readonly<T, VEC>(w + v * VEC, wt);  // the weight is never written (checked on the host)
 #pragma unroll
     for (int i = 0; i < VEC; ++i) out[i] = in[i] * inv_rms * wt[i];
     llk::store_f32<T, VEC>(y + v * VEC, out);

@@ -18,8 +18,8 @@
 // within 3e-7 of the exact result (tests sweep positions up to 2^24 - 1 against f64; 7e-8 seen).
 // Cost: ~30 flops per (token, pair), shared by all heads of the token.
 //
-// Grid mapping: one block per token; blockDim.x = G threads per head (a power of two <= 32),
-// blockDim.y = heads processed at once. A thread owns the same `chunks` of every head (a chunk is
+// Grid mapping: grid.x = tokens, grid.y = head groups (1, or more when few tokens would leave
+// SMs idle); blockDim.x = G threads per head (a power of two <= 32), blockDim.y = heads at once. A thread owns the same `chunks` of every head (a chunk is
 // VEC consecutive elements, plus for half-split the matching VEC elements of the second half), so
 // its cos/sin stay in registers while it walks over the q heads then the k heads. The head loop
 // has a warp-uniform trip count, so the norm's shuffles never diverge.
@@ -110,7 +110,9 @@ __device__ void rope_kernel(const RopeParams& p) {
   }
 
   const int64_t nheads = p.q_heads + p.kv_heads;
-  for (int64_t h0 = 0; h0 < nheads; h0 += blockDim.y) {  // warp-uniform trip count
+  // Heads are split over blockIdx.y (the host uses several y-blocks per token when there are few
+  // tokens); the trip count is block-uniform, so the norm's shuffles never diverge.
+  for (int64_t h0 = int64_t(blockIdx.y) * blockDim.y; h0 < nheads; h0 += int64_t(gridDim.y) * blockDim.y) {
     const int64_t h = h0 + threadIdx.y;
     const bool valid = h < nheads;
     T* x = nullptr;

@@ -69,6 +69,18 @@ fn llama4_scout_with_qk_norm_and_partial_norm() {
 }
 
 #[test]
+fn many_tokens_walk_all_heads_in_one_block() {
+    // >= 2 x SMs tokens: one block per token walks the 48 heads in passes (fewer tokens split the
+    // heads over grid.y instead; the other tests cover that).
+    for device in common::devices() {
+        for dtype in [DType::BF16, DType::F32] {
+            assert_pass(&device, RopeCase::new(dtype, 300, 40, 8, RopeConfig::llama4_scout(128)));
+            assert_pass(&device, RopeCase::new(dtype, 300, 32, 8, RopeConfig { rotary_dim: 50, ..RopeConfig::llama3_1(64) }));
+        }
+    }
+}
+
+#[test]
 fn ragged_batches_and_decode_offsets() {
     // Three sequences: a prefill from 0, a continuation after a 1000-token prefix, and decode
     // steps far out; positions of a batch need not be sorted or contiguous.

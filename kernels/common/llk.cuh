@@ -96,6 +96,21 @@ __device__ __forceinline__ float2 unpack2(uint32_t u, __nv_bfloat16) {
   return __bfloat1622float2(h);
 }
 
+// load_f32 through the read-only data cache (LDG.CONSTANT): for data no thread of the kernel
+// writes, such as RMSNorm's weight.
+template <class T, int N>
+__device__ __forceinline__ void load_f32_readonly(const T* p, float (&out)[N]) {
+  if constexpr (N * sizeof(T) == 16) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_f32(e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_f32(__ldg(p + i));
+  }
+}
+
 // A 128-bit global store. Explicit PTX: NVVM sometimes splits a plain uint4 store into four 32-bit
 // stores after instcombine forgets its alignment; the static SASS check catches that.
 __device__ __forceinline__ void store_u4(void* p, uint4 v) {

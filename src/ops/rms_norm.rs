@@ -67,11 +67,21 @@ pub struct RmsNormPlan {
 ///
 /// Large batches give each thread up to [`CACHE`] vectors (more bytes in flight per thread, a
 /// cheaper reduction); small batches (decode) spread a row over more threads to cut latency.
-/// Blocks hold at least 128 threads, so small hidden sizes pack several rows per block.
+/// Rows use at most 512 threads unless that would not keep the row in registers. Blocks hold at
+/// least 128 threads, so small hidden sizes pack several rows per block.
 pub fn plan(rows: usize, vectors: usize, vectorized: bool) -> RmsNormPlan {
-    let items = if rows >= 1024 { CACHE } else { 1 };
+    let items = if rows >= 1024 {
+        CACHE
+    } else if rows >= 128 {
+        2
+    } else {
+        1
+    };
     let per_row = vectors.div_ceil(items).max(1);
-    let threads_per_row = if per_row <= 32 { per_row.next_power_of_two() } else { per_row.div_ceil(32).min(32) * 32 };
+    let mut threads_per_row = if per_row <= 32 { per_row.next_power_of_two() } else { per_row.div_ceil(32).min(16) * 32 };
+    if vectors > threads_per_row * CACHE {
+        threads_per_row = vectors.div_ceil(CACHE).div_ceil(32).min(32) * 32;
+    }
     RmsNormPlan { threads_per_row, rows_per_block: (128 / threads_per_row).max(1), vectorized }
 }
 

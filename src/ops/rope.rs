@@ -350,8 +350,11 @@ impl Rope {
         let nheads = qh.heads + kv_heads;
         let passes = nheads.div_ceil(MAX_THREADS / g);
         let heads_per_block = nheads.div_ceil(passes).div_ceil(32 / g) * (32 / g);
+        // Few tokens (decode): one block per (token, pass) instead of one per token, so the
+        // passes run side by side on otherwise idle SMs.
+        let head_blocks = if qh.tokens < 2 * q.device().sm_count() { nheads.div_ceil(heads_per_block) } else { 1 };
         let dims = LaunchDims {
-            grid: (grid_x(OP, qh.tokens)?, 1, 1),
+            grid: (grid_x(OP, qh.tokens)?, head_blocks as u32, 1),
             block: (g as u32, heads_per_block as u32, 1),
             dyn_smem: 0,
         };
