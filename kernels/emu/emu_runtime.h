@@ -9,16 +9,18 @@
 //     thread, one at a time; blocks are spread over `os_threads` OS threads.
 //   * A fiber runs until it reaches a barrier (__syncthreads), a warp operation (shuffle, vote,
 //     __syncwarp, mma/ldmatrix emulation) or its end. The scheduler then runs the next fiber. The
-//     order of fibers in each round is forward, reverse or a seeded random permutation, so a race
-//     between barrier intervals gives different results under different schedules. Compare at
-//     least three schedules bit for bit to detect one.
+//     order of fibers in each round is forward, reverse, a seeded random permutation, or warp by
+//     warp (one warp runs until all its threads wait at a barrier: the largest skew between warps
+//     a barrier interval allows), so a race gives different results under different schedules.
+//     Compare several schedules bit for bit to detect one.
 //   * __syncthreads is an exact barrier over the live (not yet exited) threads of the block, as on
 //     sm_70 and later. Warp operations are exact rendezvous of the live lanes of the warp.
 //   * `__shared__` variables become `thread_local` (block scope implies static), so all fibers of a
 //     block share them and blocks on other OS threads have their own copy. Dynamic shared memory
 //     is one thread_local buffer, poisoned with 0xFF (a NaN pattern) at the start of every block.
-//   * cp.async copies are deferred to the latest point the PTX ISA allows (cp.async.wait_group),
-//     so reading a tile before waiting for it reads poison, not data.
+//   * cp.async copies land either at the latest point the PTX ISA allows (cp.async.wait_group),
+//     so reading a tile before waiting for it reads poison, or at the earliest (the copy itself),
+//     so refilling a stage that another warp still reads corrupts that warp's data.
 //
 // Failures never abort the process and never hang: a deadlock, a divergent __syncthreads, an
 // unsupported warp mask, a shuffle from an exited lane or __trap() stop the launch, and the launch
