@@ -19,7 +19,7 @@
 // sequences (cu_tiles; within a sequence the last, heaviest causal block runs first);
 // grid.y = kv_heads * (group / pack). K and V are never copied or repeated: kv head = h / group.
 //
-// Tensor-core path (bf16, f16; head_dim 64 or 128). 4 warps, 16 rows each. Q (64 x D) is staged
+// Tensor-core path (bf16, f16; head_dim 64, 96 or 128). 4 warps, 16 rows each. Q (64 x D) is staged
 // in shared memory once and kept in registers as mma A-fragments. K/V tiles of 64 keys stream
 // through a 2-stage cp.async pipeline (16-byte copies, rows past the sequence zero-filled) into
 // shared memory with an XOR swizzle (16-byte chunk c of row r lives at c ^ (r % 8)), which makes
@@ -136,20 +136,26 @@ __device__ RowMap row_map(const AttentionParams& p, const Sequence& s, int rows_
 }
 
 // ------------------------------------------------------------------------- tensor-core path
-// Byte offset of 16-byte chunk c of row r in a swizzled [rows][D] tile of 16-bit elements.
+// Shared-memory row pitch in 16-byte chunks: a power of two >= 8, so that the XOR swizzle below
+// stays inside the row (head_dim 96 rows are padded to 128 elements).
+template <int D>
+inline constexpr int kPitch = D <= 64 ? 8 : 16;
+
+// Element offset of 16-byte chunk c of row r in a swizzled tile of 16-bit elements.
 template <int D>
 __device__ __forceinline__ int swz(int r, int c) {
-  return r * D + ((c ^ (r & 7)) * 8);
+  return r * kPitch<D> * 8 + ((c ^ (r & 7)) * 8);
 }
 
 template <class T, int D>
 __device__ void attention_mma_kernel(const AttentionParams& p) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  constexpr int kRow = kPitch<D> * 8;  // elements per shared-memory row
+  static_assert(D == 64 || D == 96 || D == 128, "head_dim 64, 96 or 128");
   LLK_DYN_SMEM(raw);
-  T* sQ = reinterpret_cast<T*>(raw);    // [kBlockM][D], later the output staging tile
-  T* sK = sQ + kBlockM * D;             // [2][kBlockN][D]
-  T* sV = sK + 2 * kBlockN * D;         // [2][kBlockN][D]
+  T* sQ = reinterpret_cast<T*>(raw);    // [kBlockM][kRow], later the output staging tile
+  T* sK = sQ + kBlockM * kRow;          // [2][kBlockN][kRow]
+  T* sV = sK + 2 * kBlockN * kRow;      // [2][kBlockN][kRow]
 
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const Sequence s = locate(p, blockIdx.x);
@@ -175,15 +181,18 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
     const T* src = ok ? q + (s.q_start + rows.token(r)) * p.q_token_stride + rows.head(r) * p.q_head_stride + c * 8 : q;
     llk::cp_async_16(sQ + swz<D>(r, c), src, ok ? 16 : 0);
   }
-  // K/V tiles: thread tid copies 16-byte chunk tid % kChunks of rows tid / kChunks + i * kRowStep,
-  // so its offsets are computed once and only advance by a tile per call.
-  constexpr int kRowStep = kThreads / kChunks;  // 8 (D = 128) or 16 (D = 64)
+  // K/V tiles: thread tid copies 16-byte chunk tid % kPitch of rows tid / kPitch + i * kRowStep
+  // (chunks past head_dim idle: head_dim 96), so its offsets are computed once and only advance
+  // by a tile per call.
+  constexpr int kRowStep = kThreads / kPitch<D>;  // 8 or 16
   constexpr int kLoadPasses = kBlockN / kRowStep;
-  const int ld_c = tid % kChunks, ld_r = tid / kChunks;
+  const int ld_c = tid % kPitch<D>, ld_r = tid / kPitch<D>;
+  const bool ld_active = ld_c < kChunks;
   const int64_t k_step = kRowStep * p.k_token_stride, v_step = kRowStep * p.v_token_stride;
   auto load_kv = [&](int64_t tile, int stage) {
-    T* dk = sK + stage * kBlockN * D;
-    T* dv = sV + stage * kBlockN * D;
+    if (!ld_active) return;
+    T* dk = sK + stage * kBlockN * kRow;
+    T* dv = sV + stage * kBlockN * kRow;
     const int64_t key0 = tile * kBlockN + ld_r;
     const T* ks = k + key0 * p.k_token_stride + ld_c * 8;
     const T* vs = v + key0 * p.v_token_stride + ld_c * 8;
@@ -238,8 +247,8 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
       load_kv(tile + 1, stage ^ 1);
       llk::cp_async_commit();
     }
-    const T* tk = sK + stage * kBlockN * D;
-    const T* tv = sV + stage * kBlockN * D;
+    const T* tk = sK + stage * kBlockN * kRow;
+    const T* tv = sV + stage * kBlockN * kRow;
 
     // S = Q K^T for this warp's 16 rows and the tile's 64 keys (8 n-tiles of 8 keys).
     float sc[8][4];
@@ -414,12 +423,16 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
 }  // namespace
 
 // Symbols: attention_hd<head_dim>_<dtype>. bf16/f16 run on tensor cores, f32 on the SIMT path.
+// head_dim 96 pads its shared-memory rows to 128 elements (the swizzle needs a power of two).
 #define ATTENTION_KERNELS(X)                                                                          \
   X(attention_hd64_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 64>))     \
+  X(attention_hd96_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 96>))     \
   X(attention_hd128_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 128>))   \
   X(attention_hd64_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 64>))             \
+  X(attention_hd96_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 96>))             \
   X(attention_hd128_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 128>))           \
   X(attention_hd64_f32, AttentionParams, (kThreads), (attention_simt_kernel<64>))                    \
+  X(attention_hd96_f32, AttentionParams, (kThreads), (attention_simt_kernel<96>))                    \
   X(attention_hd128_f32, AttentionParams, (kThreads), (attention_simt_kernel<128>))
 
 LLK_EXPORT_KERNELS(attention, ATTENTION_KERNELS)

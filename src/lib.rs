@@ -11,7 +11,7 @@
 //! | [`ops::rms_norm`] | f32, f16, bf16 (f32 accumulation) | any hidden > 0; rows may be strided; 16-byte vector path when aligned, scalar fallback otherwise; in place allowed |
 //! | [`ops::fused_add_rms_norm`] | f32, f16, bf16 | as `rms_norm`; writes `x + residual` back into `residual` |
 //! | [`ops::Rope::apply`] | f32, f16, bf16 | q and k in place in one launch; interleaved or half-split; i32/i64 positions; Llama 3.1 scaling; partial rotary (even, <= 512); Llama 4 qk-norm |
-//! | [`ops::AttentionWorkspace::forward`] | bf16, f16 (tensor cores), f32 (SIMT) | flash-style GQA prefill; head_dim 64, 128; varlen; causal (bottom-right), chunked (Llama 4), temperature (Llama 4); LSE |
+//! | [`ops::AttentionWorkspace::forward`] | bf16, f16 (tensor cores), f32 (SIMT) | flash-style GQA prefill; head_dim 64, 96, 128; varlen; causal (bottom-right), chunked (Llama 4), temperature (Llama 4); LSE |
 //! | [`ops::swiglu`] | f32, f16, bf16 | separate, packed `[gate \| up]`, or interleaved gate/up; in place over the gate |
 //!
 //! ## Targets

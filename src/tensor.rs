@@ -247,7 +247,13 @@ impl Tensor {
             return Err(Error::Host(format!("a {}-byte slice cannot hold {shape:?} of {dtype}", slice.len())));
         }
         let storage = Storage { device: device.clone(), bytes: slice.len(), mem: Memory::Cuda(slice) };
-        Ok(Tensor { storage: Arc::new(storage), dtype, shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 })
+        Ok(Tensor {
+            storage: Arc::new(storage),
+            dtype,
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            offset: 0,
+        })
     }
 
     /// The cudarc buffer behind this tensor (CUDA only), for interop: the tensor's first element
@@ -357,7 +363,13 @@ impl Tensor {
         if end > self.storage.bytes {
             return Err(out_of_bounds());
         }
-        Ok(Tensor { storage: self.storage.clone(), dtype: self.dtype, shape: shape.to_vec(), strides: strides.to_vec(), offset })
+        Ok(Tensor {
+            storage: self.storage.clone(),
+            dtype: self.dtype,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+        })
     }
 
     /// The view of `len` entries of dimension `dim` starting at `start`.

@@ -88,5 +88,11 @@ fn views_cannot_wrap_around_or_hide_bad_strides() {
     assert_eq!((empty.numel(), empty.offset()), (0, 0));
     let out = Tensor::zeros(&d, DType::BF16, &[2, 0]).unwrap();
     llama_kernels::ops::swiglu(llama_kernels::ops::GateUp::Separate { gate: &empty, up: &empty }, &out).unwrap();
-    llama_kernels::ops::rms_norm(&Tensor::zeros(&d, DType::BF16, &[0, 8]).unwrap(), &base.narrow(0, 0, 1).unwrap().reshape(&[8]).unwrap(), 1e-5, &Tensor::zeros(&d, DType::BF16, &[0, 8]).unwrap()).unwrap();
+    llama_kernels::ops::rms_norm(
+        &Tensor::zeros(&d, DType::BF16, &[0, 8]).unwrap(),
+        &base.narrow(0, 0, 1).unwrap().reshape(&[8]).unwrap(),
+        1e-5,
+        &Tensor::zeros(&d, DType::BF16, &[0, 8]).unwrap(),
+    )
+    .unwrap();
 }

@@ -75,7 +75,10 @@ fn many_tokens_walk_all_heads_in_one_block() {
     for device in common::devices() {
         for dtype in [DType::BF16, DType::F32] {
             assert_pass(&device, RopeCase::new(dtype, 300, 40, 8, RopeConfig::llama4_scout(128)));
-            assert_pass(&device, RopeCase::new(dtype, 300, 32, 8, RopeConfig { rotary_dim: 50, ..RopeConfig::llama3_1(64) }));
+            assert_pass(
+                &device,
+                RopeCase::new(dtype, 300, 32, 8, RopeConfig { rotary_dim: 50, ..RopeConfig::llama3_1(64) }),
+            );
         }
     }
 }
@@ -302,7 +305,8 @@ fn angle_error_stays_within_the_documented_bound_up_to_2_pow_24() {
         let cfg = RopeConfig { layout, ..RopeConfig::llama3_1(d) };
         let rope = Rope::new(&device, cfg).unwrap();
         let mut rng = Rng::new(5);
-        let positions: Vec<i64> = (0..64).map(|i| if i < 4 { (1 << 24) - 1 - i } else { rng.below(1 << 24) as i64 }).collect();
+        let positions: Vec<i64> =
+            (0..64).map(|i| if i < 4 { (1 << 24) - 1 - i } else { rng.below(1 << 24) as i64 }).collect();
         let tokens = positions.len();
         let mut x = vec![0.0f64; tokens * d];
         for t in 0..tokens {

@@ -115,7 +115,7 @@ fn attention_runs_on_tensor_cores() {
     // bf16/f16 kernels: HMMA (mma.sync), LDSM and LDSM.MT (ldmatrix and .trans), LDGSTS
     // (cp.async); f32 kernels stay on the SIMT path.
     let funcs = per_function(&sass("attention"));
-    assert_eq!(funcs.len(), 6, "{:?}", funcs.iter().map(|f| &f.0).collect::<Vec<_>>());
+    assert_eq!(funcs.len(), 9, "{:?}", funcs.iter().map(|f| &f.0).collect::<Vec<_>>());
     for (name, ops) in &funcs {
         let has = |prefix: &str| ops.iter().any(|o| o.starts_with(prefix));
         if name.ends_with("_f32") {
@@ -149,7 +149,11 @@ fn rope_angle_reduction_is_not_contracted_into_fmas() {
             })
             .count();
         assert!(frnd > 0 && frnd % 2 == 0, "{name}: expected two FRND per rotary pair, found {frnd}");
-        assert!(subtractive <= frnd / 2, "{name}: {subtractive} FMAs subtract k * pi/2 for {} pairs: the first reduction step was contracted", frnd / 2);
+        assert!(
+            subtractive <= frnd / 2,
+            "{name}: {subtractive} FMAs subtract k * pi/2 for {} pairs: the first reduction step was contracted",
+            frnd / 2
+        );
     }
 }
 

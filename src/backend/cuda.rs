@@ -127,7 +127,10 @@ impl CudaBackend {
                     format!("exceeds the device's {} bytes per block", self.max_optin_smem),
                 ));
             }
-            entry.0.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dyn_smem as i32)?;
+            entry.0.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                dyn_smem as i32,
+            )?;
             entry.1 = dyn_smem;
         }
         Ok(entry.0.clone())

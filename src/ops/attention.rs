@@ -29,7 +29,7 @@
 //! from 0, non-decreasing); a single sequence is `[0, total_q]`, `[0, total_k]`.
 //!
 //! Supported: bf16 and f16 on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async), f32 on a SIMT
-//! path; head_dim 64 and 128. Queries align to the end of their keys (chunked prefill after a
+//! path; head_dim 64, 96 and 128. Queries align to the end of their keys (chunked prefill after a
 //! cached prefix). Fully masked rows and queries of sequences without keys write zeros with
 //! `lse = -inf`.
 
@@ -43,7 +43,7 @@ use crate::tensor::Tensor;
 const MODULE: &str = "attention";
 const OP: &str = "gqa_attention";
 /// Head dims with kernels.
-pub const SUPPORTED_HEAD_DIMS: [usize; 2] = [64, 128];
+pub const SUPPORTED_HEAD_DIMS: [usize; 3] = [64, 96, 128];
 /// Rows (query token x q head) per block: kBlockM (tensor cores) and kSimtRows (f32) in
 /// kernels/attention.cu.
 const ROWS_MMA: usize = 64;
@@ -95,12 +95,15 @@ pub struct AttentionOptions {
     pub gqa_pack: Option<usize>,
 }
 
-const KERNELS: [(DType, usize, &str); 6] = [
+const KERNELS: [(DType, usize, &str); 9] = [
     (DType::BF16, 64, "attention_hd64_bf16"),
+    (DType::BF16, 96, "attention_hd96_bf16"),
     (DType::BF16, 128, "attention_hd128_bf16"),
     (DType::F16, 64, "attention_hd64_f16"),
+    (DType::F16, 96, "attention_hd96_f16"),
     (DType::F16, 128, "attention_hd128_f16"),
     (DType::F32, 64, "attention_hd64_f32"),
+    (DType::F32, 96, "attention_hd96_f32"),
     (DType::F32, 128, "attention_hd128_f32"),
 ];
 
@@ -109,9 +112,11 @@ pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
     KERNELS.iter().map(|k| KernelRef { module: MODULE, symbol: k.2 })
 }
 
-/// Dynamic shared memory of the tensor-core kernel: Q, and two stages of K and V.
+/// Dynamic shared memory of the tensor-core kernel: Q, and two stages of K and V, in rows padded
+/// to a power of two of 16-byte chunks (kPitch in kernels/attention.cu).
 fn mma_smem_bytes(head_dim: usize) -> u32 {
-    ((ROWS_MMA + 4 * 64) * head_dim * 2) as u32
+    let row = if head_dim <= 64 { 64 } else { 128 };
+    ((ROWS_MMA + 4 * 64) * row * 2) as u32
 }
 
 /// Checks cumulative sequence offsets and returns the batch size.

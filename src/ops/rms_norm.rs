@@ -78,7 +78,8 @@ pub fn plan(rows: usize, vectors: usize, vectorized: bool) -> RmsNormPlan {
         1
     };
     let per_row = vectors.div_ceil(items).max(1);
-    let mut threads_per_row = if per_row <= 32 { per_row.next_power_of_two() } else { per_row.div_ceil(32).min(16) * 32 };
+    let mut threads_per_row =
+        if per_row <= 32 { per_row.next_power_of_two() } else { per_row.div_ceil(32).min(16) * 32 };
     if vectors > threads_per_row * CACHE {
         threads_per_row = vectors.div_ceil(CACHE).div_ceil(32).min(32) * 32;
     }
