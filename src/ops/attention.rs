@@ -36,11 +36,12 @@
 use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{Heads, Rows, check_disjoint, check_dtype, check_float, check_same_device, grid_x, to_i64};
+use crate::ops::{
+    Heads, KernelTable, Rows, check_disjoint, check_dtype, check_float, check_same_device, grid_x, to_i64,
+};
 use crate::params::{AttentionParams, LlkAttnMask, LlkAttnTemperature};
 use crate::tensor::Tensor;
 
-const MODULE: &str = "attention";
 const OP: &str = "gqa_attention";
 /// Head dims with kernels.
 pub const SUPPORTED_HEAD_DIMS: [usize; 3] = [64, 96, 128];
@@ -95,21 +96,25 @@ pub struct AttentionOptions {
     pub gqa_pack: Option<usize>,
 }
 
-const KERNELS: [(DType, usize, &str); 9] = [
-    (DType::BF16, 64, "attention_hd64_bf16"),
-    (DType::BF16, 96, "attention_hd96_bf16"),
-    (DType::BF16, 128, "attention_hd128_bf16"),
-    (DType::F16, 64, "attention_hd64_f16"),
-    (DType::F16, 96, "attention_hd96_f16"),
-    (DType::F16, 128, "attention_hd128_f16"),
-    (DType::F32, 64, "attention_hd64_f32"),
-    (DType::F32, 96, "attention_hd96_f32"),
-    (DType::F32, 128, "attention_hd128_f32"),
-];
+/// Every kernel, by (dtype, head_dim).
+static KERNELS: KernelTable<(DType, usize)> = KernelTable {
+    module: "attention",
+    entries: &[
+        ((DType::BF16, 64), "attention_hd64_bf16"),
+        ((DType::BF16, 96), "attention_hd96_bf16"),
+        ((DType::BF16, 128), "attention_hd128_bf16"),
+        ((DType::F16, 64), "attention_hd64_f16"),
+        ((DType::F16, 96), "attention_hd96_f16"),
+        ((DType::F16, 128), "attention_hd128_f16"),
+        ((DType::F32, 64), "attention_hd64_f32"),
+        ((DType::F32, 96), "attention_hd96_f32"),
+        ((DType::F32, 128), "attention_hd128_f32"),
+    ],
+};
 
 /// The symbols of this family, for static checks.
 pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
-    KERNELS.iter().map(|k| KernelRef { module: MODULE, symbol: k.2 })
+    KERNELS.symbols()
 }
 
 /// Dynamic shared memory of the tensor-core kernel: Q, and two stages of K and V, in rows padded
@@ -380,12 +385,7 @@ impl AttentionWorkspace {
             block: (THREADS, 1, 1),
             dyn_smem: if dtype == DType::F32 { 0 } else { mma_smem_bytes(d) },
         };
-        let symbol = KERNELS
-            .iter()
-            .find(|kr| kr.0 == dtype && kr.1 == d)
-            .map(|kr| kr.2)
-            .ok_or(Error::UnsupportedDType { op: OP, what: "q", dtype, supported: "f32, f16, bf16" })?;
-        args.launch(KernelRef { module: MODULE, symbol }, dims, &params)
+        args.launch(KERNELS.find(OP, "q", (dtype, d), dtype)?, dims, &params)
     }
 }
 

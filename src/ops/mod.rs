@@ -25,9 +25,32 @@ pub fn kernel_symbols() -> Vec<crate::KernelRef> {
         .collect()
 }
 
+use crate::backend::KernelRef;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+
+/// A family's kernels: the key a wrapper selects by (path, dtype, ...) and the symbol, which is
+/// also the name in the PTX and in the emulated registry.
+pub(crate) struct KernelTable<K: 'static> {
+    pub module: &'static str,
+    pub entries: &'static [(K, &'static str)],
+}
+
+impl<K: PartialEq + Copy> KernelTable<K> {
+    /// Every symbol, for static checks.
+    pub fn symbols(&'static self) -> impl Iterator<Item = KernelRef> {
+        self.entries.iter().map(|(_, symbol)| KernelRef { module: self.module, symbol })
+    }
+    /// The kernel for `key`; a dtype without one is an [`Error::UnsupportedDType`].
+    pub fn find(&self, op: &'static str, what: &'static str, key: K, dtype: DType) -> Result<KernelRef> {
+        self.entries
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, symbol)| KernelRef { module: self.module, symbol })
+            .ok_or(Error::UnsupportedDType { op, what, dtype, supported: "f32, f16, bf16" })
+    }
+}
 
 /// A tensor seen as `rows` rows of `cols` contiguous elements, `row_stride` elements apart.
 ///

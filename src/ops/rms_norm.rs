@@ -15,41 +15,37 @@
 use crate::backend::{KernelArgs, KernelRef, LaunchDims};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{Rows, check_disjoint, check_dtype, check_float, check_same_device, check_shape, grid_x, to_i64};
+use crate::ops::{
+    KernelTable, Rows, check_disjoint, check_dtype, check_float, check_same_device, check_shape, grid_x, to_i64,
+};
 use crate::params::RmsNormParams;
 use crate::tensor::Tensor;
 
-const MODULE: &str = "rms_norm";
 /// Vectors each thread keeps in registers; mirrors `kCache` in kernels/rms_norm.cu.
 const CACHE: usize = 4;
 
-/// Every kernel symbol the wrappers may load: (fused, vectorized, dtype, symbol).
-pub(crate) const KERNELS: [(bool, bool, DType, &str); 12] = [
-    (false, false, DType::F32, "rms_norm_f32"),
-    (false, false, DType::F16, "rms_norm_f16"),
-    (false, false, DType::BF16, "rms_norm_bf16"),
-    (false, true, DType::F32, "rms_norm_vec_f32"),
-    (false, true, DType::F16, "rms_norm_vec_f16"),
-    (false, true, DType::BF16, "rms_norm_vec_bf16"),
-    (true, false, DType::F32, "fused_add_rms_norm_f32"),
-    (true, false, DType::F16, "fused_add_rms_norm_f16"),
-    (true, false, DType::BF16, "fused_add_rms_norm_bf16"),
-    (true, true, DType::F32, "fused_add_rms_norm_vec_f32"),
-    (true, true, DType::F16, "fused_add_rms_norm_vec_f16"),
-    (true, true, DType::BF16, "fused_add_rms_norm_vec_bf16"),
-];
+/// Every kernel the wrappers may load, by (fused, vectorized, dtype).
+static KERNELS: KernelTable<(bool, bool, DType)> = KernelTable {
+    module: "rms_norm",
+    entries: &[
+        ((false, false, DType::F32), "rms_norm_f32"),
+        ((false, false, DType::F16), "rms_norm_f16"),
+        ((false, false, DType::BF16), "rms_norm_bf16"),
+        ((false, true, DType::F32), "rms_norm_vec_f32"),
+        ((false, true, DType::F16), "rms_norm_vec_f16"),
+        ((false, true, DType::BF16), "rms_norm_vec_bf16"),
+        ((true, false, DType::F32), "fused_add_rms_norm_f32"),
+        ((true, false, DType::F16), "fused_add_rms_norm_f16"),
+        ((true, false, DType::BF16), "fused_add_rms_norm_bf16"),
+        ((true, true, DType::F32), "fused_add_rms_norm_vec_f32"),
+        ((true, true, DType::F16), "fused_add_rms_norm_vec_f16"),
+        ((true, true, DType::BF16), "fused_add_rms_norm_vec_bf16"),
+    ],
+};
 
 /// The symbols of this family, for static checks.
 pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
-    KERNELS.iter().map(|k| KernelRef { module: MODULE, symbol: k.3 })
-}
-
-fn kernel(op: &'static str, fused: bool, vec: bool, dtype: DType) -> Result<KernelRef> {
-    KERNELS
-        .iter()
-        .find(|k| k.0 == fused && k.1 == vec && k.2 == dtype)
-        .map(|k| KernelRef { module: MODULE, symbol: k.3 })
-        .ok_or(Error::UnsupportedDType { op, what: "x", dtype, supported: "f32, f16, bf16" })
+    KERNELS.symbols()
 }
 
 /// How the kernel maps rows to threads (see the header of kernels/rms_norm.cu).
@@ -189,7 +185,7 @@ fn launch(
         block: (p.threads_per_row as u32, p.rows_per_block as u32, 1),
         dyn_smem: 0,
     };
-    args.launch(kernel(op, residual.is_some(), vectorized, dtype)?, dims, &params)
+    args.launch(KERNELS.find(op, "x", (residual.is_some(), vectorized, dtype), dtype)?, dims, &params)
 }
 
 #[cfg(test)]

@@ -27,11 +27,10 @@
 use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{Heads, check_disjoint, check_dtype, check_float, check_same_device, grid_x, to_i64};
+use crate::ops::{Heads, KernelTable, check_disjoint, check_dtype, check_float, check_same_device, grid_x, to_i64};
 use crate::params::{LlkIndexType, LlkRopeLayout, LlkRopeNorm, RopeParams};
 use crate::tensor::Tensor;
 
-const MODULE: &str = "rope";
 const OP: &str = "rope";
 /// Largest rotary_dim any kernel path handles (8 pairs x 32 threads x 2 elements).
 pub const MAX_ROTARY_DIM: usize = 512;
@@ -184,25 +183,28 @@ pub struct Rope {
     table: Tensor,
 }
 
-/// Every kernel symbol: (layout, vectorized, dtype, symbol).
-const KERNELS: [(RopeLayout, bool, DType, &str); 12] = [
-    (RopeLayout::Interleaved, false, DType::F32, "rope_interleaved_f32"),
-    (RopeLayout::Interleaved, false, DType::F16, "rope_interleaved_f16"),
-    (RopeLayout::Interleaved, false, DType::BF16, "rope_interleaved_bf16"),
-    (RopeLayout::Interleaved, true, DType::F32, "rope_interleaved_vec_f32"),
-    (RopeLayout::Interleaved, true, DType::F16, "rope_interleaved_vec_f16"),
-    (RopeLayout::Interleaved, true, DType::BF16, "rope_interleaved_vec_bf16"),
-    (RopeLayout::HalfSplit, false, DType::F32, "rope_half_split_f32"),
-    (RopeLayout::HalfSplit, false, DType::F16, "rope_half_split_f16"),
-    (RopeLayout::HalfSplit, false, DType::BF16, "rope_half_split_bf16"),
-    (RopeLayout::HalfSplit, true, DType::F32, "rope_half_split_vec_f32"),
-    (RopeLayout::HalfSplit, true, DType::F16, "rope_half_split_vec_f16"),
-    (RopeLayout::HalfSplit, true, DType::BF16, "rope_half_split_vec_bf16"),
-];
+/// Every kernel, by (layout, vectorized, dtype).
+static KERNELS: KernelTable<(RopeLayout, bool, DType)> = KernelTable {
+    module: "rope",
+    entries: &[
+        ((RopeLayout::Interleaved, false, DType::F32), "rope_interleaved_f32"),
+        ((RopeLayout::Interleaved, false, DType::F16), "rope_interleaved_f16"),
+        ((RopeLayout::Interleaved, false, DType::BF16), "rope_interleaved_bf16"),
+        ((RopeLayout::Interleaved, true, DType::F32), "rope_interleaved_vec_f32"),
+        ((RopeLayout::Interleaved, true, DType::F16), "rope_interleaved_vec_f16"),
+        ((RopeLayout::Interleaved, true, DType::BF16), "rope_interleaved_vec_bf16"),
+        ((RopeLayout::HalfSplit, false, DType::F32), "rope_half_split_f32"),
+        ((RopeLayout::HalfSplit, false, DType::F16), "rope_half_split_f16"),
+        ((RopeLayout::HalfSplit, false, DType::BF16), "rope_half_split_bf16"),
+        ((RopeLayout::HalfSplit, true, DType::F32), "rope_half_split_vec_f32"),
+        ((RopeLayout::HalfSplit, true, DType::F16), "rope_half_split_vec_f16"),
+        ((RopeLayout::HalfSplit, true, DType::BF16), "rope_half_split_vec_bf16"),
+    ],
+};
 
 /// The symbols of this family, for static checks.
 pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
-    KERNELS.iter().map(|k| KernelRef { module: MODULE, symbol: k.3 })
+    KERNELS.symbols()
 }
 
 /// Elements per chunk and the chunk cap per thread, mirroring `Chunking` in kernels/rope.cu.
@@ -358,11 +360,6 @@ impl Rope {
             block: (g as u32, heads_per_block as u32, 1),
             dyn_smem: 0,
         };
-        let symbol = KERNELS
-            .iter()
-            .find(|kr| kr.0 == cfg.layout && kr.1 == vectorized && kr.2 == dtype)
-            .map(|kr| kr.3)
-            .ok_or(Error::UnsupportedDType { op: OP, what: "q", dtype, supported: "f32, f16, bf16" })?;
-        args.launch(KernelRef { module: MODULE, symbol }, dims, &params)
+        args.launch(KERNELS.find(OP, "q", (cfg.layout, vectorized, dtype), dtype)?, dims, &params)
     }
 }

@@ -22,11 +22,10 @@
 use crate::backend::{KernelArgs, KernelRef, LaunchDims};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{Rows, check_disjoint, check_dtype, check_float, check_same_device, grid_x, to_i64};
+use crate::ops::{KernelTable, Rows, check_disjoint, check_dtype, check_float, check_same_device, grid_x, to_i64};
 use crate::params::{LlkGateUpLayout, SwiGluParams};
 use crate::tensor::Tensor;
 
-const MODULE: &str = "swiglu";
 const OP: &str = "swiglu";
 /// Threads per block (kMaxThreads in kernels/swiglu.cu).
 const MAX_THREADS: usize = 256;
@@ -46,24 +45,28 @@ pub enum GateUp<'a> {
     Interleaved(&'a Tensor),
 }
 
-const KERNELS: [(bool, bool, DType, &str); 12] = [
-    (false, false, DType::F32, "swiglu_f32"),
-    (false, false, DType::F16, "swiglu_f16"),
-    (false, false, DType::BF16, "swiglu_bf16"),
-    (false, true, DType::F32, "swiglu_vec_f32"),
-    (false, true, DType::F16, "swiglu_vec_f16"),
-    (false, true, DType::BF16, "swiglu_vec_bf16"),
-    (true, false, DType::F32, "swiglu_interleaved_f32"),
-    (true, false, DType::F16, "swiglu_interleaved_f16"),
-    (true, false, DType::BF16, "swiglu_interleaved_bf16"),
-    (true, true, DType::F32, "swiglu_interleaved_vec_f32"),
-    (true, true, DType::F16, "swiglu_interleaved_vec_f16"),
-    (true, true, DType::BF16, "swiglu_interleaved_vec_bf16"),
-];
+/// Every kernel, by (interleaved, vectorized, dtype).
+static KERNELS: KernelTable<(bool, bool, DType)> = KernelTable {
+    module: "swiglu",
+    entries: &[
+        ((false, false, DType::F32), "swiglu_f32"),
+        ((false, false, DType::F16), "swiglu_f16"),
+        ((false, false, DType::BF16), "swiglu_bf16"),
+        ((false, true, DType::F32), "swiglu_vec_f32"),
+        ((false, true, DType::F16), "swiglu_vec_f16"),
+        ((false, true, DType::BF16), "swiglu_vec_bf16"),
+        ((true, false, DType::F32), "swiglu_interleaved_f32"),
+        ((true, false, DType::F16), "swiglu_interleaved_f16"),
+        ((true, false, DType::BF16), "swiglu_interleaved_bf16"),
+        ((true, true, DType::F32), "swiglu_interleaved_vec_f32"),
+        ((true, true, DType::F16), "swiglu_interleaved_vec_f16"),
+        ((true, true, DType::BF16), "swiglu_interleaved_vec_bf16"),
+    ],
+};
 
 /// The symbols of this family, for static checks.
 pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
-    KERNELS.iter().map(|k| KernelRef { module: MODULE, symbol: k.3 })
+    KERNELS.symbols()
 }
 
 fn last_dim(what: &'static str, t: &Tensor) -> Result<usize> {
@@ -201,10 +204,5 @@ fn run(
         block: (block as u32, 1, 1),
         dyn_smem: 0,
     };
-    let symbol = KERNELS
-        .iter()
-        .find(|k| k.0 == interleaved && k.1 == vectorized && k.2 == dtype)
-        .map(|k| k.3)
-        .ok_or(Error::UnsupportedDType { op: OP, what: "gate", dtype, supported: "f32, f16, bf16" })?;
-    args.launch(KernelRef { module: MODULE, symbol }, dims, &params)
+    args.launch(KERNELS.find(OP, "gate", (interleaved, vectorized, dtype), dtype)?, dims, &params)
 }
