@@ -8,11 +8,11 @@
 //!
 //! | op | dtypes | constraints |
 //! | --- | --- | --- |
-//! | [`ops::rms_norm`] | f32, f16, bf16 (f32 accumulation) | any hidden > 0; rows may be strided; 16-byte vector path when aligned, scalar fallback otherwise; in place allowed |
-//! | [`ops::fused_add_rms_norm`] | f32, f16, bf16 | as `rms_norm`; writes `x + residual` back into `residual` |
+//! | [`ops::rms_norm()`] | f32, f16, bf16 (f32 accumulation) | any hidden > 0; rows may be strided; 16-byte vector path when aligned, scalar fallback otherwise; in place allowed |
+//! | [`ops::fused_add_rms_norm()`] | f32, f16, bf16 | as `rms_norm`; writes `x + residual` back into `residual` |
 //! | [`ops::Rope::apply`] | f32, f16, bf16 | q and k in place in one launch; interleaved or half-split; i32/i64 positions; Llama 3.1 scaling; partial rotary (even, <= 512); Llama 4 qk-norm |
 //! | [`ops::AttentionWorkspace::forward`] | bf16, f16 (tensor cores), f32 (SIMT) | flash-style GQA prefill; head_dim 64, 96, 128; varlen; causal (bottom-right), chunked (Llama 4), temperature (Llama 4); LSE |
-//! | [`ops::swiglu`] | f32, f16, bf16 | separate, packed `[gate \| up]`, or interleaved gate/up; in place over the gate |
+//! | [`ops::swiglu()`] | f32, f16, bf16 | separate, packed `[gate \| up]`, or interleaved gate/up; in place over the gate |
 //!
 //! ## Targets
 //!
@@ -20,7 +20,7 @@
 //! | --- | --- | --- |
 //! | `Cuda` | PTX (sm_90 or sm_80) through cudarc | the product |
 //! | `Emulated` | the same `.cu` compiled for the host, CUDA threads as fibers | tests without a GPU, race detection |
-//! | [`reference`] | plain Rust, f64 | the specification |
+//! | [`reference`](mod@reference) | plain Rust, f64 | the specification |
 //!
 //! ## Quick start
 //!

@@ -25,25 +25,25 @@ pub enum Variant {
 /// The self-test kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
-    /// 3-point stencil through shared memory (`in` f32 [n] -> `out` f32 [n]); bug: no barrier.
+    /// 3-point stencil through shared memory (`in: f32 [n]` -> `out: f32 [n]`); bug: no barrier.
     Stencil,
-    /// Warp shuffle then barrier (`out` f32 [block]); bug: only lane 0 shuffles (deadlock).
+    /// Warp shuffle then barrier (`out: f32 [block]`); bug: only lane 0 shuffles (deadlock).
     Deadlock,
-    /// A barrier (`out` f32 [block]); bug: half the block at another barrier.
+    /// A barrier (`out: f32 [block]`); bug: half the block at another barrier.
     DivergentBarrier,
-    /// Every shuffle and vote (`out` i32 [8 * threads]).
+    /// Every shuffle and vote (`out: i32 [8 * threads]`).
     WarpOps,
-    /// Per-block reversal through dynamic shared memory (`in`, `out` f32 [n]).
+    /// Per-block reversal through dynamic shared memory (`in`, `out: f32 [n]`).
     DynSmem,
-    /// atomicAdd of thread indices and counts (`out` i32 [2], zeroed by the caller).
+    /// atomicAdd of thread indices and counts (`out: i32 [2]`, zeroed by the caller).
     Atomics,
-    /// One bf16 `mma.m16n8k16` (`in` f32 [A 16x16 | B^T 8x16 | C 16x8], `out` f32 [16x8]).
+    /// One bf16 `mma.m16n8k16` (`in: f32 [A 16x16 | B^T 8x16 | C 16x8]`, `out: f32 [16x8]`).
     MmaBf16,
     /// The same in f16.
     MmaF16,
-    /// ldmatrix x1/x2/x4, plain and .trans (`in` f32 [4][8][8], `out` i32 [6][32][4]).
+    /// ldmatrix x1/x2/x4, plain and .trans (`in: f32 [4][8][8]`, `out: i32 [6][32][4]`).
     Ldmatrix,
-    /// cp.async with zero-fill (`in` f32 [32][4], `out` f32 [32][4]).
+    /// cp.async with zero-fill (`in: f32 [32][4]`, `out: f32 [32][4]`).
     CpAsync,
 }
 

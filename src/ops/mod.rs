@@ -1,7 +1,7 @@
 //! The safe API: one call per op, the same on every target.
 //!
 //! Each call validates its arguments (dtypes, shapes, layouts, overlaps, scalar domains) and
-//! returns a named [`Error`](crate::Error) before anything reaches a kernel; then it queues a
+//! returns a named [`Error`] before anything reaches a kernel; then it queues a
 //! single launch. Outputs are passed as `&Tensor` views and written by the kernel.
 
 pub mod attention;

@@ -61,7 +61,7 @@ pub struct RmsNormPlan {
 
 /// Chooses the thread mapping for `rows` rows of `vectors` vectors each.
 ///
-/// Large batches give each thread up to [`CACHE`] vectors (more bytes in flight per thread, a
+/// Large batches give each thread up to 4 vectors (`kCache` in the kernel) (more bytes in flight per thread, a
 /// cheaper reduction); small batches (decode) spread a row over more threads to cut latency.
 /// Rows use at most 512 threads unless that would not keep the row in registers. Blocks hold at
 /// least 128 threads, so small hidden sizes pack several rows per block.
