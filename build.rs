@@ -70,6 +70,7 @@ fn main() {
         .flag("c++")
         .flag("-fno-strict-aliasing") // kernels reinterpret 16-byte vectors as elements
         .flag("-ftls-model=initial-exec") // __shared__ is thread_local: keep its access cheap
+        .flag("-fstack-clash-protection") // big frames probe their pages: an overflow hits a canary or the guard
         .flag("-Wno-unused-parameter")
         .flag("-Wno-unused-function")
         .flag("-Wno-unknown-pragmas")

@@ -95,6 +95,58 @@ __device__ void atomics_kernel(const SelftestParams& p) {
   }
 }
 
+// Shuffle edge cases, as the PTX ISA defines them (b is taken mod 32; a butterfly may reach an
+// earlier segment; out-of-segment sources read their own value). One warp per 32 threads;
+// out[6 t + 0..5] = xor(8, width 8), down(33), up(2, width 16), idx(35, width 8),
+//                   xor(16, width 8), down(3, width 4).
+__device__ void shfl_edges_kernel(const SelftestParams& p) {
+  int* out = reinterpret_cast<int*>(p.out);
+  const int t = int(blockIdx.x * blockDim.x + threadIdx.x);
+  const int v = 100 + t;
+  int r[6];
+  r[0] = __shfl_xor_sync(0xffffffffu, v, 8, 8);
+  r[1] = __shfl_down_sync(0xffffffffu, v, 33);
+  r[2] = __shfl_up_sync(0xffffffffu, v, 2, 16);
+  r[3] = __shfl_sync(0xffffffffu, v, 35, 8);
+  r[4] = __shfl_xor_sync(0xffffffffu, v, 16, 8);
+  r[5] = __shfl_down_sync(0xffffffffu, v, 3, 4);
+  if (6 * int64_t(t) + 5 < p.n)
+    for (int i = 0; i < 6; ++i) out[6 * t + i] = r[i];
+}
+
+// Emulator guards, each with a planted bug (never launched on a GPU). out[threadIdx.x] is written
+// by every thread; p.n picks the guard:
+//  1: dynamic shared memory: a block writes one float past what it was launched with (bug);
+//  2: warp operations: half a warp shuffles while the other half votes (bug).
+__device__ void guards_kernel(const SelftestParams& p) {
+  float* out = reinterpret_cast<float*>(p.out);
+  const bool bug = p.variant == LLK_SELFTEST_PLANTED_BUG;
+  const int t = int(threadIdx.x);
+  float v = 0.f;
+  if (p.n == 1) {
+    LLK_DYN_SMEM(raw);
+    float* buf = reinterpret_cast<float*>(raw);
+    buf[t] = float(t);
+    if (bug && t == 0) buf[blockDim.x] = 1.f;  // one past the launch's blockDim.x floats
+    __syncthreads();
+    v = buf[blockDim.x - 1 - t];
+  } else {
+    if (!bug || (t & 31) < 16) v = __shfl_xor_sync(0xffffffffu, float(t), 1);
+    else v = float(__ballot_sync(0xffffffffu, 1) & 1);
+  }
+  out[t] = v;
+}
+
+// Always a planted bug (emulated only): each thread needs a 96 KiB local array, more than the
+// fibers' 64 KiB stacks. The emulator must report the overflow, not crash or corrupt a neighbour.
+__device__ void stack_hog_kernel(const SelftestParams& p) {
+  volatile float local[96 * 1024 / 4];  // volatile: the array really lives on the stack
+  for (int i = 0; i < 96 * 1024 / 4; ++i) local[i] = float(i + int(threadIdx.x));
+  float acc = 0.f;
+  for (int i = 0; i < 96 * 1024 / 4; i += 97) acc += local[i];
+  reinterpret_cast<float*>(p.out)[threadIdx.x] = acc;
+}
+
 // ------------------------------------------------------------------ PTX wrapper fidelity
 // One warp. Fragments are built straight from global memory with the layouts documented in
 // ptx.cuh (not through ldmatrix), so the hardware result checks those layouts and the emulated
@@ -169,6 +221,9 @@ __device__ void cp_async_kernel(const SelftestParams& p) {
   X(selftest_warp_ops, SelftestParams, (1024), (warp_ops_kernel))                         \
   X(selftest_dyn_smem, SelftestParams, (1024), (dyn_smem_kernel))                         \
   X(selftest_atomics, SelftestParams, (1024), (atomics_kernel))                          \
+  X(selftest_shfl_edges, SelftestParams, (1024), (shfl_edges_kernel))                    \
+  X(selftest_guards, SelftestParams, (1024), (guards_kernel))                             \
+  X(selftest_stack_hog, SelftestParams, (1024), (stack_hog_kernel))                       \
   X(selftest_mma_bf16, SelftestParams, (32), (mma_kernel<__nv_bfloat16>))                 \
   X(selftest_mma_f16, SelftestParams, (32), (mma_kernel<__half>))                         \
   X(selftest_ldmatrix, SelftestParams, (32), (ldmatrix_kernel))                           \

@@ -37,6 +37,13 @@ pub enum Kernel {
     DynSmem,
     /// atomicAdd of thread indices and counts (`out: i32 [2]`, zeroed by the caller).
     Atomics,
+    /// Shuffle edge cases (`out: i32 [6 * threads]`): offsets mod 32, widths, segments.
+    ShflEdges,
+    /// Emulator guards (`out: f32 [block]`); `n` picks one: 1 dynamic shared memory (bug: a
+    /// write past the launch's size), 2 warp operations (bug: half a warp shuffles, half votes).
+    Guards,
+    /// Always a planted bug, emulated only: 96 KiB of locals per thread (`out: f32 [block]`).
+    StackHog,
     /// One bf16 `mma.m16n8k16` (`in: f32 [A 16x16 | B^T 8x16 | C 16x8]`, `out: f32 [16x8]`).
     MmaBf16,
     /// The same in f16.
@@ -56,19 +63,25 @@ impl Kernel {
             Kernel::WarpOps => "selftest_warp_ops",
             Kernel::DynSmem => "selftest_dyn_smem",
             Kernel::Atomics => "selftest_atomics",
+            Kernel::ShflEdges => "selftest_shfl_edges",
+            Kernel::Guards => "selftest_guards",
+            Kernel::StackHog => "selftest_stack_hog",
             Kernel::MmaBf16 => "selftest_mma_bf16",
             Kernel::MmaF16 => "selftest_mma_f16",
             Kernel::Ldmatrix => "selftest_ldmatrix",
             Kernel::CpAsync => "selftest_cp_async",
         }
     }
-    pub const ALL: [Kernel; 10] = [
+    pub const ALL: [Kernel; 13] = [
         Kernel::Stencil,
         Kernel::Deadlock,
         Kernel::DivergentBarrier,
         Kernel::WarpOps,
         Kernel::DynSmem,
         Kernel::Atomics,
+        Kernel::ShflEdges,
+        Kernel::Guards,
+        Kernel::StackHog,
         Kernel::MmaBf16,
         Kernel::MmaF16,
         Kernel::Ldmatrix,
@@ -102,7 +115,7 @@ pub fn launch(
     block: usize,
 ) -> Result<()> {
     const OP: &str = "selftest";
-    if variant == Variant::PlantedBug && out.device().target() == Target::Cuda {
+    if (variant == Variant::PlantedBug || kernel == Kernel::StackHog) && out.device().target() == Target::Cuda {
         return Err(Error::invalid(OP, "variant", "PlantedBug", "planted bugs run on the emulated target only"));
     }
     let (block, threads) = match kernel {
@@ -113,13 +126,18 @@ pub fn launch(
     if block == 0 || block > 1024 {
         return Err(Error::invalid(OP, "block", block, "must be 1..=1024"));
     }
-    let out_dtype =
-        if matches!(kernel, Kernel::WarpOps | Kernel::Atomics | Kernel::Ldmatrix) { DType::I32 } else { DType::F32 };
+    let out_dtype = if matches!(kernel, Kernel::WarpOps | Kernel::Atomics | Kernel::Ldmatrix | Kernel::ShflEdges) {
+        DType::I32
+    } else {
+        DType::F32
+    };
     check_dtype(OP, "out", out, out_dtype)?;
     let (n, needed) = match kernel.fixed_io() {
         Some((inputs, outputs)) => (inputs, outputs),
         None => match kernel {
             Kernel::WarpOps => (n, 8 * threads),
+            Kernel::ShflEdges => (n, 6 * threads),
+            Kernel::Guards | Kernel::StackHog => (n, block),
             Kernel::Atomics => (n, 2),
             Kernel::Deadlock | Kernel::DivergentBarrier => (n, n.min(block)),
             _ => (n, n),
@@ -140,7 +158,15 @@ pub fn launch(
     let params = SelftestParams {
         input: args.opt_ptr("in", input)?,
         out: args.ptr("out", out)?,
-        n: to_i64(OP, "n", if kernel == Kernel::WarpOps { 8 * threads } else { n })?,
+        n: to_i64(
+            OP,
+            "n",
+            match kernel {
+                Kernel::WarpOps => 8 * threads,
+                Kernel::ShflEdges => 6 * threads,
+                _ => n,
+            },
+        )?,
         variant: match variant {
             Variant::Correct => LlkSelftestVariant::LLK_SELFTEST_CORRECT,
             Variant::PlantedBug => LlkSelftestVariant::LLK_SELFTEST_PLANTED_BUG,
@@ -149,7 +175,7 @@ pub fn launch(
     let dims = LaunchDims {
         grid: (grid_x(OP, threads.div_ceil(block))?, 1, 1),
         block: (block as u32, 1, 1),
-        dyn_smem: if kernel == Kernel::DynSmem { (block * 4) as u32 } else { 0 },
+        dyn_smem: if matches!(kernel, Kernel::DynSmem | Kernel::Guards) { (block * 4) as u32 } else { 0 },
     };
     args.launch(KernelRef { module: "selftest", symbol: kernel.symbol() }, dims, &params)
 }

@@ -125,3 +125,52 @@ fn bad_launches_are_errors() {
     let e = selftest::launch(Kernel::Deadlock, Variant::Correct, None, &out, 16, 2048, 2048).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { name: "block", .. }), "{e}");
 }
+
+#[test]
+fn shuffle_edges_follow_the_ptx_definition() {
+    // Expected values from the PTX ISA's shfl.sync pseudocode (segment mask 32 - width, b mod 32,
+    // a butterfly may reach an earlier segment); on a GPU this compares the hardware too.
+    fn src(mode: &str, lane: i32, b: i32, width: i32) -> i32 {
+        let seg = 32 - width;
+        let (min_lane, max_lane) = (lane & seg, (lane & seg) | (31 & !seg));
+        let b = b & 31;
+        let (j, ok) = match mode {
+            "idx" => (min_lane | (b & !seg), (min_lane | (b & !seg)) <= max_lane),
+            "up" => (lane - b, lane - b >= min_lane),
+            "down" => (lane + b, lane + b <= max_lane),
+            _ => (lane ^ b, (lane ^ b) <= max_lane),
+        };
+        if ok { j } else { lane }
+    }
+    for device in common::devices() {
+        let threads = 64;
+        let out = Tensor::poisoned(&device, DType::I32, &[6 * threads]).unwrap();
+        selftest::launch(Kernel::ShflEdges, Variant::Correct, None, &out, 0, threads, 64).unwrap();
+        let got: Vec<i32> = out.to_vec().unwrap();
+        for t in 0..threads as i32 {
+            let (lane, base) = (t & 31, t - (t & 31));
+            let cases =
+                [("bfly", 8, 8), ("down", 33, 32), ("up", 2, 16), ("idx", 35, 8), ("bfly", 16, 8), ("down", 3, 4)];
+            for (i, (mode, b, width)) in cases.into_iter().enumerate() {
+                let expected = 100 + base + src(mode, lane, b, width);
+                assert_eq!(got[6 * t as usize + i], expected, "{device:?}: thread {t}, {mode}({b}, width {width})");
+            }
+        }
+    }
+}
+
+#[test]
+fn guards_report_stack_overflow_shared_memory_overrun_and_mixed_warp_ops() {
+    let d = Device::emulated();
+    let out = Tensor::zeros(&d, DType::F32, &[64]).unwrap();
+    let e = selftest::launch(Kernel::StackHog, Variant::PlantedBug, None, &out, 0, 64, 64).unwrap_err();
+    assert!(e.to_string().contains("stack overflow"), "{e}");
+    for guard in [1, 2] {
+        selftest::launch(Kernel::Guards, Variant::Correct, None, &out, guard, 64, 64).unwrap();
+        let e = selftest::launch(Kernel::Guards, Variant::PlantedBug, None, &out, guard, 64, 64).unwrap_err();
+        let expected = if guard == 1 { "past the" } else { "different warp operations" };
+        assert!(e.to_string().contains(expected), "guard {guard}: {e}");
+    }
+    // After every failure the device still runs correct kernels.
+    selftest::launch(Kernel::Guards, Variant::Correct, None, &out, 2, 64, 64).unwrap();
+}

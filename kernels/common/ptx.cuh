@@ -129,12 +129,19 @@ __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* smem_row)
                  : "memory");
   }
 #elif !defined(__CUDACC__)
+  // The instruction reads all 8N rows at once: the first lane to resume copies them (8N x 16
+  // bytes <= 512, the warp's scratch), so a later write by some lane cannot leak into the loaded
+  // fragments of lanes that resume after it.
   const unsigned char* all = llk_emu::warp_gather(&smem_row, sizeof(void*));
-  auto row_ptr = [&](int matrix, int row) {
-    const unsigned char* p;
-    memcpy(&p, all + 64 * (matrix * 8 + row), sizeof p);
-    return p;
-  };
+  unsigned char* rows = reinterpret_cast<unsigned char*>(llk_emu::warp_scratch());
+  if (llk_emu::warp_scratch_first()) {
+    for (int i = 0; i < 8 * N; ++i) {
+      const unsigned char* p;
+      memcpy(&p, all + 64 * i, sizeof p);
+      memcpy(rows + 16 * i, p, 16);
+    }
+  }
+  auto row_ptr = [&](int matrix, int row) { return rows + 16 * (matrix * 8 + row); };
   const int lane = llk_emu::lane_id();
   for (int j = 0; j < N; ++j) {
     uint16_t lo, hi;

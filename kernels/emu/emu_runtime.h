@@ -22,14 +22,25 @@
 //     so reading a tile before waiting for it reads poison, or at the earliest (the copy itself),
 //     so refilling a stage that another warp still reads corrupts that warp's data.
 //
-// Failures never abort the process and never hang: a deadlock, a divergent __syncthreads, an
-// unsupported warp mask, a shuffle from an exited lane or __trap() stop the launch, and the launch
-// returns an LlkEmuStatus with a message naming the block, the thread and the source line.
+// Failures never abort the process and never hang: a deadlock, a divergent __syncthreads, lanes of
+// a warp meeting in different warp operations, an unsupported warp mask, a fiber stack overflow
+// (up to twice the stack size past its end), a write past the launch's dynamic shared memory (a
+// 1 KiB red zone) or __trap() stop the launch, and the launch returns an LlkEmuStatus with a
+// message naming the block, the thread and the source line.
+//
+// Semantics follow the PTX ISA where CUDA leaves freedom: shuffles take b mod 32 and the segment
+// rules of shfl.sync (a butterfly may reach an earlier segment); a shuffle from a lane that has
+// exited reads all-ones bits (NaN) instead of trapping, as the value is undefined on a GPU;
+// blocks start in schedule order (forward, reversed, or a seeded permutation), so a dependence
+// between blocks changes the result; ldmatrix reads its rows once for the whole warp.
 //
 // Limits (documented, not hidden): fast-math intrinsics (__expf, rsqrtf, ...) map to accurate libm
-// calls, so compare with the GPU using tolerances, never bit for bit. Static __shared__ memory is
-// not poisoned between blocks. Partial-mask warp operations are reported as unsupported. Fibers
-// use x86-64 context switching only. Hopper-only instructions (wgmma, TMA, mbarrier) are not
+// calls, so compare with the GPU using tolerances, never bit for bit. Fibers are not preempted:
+// a spin-wait on another thread's write never ends, and a non-atomic read-modify-write race
+// between threads gives the same result under every schedule. Static __shared__ memory is not
+// poisoned between blocks. Divergent barriers are told apart by source line only (two calls of
+// one helper look alike). Partial-mask warp operations are reported as unsupported. Fibers use
+// x86-64 context switching only. Hopper-only instructions (wgmma, TMA, mbarrier) are not
 // modelled. Abandoned fibers of a failed block do not run their destructors.
 #pragma once
 #ifdef __CUDACC__
@@ -47,6 +58,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <type_traits>
@@ -81,6 +93,8 @@ namespace llk_emu {
 
 inline constexpr size_t kMaxDynSmem = 227 * 1024;  // sm_90 opt-in maximum per block
 inline constexpr size_t kDefaultStack = 64 * 1024;
+inline constexpr size_t kDynSmemRedZone = 1024;
+inline constexpr unsigned char kDynSmemPoison = 0xff;
 
 enum FiberState : int { RUNNABLE = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3, FAILED = 4 };
 
@@ -101,9 +115,12 @@ struct Fiber {
   int cp_group;                    // index of the group being filled
 };
 
+enum WarpOp : int { OP_SHUFFLE = 1, OP_VOTE = 2, OP_SYNCWARP = 3, OP_GATHER = 4 };
+
 struct Warp {
   uint32_t live_mask;
   int live, arrived;
+  int op;  // the kind of warp operation the lanes that arrived are waiting in
   uint64_t buf[2][32];
   uint32_t joined[2];  // lanes that took part in the rendezvous using each buffer
   alignas(16) unsigned char big[2][32][64];  // fragment gathers for the mma/ldmatrix emulation
@@ -129,21 +146,48 @@ struct Worker {
   LlkEmuStatus status = LLK_EMU_OK;  // first failure seen in the current block
   char message[400] = {0};
 
-  ~Worker() {
-    if (stacks) munmap(stacks, nstacks * slot);
-  }
-  bool ensure_stacks(size_t n, size_t stack_bytes) {
-    size_t want_slot = ((stack_bytes + 4095) & ~size_t(4095)) + 4096;  // + a guard page
-    if (stacks && n <= nstacks && want_slot == slot) return true;
-    if (stacks) munmap(stacks, nstacks * slot);
+  ~Worker() { unmap_stacks(); }
+  void unmap_stacks() {
+    if (stacks) munmap(stacks - kGuard, kGuard + nstacks * slot);
     stacks = nullptr;
-    void* m = mmap(nullptr, n * want_slot, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+  }
+  // All fiber stacks of this OS thread in one mapping: two kernel VMAs per OS thread, whatever
+  // the block size (a guard page per fiber would cost ~2 VMAs per fiber and run into
+  // vm.max_map_count on many-core machines). Each slot is a usable stack of `stack_bytes` above
+  // twice as much slack (reserved, never committed unless touched): an overflow lands in the
+  // slack, not in a neighbour's stack, and is reported when the fiber yields or exits (the
+  // canary at the bottom of the usable stack was written, or the saved stack pointer is below
+  // it). A guard page sits below the lowest slot.
+  static constexpr size_t kGuard = 4096;
+  static constexpr uint64_t kCanary = 0x5a17ca9a5a17ca9aull;
+  static constexpr size_t kCanaryWords = 16;
+  size_t usable = 0;  // bytes of each slot's usable stack (its top)
+  bool ensure_stacks(size_t n, size_t stack_bytes) {
+    const size_t want_usable = (stack_bytes + 4095) & ~size_t(4095);
+    const size_t want_slot = 3 * want_usable;
+    usable = want_usable;
+    if (stacks && n <= nstacks && want_slot == slot) return true;
+    unmap_stacks();
+    void* m = mmap(nullptr, kGuard + n * want_slot, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) return false;
-    stacks = static_cast<char*>(m);
+    if (mprotect(m, kGuard, PROT_NONE) != 0) {
+      munmap(m, kGuard + n * want_slot);
+      return false;
+    }
+    stacks = static_cast<char*>(m) + kGuard;
     slot = want_slot;
     nstacks = n;
-    for (size_t i = 0; i < n; ++i) mprotect(stacks + i * slot, 4096, PROT_NONE);
+    return true;
+  }
+  char* usable_bottom(size_t i) { return stacks + (i + 1) * slot - usable; }
+  uint64_t* canary(size_t i) { return reinterpret_cast<uint64_t*>(usable_bottom(i)); }
+  void arm_canary(size_t i) {
+    for (size_t k = 0; k < kCanaryWords; ++k) canary(i)[k] = kCanary;
+  }
+  bool canary_intact(size_t i) {
+    for (size_t k = 0; k < kCanaryWords; ++k)
+      if (canary(i)[k] != kCanary) return false;
     return true;
   }
 };
@@ -255,19 +299,47 @@ inline void block_barrier(const char* file, int line) {
   yield_to_scheduler(w, f);
 }
 
-// Rendezvous of the live lanes of a warp (shuffles, votes, __syncwarp, fragment gathers).
-inline void warp_rendezvous(Worker* w, Fiber* f, unsigned mask) {
+// Rendezvous of the live lanes of a warp (shuffles, votes, __syncwarp, fragment gathers). All
+// lanes must be in the same kind of operation (a shuffle meeting a vote is undefined on a GPU).
+inline void warp_rendezvous(Worker* w, Fiber* f, unsigned mask, WarpOp op) {
   Warp& wp = w->warps[f->warp];
   if ((mask & wp.live_mask) != wp.live_mask)
     fail(LLK_EMU_UNSUPPORTED, "warp operation with a mask that leaves out live lanes (partial masks are not emulated)");
+  if (wp.arrived == 0) {
+    wp.op = op;
+  } else if (wp.op != op) {
+    fail(LLK_EMU_KERNEL_TRAP, "lanes of one warp meet in different warp operations (e.g. a shuffle and a vote)");
+  }
   f->state = WAIT_WARP;
   if (++wp.arrived == wp.live) release_warp(w, f->warp);
   yield_to_scheduler(w, f);
 }
 
+// Shuffle source lane, following the PTX ISA's shfl.sync pseudocode for a CUDA `width`
+// (segment mask 32 - width): b is taken mod 32; the source must lie in [minLane, maxLane] of the
+// caller's segment for up/down/idx, and at or below maxLane for bfly (so a butterfly may reach an
+// earlier segment); otherwise the lane reads its own value.
+enum class ShflMode { Idx, Up, Down, Bfly };
+inline int shfl_source(ShflMode mode, int lane, int b, int width) {
+  const int seg = 32 - width;  // segmask
+  const int min_lane = lane & seg, max_lane = (lane & seg) | (31 & ~seg);
+  b &= 31;
+  int j = lane;
+  bool ok = false;
+  switch (mode) {
+    case ShflMode::Idx: j = min_lane | (b & ~seg); ok = j <= max_lane; break;
+    case ShflMode::Up: j = lane - b; ok = j >= min_lane; break;
+    case ShflMode::Down: j = lane + b; ok = j <= max_lane; break;
+    case ShflMode::Bfly: j = lane ^ b; ok = j <= max_lane; break;
+  }
+  return ok ? j : lane;
+}
+
 template <class T>
-inline T warp_exchange(unsigned mask, T v, int (*srcfn)(int lane, int a, int width), int a, int width) {
+inline T warp_exchange(unsigned mask, T v, ShflMode mode, int b, int width) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffled values are at most 8 bytes");
+  if (width < 1 || width > 32 || (width & (width - 1)) != 0)
+    fail(LLK_EMU_KERNEL_TRAP, "shuffle width must be a power of two from 1 to 32");
   Worker* w = tl_worker;
   Fiber* f = w->cur;
   Warp& wp = w->warps[f->warp];
@@ -277,21 +349,17 @@ inline T warp_exchange(unsigned mask, T v, int (*srcfn)(int lane, int a, int wid
   wp.buf[par][f->lane] = raw;
   if (wp.arrived == 0) wp.joined[par] = 0;  // first lane of a new rendezvous on this buffer
   wp.joined[par] |= 1u << f->lane;
-  warp_rendezvous(w, f, mask);
-  // The source may exit after the exchange (its value stays valid); it must have taken part.
-  int src = srcfn(f->lane, a, width);
-  if (!(wp.joined[par] >> src & 1u)) fail(LLK_EMU_KERNEL_TRAP, "shuffle reads a lane that had exited");
+  warp_rendezvous(w, f, mask, OP_SHUFFLE);
+  // The source may exit after the exchange (its value stays valid). A lane that had already
+  // exited (or never existed, in a partial last warp) gives an undefined value on a GPU: here
+  // all-ones bits (NaN for floats), so using it shows up instead of passing by luck.
+  const int src = shfl_source(mode, f->lane, b, width);
+  if (!(wp.joined[par] >> src & 1u)) raw = ~uint64_t(0);
+  else raw = wp.buf[par][src];
   T r;
-  memcpy(&r, &wp.buf[par][src], sizeof(T));
+  memcpy(&r, &raw, sizeof(T));
   return r;
 }
-inline int src_idx(int lane, int s, int width) { return (lane & ~(width - 1)) | (s & (width - 1)); }
-inline int src_xor(int lane, int m, int width) {
-  int j = lane ^ m;
-  return ((j & ~(width - 1)) == (lane & ~(width - 1))) ? j : lane;
-}
-inline int src_down(int lane, int d, int width) { return (lane & (width - 1)) + d < width ? lane + d : lane; }
-inline int src_up(int lane, int d, int width) { return (lane & (width - 1)) >= d ? lane - d : lane; }
 
 inline uint32_t warp_vote(unsigned mask, bool pred) {
   Worker* w = tl_worker;
@@ -301,7 +369,7 @@ inline uint32_t warp_vote(unsigned mask, bool pred) {
   wp.buf[par][f->lane] = pred;
   if (wp.arrived == 0) wp.joined[par] = 0;
   wp.joined[par] |= 1u << f->lane;
-  warp_rendezvous(w, f, mask);
+  warp_rendezvous(w, f, mask, OP_VOTE);
   uint32_t b = 0;
   for (int l = 0; l < 32; ++l)  // lanes that voted, even if they have exited since
     if ((wp.joined[par] >> l & 1u) && wp.buf[par][l]) b |= 1u << l;
@@ -317,7 +385,7 @@ inline const unsigned char* warp_gather(const void* mine, size_t bytes) {
   if (wp.live != 32) fail(LLK_EMU_KERNEL_TRAP, "warp-collective matrix instruction executed by a partial warp");
   int par = f->wseq++ & 1;
   memcpy(wp.big[par][f->lane], mine, bytes);
-  warp_rendezvous(w, f, 0xffffffffu);
+  warp_rendezvous(w, f, 0xffffffffu, OP_GATHER);
   return &wp.big[par][0][0];
 }
 inline int lane_id() { return tl_worker->cur->lane; }
@@ -402,6 +470,9 @@ inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
     snprintf(w->message, sizeof w->message, "could not map %d fiber stacks", n);
     return false;
   }
+  // A red zone past the launch's dynamic shared memory: a kernel that writes there is reported.
+  if (cfg.dyn_smem_bytes + kDynSmemRedZone <= kMaxDynSmem)
+    memset(dyn_smem() + cfg.dyn_smem_bytes, kDynSmemPoison, kDynSmemRedZone);
   w->fibers.resize(size_t(n));
   const int nw = (n + 31) / 32;
   w->warps.resize(size_t(nw));
@@ -423,6 +494,7 @@ inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
     f.wseq = 0;
     f.cp_pending.clear();
     f.cp_group = 0;
+    w->arm_canary(size_t(i));
     char* hi = w->stacks + size_t(i + 1) * w->slot;
     void** sp = reinterpret_cast<void**>(uintptr_t(hi) & ~uintptr_t(15));
     *--sp = nullptr;                                  // fake return address: rsp % 16 == 8 at entry
@@ -458,6 +530,14 @@ inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
       if (f->state != RUNNABLE) continue;
       switch_to(w, f);
       progressed = true;
+      if (!w->canary_intact(size_t(idx)) || static_cast<char*>(f->sp) < w->usable_bottom(size_t(idx))) {
+        w->status = LLK_EMU_KERNEL_TRAP;
+        snprintf(w->message, sizeof w->message,
+                 "fiber stack overflow in block (%u,%u,%u), thread (%u,%u,%u): the kernel needs more than %zu "
+                 "bytes of stack (raise EmuOptions::stack_bytes)",
+                 bid.x, bid.y, bid.z, f->tid.x, f->tid.y, f->tid.z, w->usable);
+        return false;
+      }
       if (w->status != LLK_EMU_OK) return false;
     }
     if (!progressed) {
@@ -473,6 +553,17 @@ inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
                bid.x, bid.y, bid.z, at_bar, w->bar_file ? w->bar_file : "-", w->bar_line, at_warp, n - w->nlive);
       return false;
     }
+  }
+  if (cfg.dyn_smem_bytes + kDynSmemRedZone <= kMaxDynSmem) {
+    const unsigned char* red = dyn_smem() + cfg.dyn_smem_bytes;
+    for (size_t k = 0; k < kDynSmemRedZone; ++k)
+      if (red[k] != kDynSmemPoison) {
+        w->status = LLK_EMU_KERNEL_TRAP;
+        snprintf(w->message, sizeof w->message,
+                 "block (%u,%u,%u) wrote dynamic shared memory past the %llu bytes it was launched with", bid.x,
+                 bid.y, bid.z, (unsigned long long)cfg.dyn_smem_bytes);
+        return false;
+      }
   }
   return true;
 }
@@ -496,6 +587,20 @@ LlkEmuStatus launch(Body& body, const LlkEmuLaunch& cfg, LlkEmuReport* rep) {
   if (cfg.dyn_smem_bytes > kMaxDynSmem) return bad_launch(rep, "dynamic shared memory exceeds 227 KiB");
 
   const uint64_t nblocks = uint64_t(cfg.grid[0]) * cfg.grid[1] * cfg.grid[2];
+  // Blocks start in schedule order too: forward; last first (reverse, warp-serial reverse); or a
+  // seeded affine permutation i -> (a i + c) mod n (random), so a dependence between blocks
+  // changes the result.
+  uint64_t perm_a = 1, perm_c = 0;
+  if (cfg.schedule == LLK_EMU_RANDOM && nblocks > 1) {
+    std::mt19937_64 g(cfg.seed ^ 0xb10c5eedull);
+    perm_c = g() % nblocks;
+    do perm_a = g() % nblocks; while (perm_a == 0 || std::gcd(perm_a, nblocks) != 1);
+  }
+  const bool reversed = cfg.schedule == LLK_EMU_REVERSE || cfg.schedule == LLK_EMU_WARP_SERIAL_REVERSE;
+  auto block_order = [&](uint64_t i) -> uint64_t {
+    if (reversed) return nblocks - 1 - i;
+    return uint64_t((unsigned __int128)perm_a * i % nblocks + perm_c) % nblocks;
+  };
   std::atomic<uint64_t> next{0};
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> blocks_run{0}, switches{0};
@@ -508,7 +613,8 @@ LlkEmuStatus launch(Body& body, const LlkEmuLaunch& cfg, LlkEmuReport* rep) {
     w->body_ctx = &body;
     w->switches = 0;
     w->cp_async_timing = cfg.cp_async_timing;
-    for (uint64_t b; !failed.load(std::memory_order_relaxed) && (b = next.fetch_add(1)) < nblocks;) {
+    for (uint64_t i; !failed.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < nblocks;) {
+      const uint64_t b = block_order(i);
       uint3 bid{unsigned(b % cfg.grid[0]), unsigned(b / cfg.grid[0] % cfg.grid[1]),
                 unsigned(b / (uint64_t(cfg.grid[0]) * cfg.grid[1]))};
       if (!run_block(w, cfg, bid)) {
@@ -526,7 +632,11 @@ LlkEmuStatus launch(Body& body, const LlkEmuLaunch& cfg, LlkEmuReport* rep) {
   };
   const uint64_t nt = std::min<uint64_t>(std::max<uint32_t>(1, cfg.os_threads), nblocks);
   std::vector<std::thread> pool;
-  for (uint64_t i = 1; i < nt; ++i) pool.emplace_back(work);
+  try {
+    for (uint64_t i = 1; i < nt; ++i) pool.emplace_back(work);
+  } catch (const std::exception&) {
+    // Fewer OS threads than asked for: the calling thread and those started share the blocks.
+  }
   work();
   for (auto& t : pool) t.join();
   rep->blocks = blocks_run.load();
@@ -552,20 +662,20 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
   llk_emu::Worker* w = llk_emu::tl_worker;
   llk_emu::Fiber* f = w->cur;
   f->wseq++;
-  llk_emu::warp_rendezvous(w, f, mask);
+  llk_emu::warp_rendezvous(w, f, mask, llk_emu::OP_SYNCWARP);
 }
 [[noreturn]] inline void __trap() { llk_emu::fail(LLK_EMU_KERNEL_TRAP, "__trap() called"); }
 template <class T> inline T __shfl_sync(unsigned m, T v, int src, int width = 32) {
-  return llk_emu::warp_exchange(m, v, llk_emu::src_idx, src, width);
+  return llk_emu::warp_exchange(m, v, llk_emu::ShflMode::Idx, src, width);
 }
 template <class T> inline T __shfl_xor_sync(unsigned m, T v, int lane_mask, int width = 32) {
-  return llk_emu::warp_exchange(m, v, llk_emu::src_xor, lane_mask, width);
+  return llk_emu::warp_exchange(m, v, llk_emu::ShflMode::Bfly, lane_mask, width);
 }
 template <class T> inline T __shfl_down_sync(unsigned m, T v, unsigned d, int width = 32) {
-  return llk_emu::warp_exchange(m, v, llk_emu::src_down, int(d), width);
+  return llk_emu::warp_exchange(m, v, llk_emu::ShflMode::Down, int(d), width);
 }
 template <class T> inline T __shfl_up_sync(unsigned m, T v, unsigned d, int width = 32) {
-  return llk_emu::warp_exchange(m, v, llk_emu::src_up, int(d), width);
+  return llk_emu::warp_exchange(m, v, llk_emu::ShflMode::Up, int(d), width);
 }
 inline unsigned __ballot_sync(unsigned m, int p) { return llk_emu::warp_vote(m, p != 0); }
 inline int __any_sync(unsigned m, int p) { return llk_emu::warp_vote(m, p != 0) != 0; }
