@@ -3,8 +3,12 @@
 # binaries here. One call: GPU tests, verify at full size, the benches, then PyTorch on the same
 # shapes, with our/their ratios printed last. Everything is also written to $OUT/ (returned).
 set -uo pipefail
-stage="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-/tmp/llk-out}"
+stage=/tmp/llk-stage
+rm -rf "$stage" && mkdir -p "$stage"
+tar -C "$stage" -xJf "$here/bin.tar.xz" || { echo "gpu-run: cannot unpack $here/bin.tar.xz"; exit 1; }
+cp "$here/torch_compare.py" "$stage/"
 mkdir -p "$out"
 log="$out/gpu-run.txt"
 exec > >(tee "$log") 2>&1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, here (no GPU needed), everything the GPU machine runs, and stages it in target/gpu-stage:
-#   bin/       the llama-kernels binary, the GPU-relevant test binaries and the bench binaries
+#   bin.tar.xz the llama-kernels binary, the GPU-relevant test binaries and the bench binaries
 #   gpu-run.sh torch_compare.py
 # Then, with the device tool, one call runs it all (see README "Running on a GPU"):
 #   run(command="bash target/gpu-stage/gpu-run.sh", carry=["target/gpu-stage"], timeout_s=540)
@@ -37,6 +37,10 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])
 ' | while read -r name exe; do cp "$exe" "$stage/bin/bench-$name"; done
 strip "$stage"/bin/* 2>/dev/null || true
-cp scripts/gpu-run.sh scripts/torch_compare.py "$stage/"
 ls -la "$stage/bin"
+# Every binary embeds the same PTX: compressed, the stage fits the device tool's 64 MiB carry limit
+# with room to spare. gpu-run.sh unpacks it.
+tar -C "$stage" -cf - bin | xz -T0 -6 > "$stage/bin.tar.xz"
+rm -rf "$stage/bin"
+cp scripts/gpu-run.sh scripts/torch_compare.py "$stage/"
 du -sh "$stage"
