@@ -278,13 +278,13 @@ impl Tensor {
 
     /// A new contiguous tensor of `dtype` from f64 values, rounded to nearest.
     pub fn from_f64(device: &Device, dtype: DType, data: &[f64], shape: &[usize]) -> Result<Tensor> {
-        match dtype {
-            DType::F32 => Self::from_slice(device, &convert::<f32>(data), shape),
-            DType::F16 => Self::from_slice(device, &convert::<half::f16>(data), shape),
-            DType::BF16 => Self::from_slice(device, &convert::<half::bf16>(data), shape),
-            DType::I32 => Self::from_slice(device, &convert::<i32>(data), shape),
-            DType::I64 => Self::from_slice(device, &convert::<i64>(data), shape),
+        let n = numel_of(shape)?;
+        if n != data.len() {
+            return Err(Error::Host(format!("shape {shape:?} needs {n} elements, the slice has {}", data.len())));
         }
+        let t = Tensor::zeros(device, dtype, shape)?;
+        t.copy_from_f64(data)?;
+        Ok(t)
     }
 
     pub fn device(&self) -> &Device {
@@ -445,6 +445,17 @@ impl Tensor {
             .collect())
     }
 
+    /// Overwrites the view's elements (logical order) with `data`, rounded to the tensor's dtype.
+    pub fn copy_from_f64(&self, data: &[f64]) -> Result<()> {
+        match self.dtype {
+            DType::F32 => self.copy_from_slice(&convert::<f32>(data)),
+            DType::F16 => self.copy_from_slice(&convert::<half::f16>(data)),
+            DType::BF16 => self.copy_from_slice(&convert::<half::bf16>(data)),
+            DType::I32 => self.copy_from_slice(&convert::<i32>(data)),
+            DType::I64 => self.copy_from_slice(&convert::<i64>(data)),
+        }
+    }
+
     /// The elements as f64, in logical order, whatever the dtype.
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
         fn conv<T: Element>(t: &Tensor) -> Result<Vec<f64>> {
@@ -473,8 +484,12 @@ impl Tensor {
         }
         let Some((first, last)) = self.element_span() else { return Ok(()) };
         let sz = self.dtype.size();
-        let mut raw = self.storage.read_bytes(first * sz, (last - first + 1) * sz)?;
         let src = as_bytes(data);
+        if self.is_contiguous() {
+            return self.storage.write_bytes(first * sz, src);
+        }
+        // Strided: read the span, scatter, write it back (the gaps keep their bytes).
+        let mut raw = self.storage.read_bytes(first * sz, (last - first + 1) * sz)?;
         for (i, o) in self.gather_offsets(first).into_iter().enumerate() {
             raw[o * sz..(o + 1) * sz].copy_from_slice(&src[i * sz..(i + 1) * sz]);
         }

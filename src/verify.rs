@@ -71,19 +71,8 @@ pub fn rows_tensor(
 ) -> Result<(Tensor, Tensor)> {
     let full = Tensor::poisoned(device, dtype, &[rows, cols + pad])?;
     let view = full.narrow(1, 0, cols)?;
-    let staged = Tensor::from_f64(device, dtype, data, &[rows, cols])?;
-    view_copy(&staged, &view)?;
+    view.copy_from_f64(data)?;
     Ok((view, full))
-}
-
-fn view_copy(src: &Tensor, dst: &Tensor) -> Result<()> {
-    match src.dtype() {
-        DType::F32 => dst.copy_from_slice(&src.to_vec::<f32>()?),
-        DType::F16 => dst.copy_from_slice(&src.to_vec::<half::f16>()?),
-        DType::BF16 => dst.copy_from_slice(&src.to_vec::<half::bf16>()?),
-        DType::I32 => dst.copy_from_slice(&src.to_vec::<i32>()?),
-        DType::I64 => dst.copy_from_slice(&src.to_vec::<i64>()?),
-    }
 }
 
 /// Whether every element of `full` outside its first `cols` columns is still NaN (poison).
