@@ -75,6 +75,29 @@ pub fn rows_tensor(
     Ok((view, full))
 }
 
+/// q, k and v (contiguous `[tokens, heads, d]` values) packed per token into one
+/// `[tokens, q_heads + 2 kv_heads, d]` buffer, as a fused QKV projection writes them; returns
+/// the three views into it.
+fn fused_qkv_views(
+    device: &Device,
+    dtype: DType,
+    [q, k, v]: [&[f64]; 3],
+    tokens: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    d: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let heads = q_heads + 2 * kv_heads;
+    let mut all = Vec::with_capacity(tokens * heads * d);
+    for t in 0..tokens {
+        all.extend_from_slice(&q[t * q_heads * d..(t + 1) * q_heads * d]);
+        all.extend_from_slice(&k[t * kv_heads * d..(t + 1) * kv_heads * d]);
+        all.extend_from_slice(&v[t * kv_heads * d..(t + 1) * kv_heads * d]);
+    }
+    let buf = Tensor::from_f64(device, dtype, &all, &[tokens, heads, d])?;
+    Ok((buf.narrow(1, 0, q_heads)?, buf.narrow(1, q_heads, kv_heads)?, buf.narrow(1, q_heads + kv_heads, kv_heads)?))
+}
+
 /// Whether every element of `full` outside its first `cols` columns is still NaN (poison).
 pub fn gaps_poisoned(full: &Tensor, cols: usize) -> Result<bool> {
     let width = *full.shape().last().unwrap_or(&0);
@@ -273,18 +296,9 @@ pub fn rope_case(device: &Device, case: RopeCase) -> Result<CaseResult> {
     };
     let rope = Rope::new(device, config)?;
     let (qt, kt, qkv) = if fused_qkv {
-        let heads = q_heads + 2 * kv_heads;
         let v = rng.normal_vec(tokens * kv_heads * d, 1.0, dtype);
-        let mut all = Vec::with_capacity(tokens * heads * d);
-        for t in 0..tokens {
-            all.extend_from_slice(&q[t * q_heads * d..(t + 1) * q_heads * d]);
-            all.extend_from_slice(&k[t * kv_heads * d..(t + 1) * kv_heads * d]);
-            all.extend_from_slice(&v[t * kv_heads * d..(t + 1) * kv_heads * d]);
-        }
-        let buf = Tensor::from_f64(device, dtype, &all, &[tokens, heads, d])?;
-        let qt = buf.narrow(1, 0, q_heads)?;
-        let kt = buf.narrow(1, q_heads, kv_heads)?;
-        (qt, kt, Some((buf.narrow(1, q_heads + kv_heads, kv_heads)?, v)))
+        let (qt, kt, vt) = fused_qkv_views(device, dtype, [&q, &k, &v], tokens, q_heads, kv_heads, d)?;
+        (qt, kt, Some((vt, v)))
     } else {
         (
             Tensor::from_f64(device, dtype, &q, &[tokens, q_heads, d])?,
@@ -554,15 +568,7 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
         if tq != tk {
             return Err(crate::Error::Host("fused_qkv needs q_len == k_len".into()));
         }
-        let heads = q_heads + 2 * kv_heads;
-        let mut all = Vec::with_capacity(tq * heads * d);
-        for t in 0..tq {
-            all.extend_from_slice(&q[t * q_heads * d..(t + 1) * q_heads * d]);
-            all.extend_from_slice(&k[t * kv_heads * d..(t + 1) * kv_heads * d]);
-            all.extend_from_slice(&v[t * kv_heads * d..(t + 1) * kv_heads * d]);
-        }
-        let buf = Tensor::from_f64(device, dtype, &all, &[tq, heads, d])?;
-        (buf.narrow(1, 0, q_heads)?, buf.narrow(1, q_heads, kv_heads)?, buf.narrow(1, q_heads + kv_heads, kv_heads)?)
+        fused_qkv_views(device, dtype, [&q, &k, &v], tq, q_heads, kv_heads, d)?
     } else {
         (
             Tensor::from_f64(device, dtype, &q, &[tq, q_heads, d])?,
