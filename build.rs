@@ -37,7 +37,6 @@ fn main() {
         )
     });
     let cuda_bin = nvcc.parent().expect("nvcc has a parent folder").to_path_buf();
-    let cuda_include = cuda_bin.join("../include");
     let ptxas = cuda_bin.join("ptxas");
 
     let families = kernel_families(&kernels);
@@ -65,7 +64,6 @@ fn main() {
         .opt_level(3)
         .debug(false)
         .include(&kernels)
-        .include(&cuda_include)
         .flag("-x")
         .flag("c++")
         .flag("-fno-strict-aliasing") // kernels reinterpret 16-byte vectors as elements
@@ -84,6 +82,7 @@ fn main() {
     for family in &families {
         host.file(kernels.join(format!("{family}.cu")));
     }
+    host.file(kernels.join("emu/emu_exports.cc"));
     host.compile("llama_kernels_emu");
 
     std::fs::write(out.join("kernels.rs"), generated_module_table(&families)).expect("write kernels.rs");

@@ -1,7 +1,9 @@
 // llk.cuh -- what every kernel family includes first.
 //
-// One source, three targets: under nvcc this is plain CUDA; under the host C++ compiler it pulls
-// in the emulation runtime (kernels/emu/emu_runtime.h), which maps CUDA built-ins onto fibers.
+// One source, three targets: under nvcc this is plain CUDA (NVIDIA's cuda_fp16.h/cuda_bf16.h);
+// under the host C++ compiler it pulls in the emulation runtime (kernels/emu/emu_runtime.h), which
+// maps CUDA built-ins onto fibers, and our own vector and 16-bit float types
+// (kernels/emu/emu_types.h): the host build needs no CUDA headers.
 // It also provides the one export macro that turns a kernel list into
 //   * `extern "C" __global__` entries with a single by-value params struct (CUDA, looked up in PTX),
 //   * and, on the host, a registry table `llk_emu_kernels_<family>` with the same symbol names.
@@ -12,6 +14,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #else
+#include "../emu/emu_types.h"
 #include "../emu/emu_runtime.h"
 #endif
 

@@ -67,16 +67,18 @@
 #include <math.h>
 #include <sys/mman.h>
 
-// Host-side vector types, __half and __nv_bfloat16 with their conversions come from the CUDA
-// headers, which are usable from plain C++.
-#include <vector_types.h>
-#include <vector_functions.h>
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
+// Vector types, __half and __nv_bfloat16 with their conversions: our own host versions, so the
+// emulated target needs no CUDA headers (build.rs gives the host compiler no CUDA include path).
+#include "emu_types.h"
 
 #include "emu_abi.h"
 
 // ---------------------------------------------------------------------------------- qualifiers
+// Execution-space qualifiers mean nothing on the host: every function is a plain host function.
+#define __host__
+#define __device__
+#define __forceinline__ __inline__ __attribute__((always_inline))
+#define __align__(n) __attribute__((aligned(n)))
 #undef __shared__
 #define __shared__ thread_local  // block scope: implies static; one copy per OS thread (block)
 #undef __launch_bounds__
