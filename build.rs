@@ -87,6 +87,7 @@ fn main() {
 
     std::fs::write(out.join("kernels.rs"), generated_module_table(&families)).expect("write kernels.rs");
     println!("cargo:rustc-env=LLK_CUDA_BIN={}", cuda_bin.display());
+    println!("cargo:rustc-env=LLK_DEVICE_CODE_ORIGIN=source (nvcc {})", nvcc.display());
     println!("cargo:rustc-env=LLK_KERNEL_BUILD_DIR={}", out.display());
 }
 
@@ -207,12 +208,16 @@ fn generated_module_table(families: &[String]) -> String {
     s.push_str("}\n\n/// Every kernel family, in file-name order.\npub(crate) static MODULES: &[ModuleSource] = &[\n");
     for f in families {
         let file = |arch: &str, ext: &str| format!("include_str!(concat!(env!(\"OUT_DIR\"), \"/{arch}/{f}.{ext}\"))");
+        let bin = |arch: &str| format!("include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{arch}/{f}.cubin\"))");
         let _ = writeln!(
             s,
             "    ModuleSource {{\n        name: \"{f}\",\n        ptx_sm90: {},\n        ptx_sm80: {},\n        \
+             cubin_sm90: {},\n        cubin_sm80: {},\n        \
              ptxas_sm90: {},\n        ptxas_sm80: {},\n        emu_table: llk_emu_kernels_{f},\n    }},",
             file("sm_90", "ptx"),
             file("sm_80", "ptx"),
+            bin("sm_90"),
+            bin("sm_80"),
             file("sm_90", "ptxas.txt"),
             file("sm_80", "ptxas.txt"),
         );

@@ -50,6 +50,12 @@ struct Sequence {
   int64_t block;  // row block within the sequence
 };
 
+// Whether grid.x tile `tile` is past the last row block (the grid may be an upper bound when the
+// sequence offsets live on the device; a failed plan leaves cu_tiles all zero).
+__device__ __forceinline__ bool past_last_tile(const AttentionParams& p, int64_t tile) {
+  return tile >= int64_t(reinterpret_cast<const int32_t*>(p.cu_tiles)[p.batch]);
+}
+
 // Which sequence and row block grid.x tile `tile` is (binary search in cu_tiles).
 __device__ Sequence locate(const AttentionParams& p, int64_t tile) {
   const int32_t* cu_tiles = reinterpret_cast<const int32_t*>(p.cu_tiles);
@@ -157,6 +163,7 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
   T* sK = sQ + kBlockM * kRow;          // [2][kBlockN][kRow]
   T* sV = sK + 2 * kBlockN * kRow;      // [2][kBlockN][kRow]
 
+  if (past_last_tile(p, blockIdx.x)) return;  // the whole block: before any barrier
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const Sequence s = locate(p, blockIdx.x);
   const RowMap rows = row_map(p, s, kBlockM);
@@ -365,6 +372,7 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
   constexpr int kPer = D / 4;  // dims per lane: sub, sub + 4, sub + 8, ... (conflict-free reads)
   __shared__ float sK[kSimtKeys][D];
   __shared__ float sV[kSimtKeys][D];
+  if (past_last_tile(p, blockIdx.x)) return;  // the whole block: before any barrier
   const int tid = int(threadIdx.x), r = tid / 4, sub = tid % 4;
   const Sequence s = locate(p, blockIdx.x);
   const RowMap rows = row_map(p, s, kSimtRows);
@@ -420,6 +428,39 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
     reinterpret_cast<float*>(p.lse)[head * p.total_q + s.q_start + token] = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
 }
 
+// ------------------------------------------------------------------------- plan (device offsets)
+// One warp turns device-resident cu_seqlens into cu_tiles, the first grid.x tile of each
+// sequence, so that a call needs no host copy: pass 1 validates (cu[0] == 0, non-decreasing,
+// cu[batch] == total, for q and k), pass 2 is a warp-wide inclusive scan of the per-sequence tile
+// counts, 32 sequences per step. Invalid offsets raise LLK_DEVICE_BAD_SEQLENS and leave every
+// cu_tiles entry 0, so the attention launch that follows exits at once.
+__device__ void attention_plan_kernel(const AttentionPlanParams& p) {
+  const int lane = int(threadIdx.x);
+  const int32_t* cu_q = reinterpret_cast<const int32_t*>(p.cu_seqlens_q);
+  const int32_t* cu_k = reinterpret_cast<const int32_t*>(p.cu_seqlens_k);
+  int32_t* cu_tiles = reinterpret_cast<int32_t*>(p.cu_tiles);
+  bool bad = false;
+  if (lane == 0)
+    bad = cu_q[0] != 0 || cu_k[0] != 0 || cu_q[p.batch] != p.total_q || cu_k[p.batch] != p.total_k;
+  for (int64_t i = lane; i < p.batch; i += 32) bad = bad || cu_q[i + 1] < cu_q[i] || cu_k[i + 1] < cu_k[i];
+  bad = __any_sync(0xffffffffu, bad);
+  int64_t carry = 0;
+  if (lane == 0) cu_tiles[0] = 0;
+  for (int64_t base = 0; base < p.batch; base += 32) {  // warp-uniform trip count
+    const int64_t i = base + lane;
+    int64_t tiles = 0;
+    if (!bad && i < p.batch) tiles = (int64_t(cu_q[i + 1]) - cu_q[i] + p.tokens_per_block - 1) / p.tokens_per_block;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int64_t n = __shfl_up_sync(0xffffffffu, tiles, o);
+      if (lane >= o) tiles += n;
+    }
+    if (i < p.batch) cu_tiles[i + 1] = int32_t(carry + tiles);
+    carry += __shfl_sync(0xffffffffu, tiles, 31);
+  }
+  if (bad && lane == 0) atomicOr(reinterpret_cast<int*>(p.error_flag), int(LLK_DEVICE_BAD_SEQLENS));
+}
+
 }  // namespace
 
 // Symbols: attention_hd<head_dim>_<dtype>. bf16/f16 run on tensor cores, f32 on the SIMT path.
@@ -433,6 +474,7 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
   X(attention_hd128_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 128>))           \
   X(attention_hd64_f32, AttentionParams, (kThreads), (attention_simt_kernel<64>))                    \
   X(attention_hd96_f32, AttentionParams, (kThreads), (attention_simt_kernel<96>))                    \
-  X(attention_hd128_f32, AttentionParams, (kThreads), (attention_simt_kernel<128>))
+  X(attention_hd128_f32, AttentionParams, (kThreads), (attention_simt_kernel<128>))                  \
+  X(attention_plan, AttentionPlanParams, (32), (attention_plan_kernel))
 
 LLK_EXPORT_KERNELS(attention, ATTENTION_KERNELS)

@@ -101,6 +101,14 @@ typedef enum LlkAttnTemperature {
   LLK_ATTN_LLAMA4_TEMPERATURE = 1,
 } LlkAttnTemperature;
 
+// Bits a kernel ORs into a workspace's device-side error flag when it finds invalid
+// device-resident input (which the host could not validate without waiting for the device).
+typedef enum LlkDeviceError {
+  LLK_DEVICE_OK = 0,
+  LLK_DEVICE_BAD_SEQLENS = 1,  // cu_seqlens not from 0, not non-decreasing, or not ending at the totals
+  LLK_DEVICE_BAD_PAGE = 2,     // a block-table entry outside [0, num_pages)
+} LlkDeviceError;
+
 typedef struct AttentionParams {
   uint64_t q;             // [total_q, q_heads, head_dim]
   uint64_t k;             // [total_k, kv_heads, head_dim]
@@ -109,7 +117,8 @@ typedef struct AttentionParams {
   uint64_t lse;           // [q_heads, total_q] f32 natural-log sum of exp, or 0
   uint64_t cu_seqlens_q;  // [batch + 1] i32, non-decreasing, from 0 to total_q
   uint64_t cu_seqlens_k;  // [batch + 1] i32, non-decreasing, from 0 to total_k
-  uint64_t cu_tiles;      // [batch + 1] i32: first grid.x tile of each sequence
+  uint64_t cu_tiles;      // [batch + 1] i32: first grid.x tile of each sequence; blocks at or past
+                          // cu_tiles[batch] exit (the grid may be an upper bound)
   int64_t batch;
   int64_t q_heads;
   int64_t kv_heads;
@@ -131,6 +140,20 @@ typedef struct AttentionParams {
   float temp_floor_scale; // Llama 4: 8192
   float temp_attn_scale;  // Llama 4: 0.1
 } AttentionParams;
+
+// Device-resident sequence offsets: one warp validates cu_seqlens and writes cu_tiles for the
+// attention launch that follows; invalid offsets set LLK_DEVICE_BAD_SEQLENS in `error_flag` and
+// zero cu_tiles, so that the attention launch writes nothing.
+typedef struct AttentionPlanParams {
+  uint64_t cu_seqlens_q;  // [batch + 1] i32
+  uint64_t cu_seqlens_k;  // [batch + 1] i32
+  uint64_t cu_tiles;      // [batch + 1] i32, written
+  uint64_t error_flag;    // [1] i32, LlkDeviceError bits OR-ed in
+  int64_t batch;
+  int64_t total_q;
+  int64_t total_k;
+  int64_t tokens_per_block;  // query tokens per row block (rows per block / GQA pack)
+} AttentionPlanParams;
 
 // ---------------------------------------------------------------------------- Self-tests
 // Small kernels that exercise the emulation runtime (and, on a GPU, check that the emulated PTX

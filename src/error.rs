@@ -8,7 +8,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong, from validation to the driver.
 ///
 /// Validation errors name the operation and the offending argument, so that
-/// `head_dim 96 unsupported (supported: 64, 128)` reads as a sentence.
+/// `head_dim 96 unsupported (supported: 64, 128)` reads as a sentence. Every variant is
+/// structured: a caller can match on it instead of parsing a message.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -20,7 +21,7 @@ pub enum Error {
     #[error("CUDA driver error: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
 
-    /// An emulated launch failed: deadlock, divergent barrier, unsupported operation, ...
+    /// An emulated launch failed: deadlock, divergent barrier, out-of-bounds access, ...
     #[error("emulated kernel `{kernel}` failed ({status}): {message}")]
     Emulation { kernel: &'static str, status: &'static str, message: String },
 
@@ -52,13 +53,48 @@ pub enum Error {
     #[error("{op}: invalid {name} = {value}: {why}")]
     InvalidArgument { op: &'static str, name: &'static str, value: String, why: String },
 
-    /// Tensors from different devices were passed to one call.
+    /// Tensors from different devices (CUDA contexts, or emulated devices) were passed to one call.
     #[error("{op}: {what} lives on a different device")]
     DeviceMismatch { op: &'static str, what: &'static str },
 
-    /// A host slice, shape or index does not match the tensor it is used with.
-    #[error("{0}")]
-    Host(String),
+    /// A shape whose element or byte count does not fit in memory addresses.
+    #[error("{what}: shape {shape:?} is too large (its size overflows)")]
+    TooLarge { what: &'static str, shape: Vec<usize> },
+
+    /// A host slice whose length does not match the tensor it is copied to or from.
+    #[error("{what}: {got} elements given, {expected} expected")]
+    LengthMismatch { what: &'static str, expected: usize, got: usize },
+
+    /// A view (narrow, reshape, as_strided, a borrowed buffer) that does not fit its memory.
+    #[error("{what}: {why}")]
+    InvalidView { what: &'static str, why: String },
+
+    /// Allocating device (or, on the emulated target, guarded host) memory failed.
+    #[error("out of memory allocating {bytes} bytes on the {target} target{detail}")]
+    OutOfMemory { bytes: usize, target: crate::Target, detail: String },
+
+    /// A call that needs one target was given a tensor or device of another.
+    #[error("{what} needs the {expected} target, got {got}")]
+    WrongTarget { what: &'static str, expected: crate::Target, got: crate::Target },
+
+    /// The buffer behind a tensor is borrowed mutably (for example through
+    /// [`Tensor::cuda_slice_mut`](crate::Tensor::cuda_slice_mut)) on this thread while an op
+    /// tries to use it.
+    #[error("{op}: the buffer of {what} is borrowed mutably elsewhere on this thread")]
+    StorageBusy { op: &'static str, what: &'static str },
+
+    /// A tensor has more dimensions than any op supports.
+    #[error("{what}: rank {rank} exceeds the maximum of {max}")]
+    RankTooLarge { what: &'static str, rank: usize, max: usize },
+
+    /// A kernel found invalid device-resident input (a page id outside the pool, bad sequence
+    /// offsets) and raised the workspace's error flag; see the op's docs for what it skipped.
+    #[error("{op}: the device reported invalid input: {what}")]
+    DeviceReported { op: &'static str, what: String },
+
+    /// The f64 reference was given inconsistent inputs (a bug in the caller of the reference).
+    #[error("reference {what}: {why}")]
+    Reference { what: &'static str, why: String },
 }
 
 impl Error {

@@ -11,14 +11,22 @@
 //! | [`ops::rms_norm()`] | f32, f16, bf16 (f32 accumulation) | any hidden > 0; rows may be strided; 16-byte vector path when aligned, scalar fallback otherwise; in place allowed |
 //! | [`ops::fused_add_rms_norm()`] | f32, f16, bf16 | as `rms_norm`; writes `x + residual` back into `residual` |
 //! | [`ops::Rope::apply`] | f32, f16, bf16 | q and k in place in one launch; interleaved or half-split; i32/i64 positions; Llama 3.1 scaling; partial rotary (even, <= 512); Llama 4 qk-norm |
-//! | [`ops::AttentionWorkspace::forward`] | bf16, f16 (tensor cores), f32 (SIMT) | flash-style GQA prefill; head_dim 64, 96, 128; varlen; causal (bottom-right), chunked (Llama 4), temperature (Llama 4); LSE |
+//! | [`ops::AttentionWorkspace::forward`] | bf16, f16 (tensor cores), f32 (SIMT) | flash-style GQA prefill; head_dim 64, 96, 128; varlen (host or device offsets); causal (bottom-right), chunked (Llama 4), temperature (Llama 4); LSE |
 //! | [`ops::swiglu()`] | f32, f16, bf16 | separate, packed `[gate \| up]`, or interleaved gate/up; in place over the gate |
+//!
+//! Every op exists at two levels: on [`Tensor`]s (a convenience), and on borrowed
+//! [`TensorView`]/[`TensorViewMut`] views of memory the caller owns (cudarc buffers, or host
+//! slices on the emulated target), queued on an explicit [`Queue`] (a [`Device`] or an
+//! engine's `Arc<CudaStream>`): `ops::rms_norm_on`, `ops::swiglu_on`, `Rope::apply_on`,
+//! `AttentionWorkspace::forward_on`. Once planned, no call allocates, copies from pageable host
+//! memory or waits on the host, so calls can be captured into CUDA graphs; [`Device::counters`]
+//! is the counting hook that proves it.
 //!
 //! ## Targets
 //!
 //! | [`Target`] | runs | use |
 //! | --- | --- | --- |
-//! | `Cuda` | PTX (sm_90 or sm_80) through cudarc | the product |
+//! | `Cuda` | the embedded cubin for the GPU's architecture (sm_90, sm_80), else PTX JIT, through cudarc | the product |
 //! | `Emulated` | the same `.cu` compiled for the host, CUDA threads as fibers | tests without a GPU, race detection |
 //! | [`reference`](mod@reference) | plain Rust, f64 | the specification |
 //!
@@ -44,23 +52,33 @@
 //!
 //! Every call validates its inputs and returns a named [`Error`] instead of launching on bad
 //! ones; nothing on a caller-reachable path panics.
+//!
+//! ## Features
+//!
+//! `dev`: the test and verification support this crate's own tests, benches and command-line
+//! front end use (seeded generators and tolerances, the `verify` cases, `inspect`, the
+//! emulator self-test kernels). Not needed to use the kernels.
 
 #![warn(missing_debug_implementations)]
 
 pub mod backend;
 pub mod dtype;
 pub mod error;
+#[cfg(feature = "dev")]
 pub mod inspect;
 pub mod ops;
 #[allow(missing_docs)]
 pub mod params;
 pub mod reference;
+#[cfg(feature = "dev")]
 pub mod selftest;
 pub mod tensor;
+#[cfg(feature = "dev")]
 pub mod testing;
+#[cfg(feature = "dev")]
 pub mod verify;
 
-pub use backend::{CpAsyncTiming, Device, EmuOptions, KernelRef, Schedule, Target};
+pub use backend::{CpAsyncTiming, Device, DeviceCounters, EmuOptions, KernelRef, Queue, Schedule, Selection, Target};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use tensor::Tensor;
+pub use tensor::{CudaBuffer, CudaBufferGuard, CudaElement, Tensor, TensorView, TensorViewMut};

@@ -131,7 +131,7 @@ pub fn launch(
     } else {
         DType::F32
     };
-    check_dtype(OP, "out", out, out_dtype)?;
+    check_dtype(OP, "out", out.dtype(), out_dtype)?;
     let (n, needed) = match kernel.fixed_io() {
         Some((inputs, outputs)) => (inputs, outputs),
         None => match kernel {
@@ -147,7 +147,7 @@ pub fn launch(
         return Err(Error::invalid(OP, "out", out.numel(), format!("needs {needed} contiguous elements")));
     }
     if let Some(i) = input {
-        check_dtype(OP, "in", i, DType::F32)?;
+        check_dtype(OP, "in", i.dtype(), DType::F32)?;
         if !i.is_contiguous() || i.numel() < n {
             return Err(Error::invalid(OP, "in", i.numel(), format!("needs {n} contiguous elements")));
         }
@@ -156,8 +156,11 @@ pub fn launch(
     }
     let mut args = KernelArgs::new(OP, out.device());
     let params = SelftestParams {
-        input: args.opt_ptr("in", input)?,
-        out: args.ptr("out", out)?,
+        input: match input {
+            Some(i) => args.read_tensor("in", i)?,
+            None => 0,
+        },
+        out: args.write_tensor("out", out)?,
         n: to_i64(
             OP,
             "n",

@@ -566,7 +566,7 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
     let v = rng.normal_vec(tk * kv_heads * d, 1.0, dtype);
     let (qt, kt, vt) = if fused_qkv {
         if tq != tk {
-            return Err(crate::Error::Host("fused_qkv needs q_len == k_len".into()));
+            return Err(crate::Error::invalid("verify", "fused_qkv", "q_len != k_len", "needs q_len == k_len"));
         }
         fused_qkv_views(device, dtype, [&q, &k, &v], tq, q_heads, kv_heads, d)?
     } else {

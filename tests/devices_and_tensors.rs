@@ -26,7 +26,14 @@ fn cuda_is_usable_or_a_clean_error() {
             let v: Vec<f32> = (0..16).map(|i| i as f32).collect();
             t.copy_from_slice(&v).unwrap();
             assert_eq!(t.to_vec::<f32>().unwrap(), v);
-            assert!(t.cuda_slice().is_some());
+            {
+                let mut guard = t.cuda_buffer().unwrap().expect("a CUDA tensor has a cudarc buffer");
+                assert!(guard.view_mut::<f32>().is_none() && guard.bytes_mut().is_some());
+                assert_eq!(guard.buffer().num_bytes(), 64);
+                // While this thread holds the buffer, ops on it fail instead of deadlocking.
+                let e = t.to_vec::<f32>().unwrap_err();
+                assert!(matches!(e, Error::StorageBusy { .. }), "{e}");
+            }
             let small = stream.alloc_zeros::<u8>(8).unwrap();
             assert!(Tensor::from_cuda_slice(&shared, small, DType::F32, &[4]).is_err());
         }

@@ -708,6 +708,8 @@ template <class T> inline T atomicMin(T* p, T v) {
   }
   return o;
 }
+template <class T> inline T atomicOr(T* p, T v) { return std::atomic_ref<T>(*p).fetch_or(v, std::memory_order_relaxed); }
+template <class T> inline T atomicAnd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_and(v, std::memory_order_relaxed); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence_block() { std::atomic_signal_fence(std::memory_order_seq_cst); }
 

@@ -1,57 +1,99 @@
-//! The CUDA target: one context, one stream, kernel modules loaded lazily from embedded PTX.
+//! The CUDA target: per context, kernel images loaded lazily and shared by every stream.
+//!
+//! Which image a family loads: the embedded cubin built for the GPU's architecture family when
+//! there is one (sm_90 cubins for compute capability 9.x, sm_80 for 8.x: SASS runs on later
+//! minor versions of its major), else the sm_90 PTX, which the driver JIT-compiles (newer GPUs).
+//! A cubin that the driver refuses falls back to PTX too. `Device::loaded_kernels` tells which
+//! image each family got.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
-use super::{KernelParams, KernelRef, LaunchDims, MODULES, ModuleSource};
+use super::{Count, Counters, KernelParams, KernelRef, LaunchDims, MODULES, ModuleSource};
 use crate::error::{Error, Result};
 
-pub(crate) struct CudaBackend {
+/// Which kind of image a kernel family was loaded from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageKind {
+    /// The embedded cubin for this architecture: no JIT.
+    Cubin(&'static str),
+    /// The embedded PTX for this architecture, JIT-compiled by the driver.
+    PtxJit(&'static str),
+}
+
+impl std::fmt::Display for ImageKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ImageKind::Cubin(a) => write!(f, "cubin {a}"),
+            ImageKind::PtxJit(a) => write!(f, "PTX {a} (JIT)"),
+        }
+    }
+}
+
+/// What the driver reports about one loaded kernel (`cuFuncGetAttribute`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaKernelInfo {
+    pub module: &'static str,
+    pub symbol: &'static str,
+    pub image: ImageKind,
+    pub registers: i32,
+    pub local_bytes: i32,
+    pub static_smem_bytes: i32,
+    pub max_threads_per_block: i32,
+}
+
+/// Checks that a driver library exists and reports a device, without creating a context.
+pub(crate) fn probe() -> Result<()> {
+    // SAFETY: is_culib_present only tries to dlopen the driver library; it has no
+    // preconditions. cudarc panics on any other driver call when the library is missing,
+    // which is why every path into the CUDA target starts here.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(Error::CudaUnavailable(
+            "no CUDA driver library (libcuda.so) on this machine; using the emulated target".into(),
+        ));
+    }
+    let n = CudaContext::device_count().map_err(|e| Error::CudaUnavailable(format!("cuInit/device count: {e}")))?;
+    if n < 1 {
+        return Err(Error::CudaUnavailable("the CUDA driver reports no device".into()));
+    }
+    Ok(())
+}
+
+/// State shared by every device (stream) of one CUDA context.
+pub(crate) struct CudaShared {
     pub ctx: Arc<CudaContext>,
-    pub stream: Arc<CudaStream>,
     pub arch: &'static str,
     pub sm_count: usize,
+    pub counters: Counters,
     name: String,
     cc: (i32, i32),
     max_optin_smem: usize,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    modules: Mutex<HashMap<&'static str, (Arc<CudaModule>, ImageKind)>>,
     /// Loaded kernels, with the dynamic shared memory they were opted in to.
     functions: Mutex<HashMap<&'static str, (CudaFunction, u32)>>,
 }
 
-impl CudaBackend {
-    /// Checks that a driver library exists and reports a device, without creating a context.
-    pub fn probe() -> Result<()> {
-        // SAFETY: is_culib_present only tries to dlopen the driver library; it has no
-        // preconditions. cudarc panics on any other driver call when the library is missing,
-        // which is why every path into the CUDA target starts here.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(Error::CudaUnavailable(
-                "no CUDA driver library (libcuda.so) on this machine; use the emulated target".into(),
-            ));
-        }
-        let n = CudaContext::device_count().map_err(|e| Error::CudaUnavailable(format!("cuInit/device count: {e}")))?;
-        if n < 1 {
-            return Err(Error::CudaUnavailable("the CUDA driver reports no device".into()));
-        }
-        Ok(())
+/// One `CudaShared` per live context, so that devices built from an engine's streams share the
+/// loaded images.
+fn shared_for(ctx: &Arc<CudaContext>) -> Result<Arc<CudaShared>> {
+    static REGISTRY: OnceLock<Mutex<Vec<(usize, Weak<CudaShared>)>>> = OnceLock::new();
+    let mut reg = REGISTRY.get_or_init(|| Mutex::new(Vec::new())).lock().unwrap_or_else(|p| p.into_inner());
+    reg.retain(|(_, w)| w.strong_count() > 0);
+    let key = ctx.cu_ctx() as usize;
+    if let Some(s) = reg.iter().find(|(k, _)| *k == key).and_then(|(_, w)| w.upgrade()) {
+        return Ok(s);
     }
+    let s = Arc::new(CudaShared::new(ctx.clone())?);
+    reg.push((key, Arc::downgrade(&s)));
+    Ok(s)
+}
 
-    pub fn new(ordinal: usize) -> Result<Self> {
-        Self::probe()?;
-        let ctx = CudaContext::new(ordinal)
-            .map_err(|e| Error::CudaUnavailable(format!("cannot create a context on device {ordinal}: {e}")))?;
-        let stream = ctx.default_stream();
-        Self::on_stream(stream)
-    }
-
-    /// A backend that queues every launch and copy on `stream` (an engine's own stream).
-    pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self> {
-        let ctx = stream.context().clone();
+impl CudaShared {
+    fn new(ctx: Arc<CudaContext>) -> Result<Self> {
         let cc = ctx.compute_capability()?;
         let arch = match cc {
             (major, _) if major >= 9 => "sm_90",
@@ -66,11 +108,11 @@ impl CudaBackend {
         let max_optin_smem =
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as usize;
         let name = ctx.name()?;
-        Ok(CudaBackend {
+        Ok(CudaShared {
             ctx,
-            stream,
             arch,
             sm_count,
+            counters: Counters::default(),
             name,
             cc,
             max_optin_smem,
@@ -79,18 +121,7 @@ impl CudaBackend {
         })
     }
 
-    pub fn description(&self) -> String {
-        format!(
-            "{} (compute capability {}.{}, {} SMs, PTX {})",
-            self.name, self.cc.0, self.cc.1, self.sm_count, self.arch
-        )
-    }
-
-    pub fn synchronize(&self) -> Result<()> {
-        Ok(self.stream.synchronize()?)
-    }
-
-    fn module(&self, name: &'static str) -> Result<Arc<CudaModule>> {
+    fn module(&self, name: &'static str) -> Result<(Arc<CudaModule>, ImageKind)> {
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = modules.get(name) {
             return Ok(m.clone());
@@ -99,10 +130,29 @@ impl CudaBackend {
             .iter()
             .find(|m| m.name == name)
             .ok_or(Error::KernelNotFound { module: name, symbol: "<module>" })?;
-        let ptx = if self.arch == "sm_90" { src.ptx_sm90 } else { src.ptx_sm80 };
-        let module = self.ctx.load_module(Ptx::from_src(ptx))?;
-        modules.insert(name, module.clone());
-        Ok(module)
+        let cubin = match self.cc.0 {
+            9 => Some(("sm_90", src.cubin_sm90)),
+            8 => Some(("sm_80", src.cubin_sm80)),
+            _ => None,
+        };
+        let loaded = match cubin {
+            Some((arch, bytes)) if !bytes.is_empty() => {
+                match self.ctx.load_module(Ptx::from_binary(bytes.to_vec())) {
+                    Ok(m) => Some((m, ImageKind::Cubin(arch))),
+                    Err(_) => None, // fall back to PTX below
+                }
+            }
+            _ => None,
+        };
+        let entry = match loaded {
+            Some(e) => e,
+            None => {
+                let ptx = if self.arch == "sm_90" { src.ptx_sm90 } else { src.ptx_sm80 };
+                (self.ctx.load_module(Ptx::from_src(ptx))?, ImageKind::PtxJit(self.arch))
+            }
+        };
+        modules.insert(name, entry.clone());
+        Ok(entry)
     }
 
     fn function(&self, kernel: KernelRef, dyn_smem: u32) -> Result<CudaFunction> {
@@ -112,6 +162,7 @@ impl CudaBackend {
             None => {
                 let f = self
                     .module(kernel.module)?
+                    .0
                     .load_function(kernel.symbol)
                     .map_err(|_| Error::KernelNotFound { module: kernel.module, symbol: kernel.symbol })?;
                 functions.entry(kernel.symbol).or_insert((f, 48 * 1024))
@@ -136,28 +187,90 @@ impl CudaBackend {
         Ok(entry.0.clone())
     }
 
+    pub fn kernel_info(&self, kernel: KernelRef) -> Result<CudaKernelInfo> {
+        let f = self.function(kernel, 0)?;
+        let image = self.module(kernel.module)?.1;
+        let attr = |a| f.get_attribute(a);
+        Ok(CudaKernelInfo {
+            module: kernel.module,
+            symbol: kernel.symbol,
+            image,
+            registers: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            local_bytes: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+            static_smem_bytes: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+            max_threads_per_block: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        })
+    }
+
+    pub fn loaded_kernels(&self) -> Vec<CudaKernelInfo> {
+        let symbols: Vec<(&'static str, &'static str)> = {
+            let functions = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+            let mut v: Vec<_> = functions.keys().map(|s| (module_of(s), *s)).collect();
+            v.sort();
+            v
+        };
+        symbols.into_iter().filter_map(|(module, symbol)| self.kernel_info(KernelRef { module, symbol }).ok()).collect()
+    }
+}
+
+/// The family a loaded symbol belongs to (symbols are unique across families).
+fn module_of(symbol: &str) -> &'static str {
+    crate::ops::kernel_symbols().into_iter().find(|k| k.symbol == symbol).map_or("?", |k| k.module)
+}
+
+/// One stream of a context.
+pub(crate) struct CudaDevice {
+    pub shared: Arc<CudaShared>,
+    pub stream: Arc<CudaStream>,
+}
+
+impl CudaDevice {
+    pub fn new(ordinal: usize) -> Result<Self> {
+        probe()?;
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| Error::CudaUnavailable(format!("cannot create a context on device {ordinal}: {e}")))?;
+        // A non-blocking stream of our own, never the legacy null stream: it does not serialize
+        // with other streams, and it can be captured into a CUDA graph.
+        let stream = ctx.new_stream()?;
+        Self::on_stream(stream)
+    }
+
+    /// A device that queues every launch and copy on `stream` (an engine's own stream).
+    pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        probe()?;
+        let shared = shared_for(stream.context())?;
+        Ok(CudaDevice { shared, stream })
+    }
+
+    pub fn description(&self) -> String {
+        let s = &self.shared;
+        format!("{} (compute capability {}.{}, {} SMs, {} images)", s.name, s.cc.0, s.cc.1, s.sm_count, s.arch)
+    }
+
     pub fn launch<P: KernelParams>(&self, kernel: KernelRef, dims: LaunchDims, params: &P) -> Result<()> {
-        let func = self.function(kernel, dims.dyn_smem)?;
+        let func = self.shared.function(kernel, dims.dyn_smem)?;
         let cfg = LaunchConfig { grid_dim: dims.grid, block_dim: dims.block, shared_mem_bytes: dims.dyn_smem };
         let mut builder = self.stream.launch_builder(&func);
         builder.arg(params);
         // SAFETY: `kernel.symbol` is declared `extern "C" __global__ void name(const Params p)` by
         // LLK_EXPORT_KERNELS with P as its only parameter, so the one by-value argument matches
-        // the kernel signature. Every device address inside `params` came from
-        // `KernelArgs::ptr` on a live tensor of this device whose guard outlives this call, and
-        // the op validated the extents the kernel reads and writes.
+        // the kernel signature. Every device address inside `params` came from `KernelArgs` for
+        // memory of this context whose guard (and lock) outlives this call, and the op validated
+        // the extents the kernel reads and writes.
         unsafe { builder.launch(cfg) }?;
         Ok(())
     }
 
     pub fn time_with_events(&self, iters: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
-        let start = self.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let stop = self.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let ctx = &self.shared.ctx;
+        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         start.record(&self.stream)?;
         for _ in 0..iters {
             f()?;
         }
         stop.record(&self.stream)?;
+        self.shared.counters.add(Count::Synchronization);
         stop.synchronize()?;
         Ok(f64::from(start.elapsed_ms(&stop)?))
     }

@@ -5,7 +5,7 @@ use std::ffi::CStr;
 use std::sync::{Mutex, OnceLock};
 
 use super::emu_abi::{LlkEmuCpAsyncTiming, LlkEmuKernel, LlkEmuLaunch, LlkEmuReport, LlkEmuSchedule, LlkEmuStatus};
-use super::{KernelParams, KernelRef, LaunchDims, MODULES};
+use super::{Counters, KernelParams, KernelRef, LaunchDims, MODULES};
 use crate::error::{Error, Result};
 
 /// Order in which the emulator runs the threads of a block between two barriers.
@@ -117,6 +117,7 @@ pub(crate) fn registry() -> &'static Registry {
 
 pub(crate) struct EmuBackend {
     options: EmuOptions,
+    pub(crate) counters: Counters,
     /// Serializes launches and host copies, like a CUDA stream: host memory of this device is
     /// only touched while it is held.
     pub(crate) stream: Mutex<()>,
@@ -124,7 +125,7 @@ pub(crate) struct EmuBackend {
 
 impl EmuBackend {
     pub fn new(options: EmuOptions) -> Self {
-        EmuBackend { options, stream: Mutex::new(()) }
+        EmuBackend { options, counters: Counters::default(), stream: Mutex::new(()) }
     }
     pub fn description(&self) -> String {
         let sched = match self.options.schedule {

@@ -2,21 +2,33 @@
 //!
 //! A [`Device`] is one of two targets that run the *same* kernel sources (`kernels/*.cu`):
 //!
-//! * [`Target::Cuda`]: PTX built by nvcc, loaded lazily per kernel family and launched through
-//!   cudarc on one stream.
+//! * [`Target::Cuda`]: a CUDA context and one stream of it. Kernel images (the cubin built for
+//!   the GPU's architecture, else PTX for the driver to JIT) are loaded lazily, once per context
+//!   and family, and shared by every `Device` on that context.
 //! * [`Target::Emulated`]: the kernels compiled for the host and run by the fiber emulator
 //!   (`kernels/emu/`). Launches are serialized like a stream, and every kernel is found by the
 //!   same symbol name as in the PTX.
 //!
 //! Both launch a kernel with its one params struct (`kernels/params.h`), so they cannot drift.
+//!
+//! Two `Device`s on the same context and stream are the same device. A call may also run on
+//! another stream of the same context ([`Device::with_stream`]): tensors and views only have to
+//! belong to the same context as the launching device. cudarc's event tracking orders the
+//! accesses across streams: inputs are taken with read intent, outputs with write intent.
 
+pub(crate) mod args;
 mod cuda;
 pub(crate) mod emu_abi;
 mod emulated;
+mod staging;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+pub(crate) use args::KernelArgs;
+pub use cuda::{CudaKernelInfo, ImageKind};
 pub use emulated::{CpAsyncTiming, EmuOptions, Schedule};
+pub(crate) use staging::PinnedStaging;
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -39,18 +51,25 @@ impl std::fmt::Display for Target {
     }
 }
 
-/// One kernel family as built by `build.rs`: its PTX per architecture, the ptxas reports, and the
-/// host registry of its emulated kernels.
+/// One kernel family as built by `build.rs`: its PTX and cubin per architecture, the ptxas
+/// reports, and the host registry of its emulated kernels.
 pub(crate) struct ModuleSource {
     pub name: &'static str,
     pub ptx_sm90: &'static str,
     pub ptx_sm80: &'static str,
+    pub cubin_sm90: &'static [u8],
+    pub cubin_sm80: &'static [u8],
     pub ptxas_sm90: &'static str,
     pub ptxas_sm80: &'static str,
     pub emu_table: unsafe extern "C" fn(count: *mut u64) -> *const emu_abi::LlkEmuKernel,
 }
 
 include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+
+/// How `build.rs` obtained the device code embedded in this build: `"source"` (compiled by nvcc
+/// here) or `"prebuilt"` (the committed `kernels/prebuilt/` files, whose manifest matched the
+/// sources), followed by details.
+pub const DEVICE_CODE_ORIGIN: &str = env!("LLK_DEVICE_CODE_ORIGIN");
 
 /// Build artifacts of one kernel family, for inspection (`llama-kernels info`, static checks).
 #[derive(Clone, Copy, Debug)]
@@ -60,6 +79,9 @@ pub struct KernelModuleInfo {
     /// PTX for sm_90 and for sm_80, as embedded in the crate.
     pub ptx_sm90: &'static str,
     pub ptx_sm80: &'static str,
+    /// Cubins for sm_90 and sm_80, as embedded in the crate.
+    pub cubin_sm90: &'static [u8],
+    pub cubin_sm80: &'static [u8],
     /// `ptxas -v` output for the two PTX files (registers, spills, shared memory per kernel).
     pub ptxas_sm90: &'static str,
     pub ptxas_sm80: &'static str,
@@ -71,6 +93,8 @@ pub fn kernel_modules() -> impl Iterator<Item = KernelModuleInfo> {
         name: m.name,
         ptx_sm90: m.ptx_sm90,
         ptx_sm80: m.ptx_sm80,
+        cubin_sm90: m.cubin_sm90,
+        cubin_sm80: m.cubin_sm80,
         ptxas_sm90: m.ptxas_sm90,
         ptxas_sm80: m.ptxas_sm80,
     })
@@ -118,15 +142,83 @@ kernel_params!(
     crate::params::RopeParams,
     crate::params::SwiGluParams,
     crate::params::AttentionParams,
+    crate::params::AttentionPlanParams,
     crate::params::SelftestParams,
 );
 
-pub(crate) enum DeviceInner {
-    Cuda(cuda::CudaBackend),
-    Emulated(emulated::EmuBackend),
+/// What a device has done since it was created: the counting hook that proves a planned call
+/// allocates nothing, copies nothing from pageable host memory and never waits on the host.
+///
+/// Counted per context (every [`Device`] on one CUDA context, or one emulated device and its
+/// clones, share the counters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCounters {
+    /// Kernels queued.
+    pub launches: u64,
+    /// Device allocations (tensors, workspaces, staging buffers).
+    pub allocations: u64,
+    /// Host-to-device copies from pageable host memory (each can stall, and none is legal
+    /// during CUDA graph capture).
+    pub pageable_uploads: u64,
+    /// Host-to-device copies from pinned staging memory (asynchronous, capturable).
+    pub pinned_uploads: u64,
+    /// Device-to-host copies.
+    pub downloads: u64,
+    /// Host waits for the device (stream or event synchronization).
+    pub synchronizations: u64,
 }
 
-/// A device: a CUDA GPU or the emulator. Cheap to clone (shared handle).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    launches: AtomicU64,
+    allocations: AtomicU64,
+    pageable_uploads: AtomicU64,
+    pinned_uploads: AtomicU64,
+    downloads: AtomicU64,
+    synchronizations: AtomicU64,
+}
+
+/// What a counter counts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Count {
+    Launch,
+    Allocation,
+    PageableUpload,
+    PinnedUpload,
+    Download,
+    Synchronization,
+}
+
+impl Counters {
+    pub(crate) fn add(&self, what: Count) {
+        let c = match what {
+            Count::Launch => &self.launches,
+            Count::Allocation => &self.allocations,
+            Count::PageableUpload => &self.pageable_uploads,
+            Count::PinnedUpload => &self.pinned_uploads,
+            Count::Download => &self.downloads,
+            Count::Synchronization => &self.synchronizations,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+    fn snapshot(&self) -> DeviceCounters {
+        DeviceCounters {
+            launches: self.launches.load(Ordering::Relaxed),
+            allocations: self.allocations.load(Ordering::Relaxed),
+            pageable_uploads: self.pageable_uploads.load(Ordering::Relaxed),
+            pinned_uploads: self.pinned_uploads.load(Ordering::Relaxed),
+            downloads: self.downloads.load(Ordering::Relaxed),
+            synchronizations: self.synchronizations.load(Ordering::Relaxed),
+        }
+    }
+}
+
+pub(crate) enum DeviceInner {
+    Cuda(cuda::CudaDevice),
+    Emulated(Arc<emulated::EmuBackend>),
+}
+
+/// A device: a CUDA context and stream, or the emulator. Cheap to clone (shared handle).
 #[derive(Clone)]
 pub struct Device(pub(crate) Arc<DeviceInner>);
 
@@ -136,20 +228,42 @@ impl std::fmt::Debug for Device {
     }
 }
 
+/// What [`Device::select`] chose, and why CUDA was not chosen when it was not.
+#[derive(Debug)]
+pub struct Selection {
+    pub device: Device,
+    /// Why the CUDA target was not used (no driver, no device, compute capability too low).
+    pub cuda_skipped: Option<Error>,
+}
+
 impl Device {
-    /// The GPU with this ordinal. Fails cleanly (never panics) when there is no CUDA driver or no
-    /// such device.
+    /// The GPU with this ordinal, on a new non-blocking stream of its primary context. Fails
+    /// cleanly (never panics) when there is no CUDA driver or no such device.
     pub fn cuda(ordinal: usize) -> Result<Device> {
-        Ok(Device(Arc::new(DeviceInner::Cuda(cuda::CudaBackend::new(ordinal)?))))
+        Ok(Device(Arc::new(DeviceInner::Cuda(cuda::CudaDevice::new(ordinal)?))))
     }
     /// The GPU of `stream`'s context, queueing every launch and copy on `stream`: share an
     /// engine's own stream with the kernels of this crate.
-    pub fn cuda_on_stream(stream: std::sync::Arc<cudarc::driver::CudaStream>) -> Result<Device> {
-        cuda::CudaBackend::probe()?;
-        Ok(Device(Arc::new(DeviceInner::Cuda(cuda::CudaBackend::on_stream(stream)?))))
+    pub fn cuda_on_stream(stream: Arc<cudarc::driver::CudaStream>) -> Result<Device> {
+        Ok(Device(Arc::new(DeviceInner::Cuda(cuda::CudaDevice::on_stream(stream)?))))
+    }
+    /// The same context on another of its streams (CUDA), or this device (emulated, which has
+    /// one stream). Tensors of `self` may be used by calls on the returned device.
+    pub fn with_stream(&self, stream: Arc<cudarc::driver::CudaStream>) -> Result<Device> {
+        match &*self.0 {
+            DeviceInner::Cuda(c) => {
+                if stream.context().cu_ctx() != c.shared.ctx.cu_ctx() {
+                    return Err(Error::DeviceMismatch { op: "with_stream", what: "stream" });
+                }
+                Self::cuda_on_stream(stream)
+            }
+            DeviceInner::Emulated(_) => {
+                Err(Error::WrongTarget { what: "Device::with_stream", expected: Target::Cuda, got: Target::Emulated })
+            }
+        }
     }
     /// The stream this device queues work on (CUDA only).
-    pub fn cuda_stream(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaStream>> {
+    pub fn cuda_stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
         match &*self.0 {
             DeviceInner::Cuda(c) => Some(&c.stream),
             DeviceInner::Emulated(_) => None,
@@ -161,18 +275,24 @@ impl Device {
     }
     /// The emulated target with explicit scheduling options.
     pub fn emulated_with(options: EmuOptions) -> Device {
-        Device(Arc::new(DeviceInner::Emulated(emulated::EmuBackend::new(options))))
+        Device(Arc::new(DeviceInner::Emulated(Arc::new(emulated::EmuBackend::new(options)))))
+    }
+    /// CUDA device 0 when a GPU is usable, otherwise the emulated target, with the reason CUDA
+    /// was not used.
+    pub fn select() -> Selection {
+        match Self::cuda(0) {
+            Ok(device) => Selection { device, cuda_skipped: None },
+            Err(e) => Selection { device: Self::emulated(), cuda_skipped: Some(e) },
+        }
     }
     /// CUDA device 0 when a GPU is usable, otherwise the emulated target.
+    /// [`Device::select`] also says why.
     pub fn best() -> Device {
-        Self::cuda(0).unwrap_or_else(|_| Self::emulated())
+        Self::select().device
     }
     /// Why the CUDA target is not available here, or `None` when it is.
     pub fn cuda_unavailable_reason() -> Option<String> {
-        match cuda::CudaBackend::probe() {
-            Ok(()) => None,
-            Err(e) => Some(e.to_string()),
-        }
+        cuda::probe().err().map(|e| e.to_string())
     }
 
     pub fn target(&self) -> Target {
@@ -192,26 +312,77 @@ impl Device {
     /// grids.
     pub fn sm_count(&self) -> usize {
         match &*self.0 {
-            DeviceInner::Cuda(c) => c.sm_count,
+            DeviceInner::Cuda(c) => c.shared.sm_count,
             DeviceInner::Emulated(_) => 132,
         }
     }
-    /// The PTX architecture loaded on this device (`sm_90`, `sm_80`), or `None` when emulated.
+    /// The PTX architecture of the images loaded on this device (`sm_90`, `sm_80`), or `None`
+    /// when emulated.
     pub fn ptx_arch(&self) -> Option<&'static str> {
         match &*self.0 {
-            DeviceInner::Cuda(c) => Some(c.arch),
+            DeviceInner::Cuda(c) => Some(c.shared.arch),
             DeviceInner::Emulated(_) => None,
         }
     }
-    /// Waits until all queued work on this device is done.
+    /// Waits until all queued work on this device's stream is done.
     pub fn synchronize(&self) -> Result<()> {
+        self.count(Count::Synchronization);
         match &*self.0 {
-            DeviceInner::Cuda(c) => c.synchronize(),
+            DeviceInner::Cuda(c) => Ok(c.stream.synchronize()?),
             DeviceInner::Emulated(_) => Ok(()),
         }
     }
-    pub(crate) fn same(&self, other: &Device) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+    /// Whether `other` is the same device: the same CUDA context and stream, or the same
+    /// emulated device.
+    pub fn same(&self, other: &Device) -> bool {
+        match (&*self.0, &*other.0) {
+            (DeviceInner::Cuda(a), DeviceInner::Cuda(b)) => {
+                a.shared.ctx.cu_ctx() == b.shared.ctx.cu_ctx() && a.stream.cu_stream() == b.stream.cu_stream()
+            }
+            (DeviceInner::Emulated(a), DeviceInner::Emulated(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+    /// Whether memory of `other` may be used by calls on `self`: the same CUDA context (any
+    /// stream), or the same emulated device.
+    pub fn same_context(&self, other: &Device) -> bool {
+        match (&*self.0, &*other.0) {
+            (DeviceInner::Cuda(a), DeviceInner::Cuda(b)) => a.shared.ctx.cu_ctx() == b.shared.ctx.cu_ctx(),
+            (DeviceInner::Emulated(a), DeviceInner::Emulated(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// The counting hook: launches, allocations, copies and host waits so far on this device's
+    /// context.
+    pub fn counters(&self) -> DeviceCounters {
+        self.counters_ref().snapshot()
+    }
+    fn counters_ref(&self) -> &Counters {
+        match &*self.0 {
+            DeviceInner::Cuda(c) => &c.shared.counters,
+            DeviceInner::Emulated(e) => &e.counters,
+        }
+    }
+    pub(crate) fn count(&self, what: Count) {
+        self.counters_ref().add(what)
+    }
+
+    /// Per-kernel facts the driver reports for the images loaded so far (CUDA only): which
+    /// image (cubin or PTX JIT) each family loaded, and each loaded kernel's registers and local
+    /// memory from `cuFuncGetAttribute`.
+    pub fn loaded_kernels(&self) -> Vec<CudaKernelInfo> {
+        match &*self.0 {
+            DeviceInner::Cuda(c) => c.shared.loaded_kernels(),
+            DeviceInner::Emulated(_) => Vec::new(),
+        }
+    }
+    /// Loads (if needed) and describes one kernel (CUDA only; `None` when emulated).
+    pub fn kernel_info(&self, kernel: KernelRef) -> Result<Option<CudaKernelInfo>> {
+        match &*self.0 {
+            DeviceInner::Cuda(c) => c.shared.kernel_info(kernel).map(Some),
+            DeviceInner::Emulated(_) => Ok(None),
+        }
     }
 
     /// GPU timing of `f` with CUDA events (milliseconds), for benchmarks. `None` when emulated.
@@ -229,40 +400,21 @@ impl Device {
     }
 }
 
-/// Collects the device addresses of a launch's tensors and keeps cudarc's stream-sync guards
-/// alive until the launch is queued.
-pub(crate) struct KernelArgs<'a> {
-    op: &'static str,
-    device: &'a Device,
-    guards: Vec<cudarc::driver::SyncOnDrop<'a>>,
+/// Something kernels can be queued on: a [`Device`], or an engine's own cudarc stream (whose
+/// context's kernel images are loaded once and shared).
+pub trait Queue {
+    /// The device that queues on this.
+    fn queue_device(&self) -> Result<Device>;
 }
 
-impl<'a> KernelArgs<'a> {
-    pub fn new(op: &'static str, device: &'a Device) -> Self {
-        KernelArgs { op, device, guards: Vec::new() }
+impl Queue for Device {
+    fn queue_device(&self) -> Result<Device> {
+        Ok(self.clone())
     }
-    /// The address of `t`'s first element, after checking that it lives on this device.
-    pub fn ptr(&mut self, what: &'static str, t: &'a Tensor) -> Result<u64> {
-        if !t.device().same(self.device) {
-            return Err(Error::DeviceMismatch { op: self.op, what });
-        }
-        let (base, guard) = t.storage().base_address()?;
-        if let Some(g) = guard {
-            self.guards.push(g);
-        }
-        Ok(base + (t.offset() * t.dtype().size()) as u64)
-    }
-    /// Like [`KernelArgs::ptr`], or 0 for an absent optional tensor.
-    pub fn opt_ptr(&mut self, what: &'static str, t: Option<&'a Tensor>) -> Result<u64> {
-        t.map_or(Ok(0), |t| self.ptr(what, t))
-    }
-    /// Queues the kernel. The guards are dropped only after the launch call returned.
-    pub fn launch<P: KernelParams>(self, kernel: KernelRef, dims: LaunchDims, params: &P) -> Result<()> {
-        let result = match &*self.device.0 {
-            DeviceInner::Cuda(c) => c.launch(kernel, dims, params),
-            DeviceInner::Emulated(e) => e.launch(kernel, dims, params),
-        };
-        drop(self.guards);
-        result
+}
+
+impl Queue for Arc<cudarc::driver::CudaStream> {
+    fn queue_device(&self) -> Result<Device> {
+        Device::cuda_on_stream(self.clone())
     }
 }

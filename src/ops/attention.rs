@@ -33,14 +33,12 @@
 //! cached prefix). Fully masked rows and queries of sequences without keys write zeros with
 //! `lse = -inf`.
 
-use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims};
+use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims, PinnedStaging, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{
-    Heads, KernelTable, Rows, check_disjoint, check_dtype, check_float, check_same_device, grid_x, to_i64,
-};
-use crate::params::{AttentionParams, LlkAttnMask, LlkAttnTemperature};
-use crate::tensor::Tensor;
+use crate::ops::{Heads, KernelTable, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
+use crate::params::{AttentionParams, AttentionPlanParams, LlkAttnMask, LlkAttnTemperature, LlkDeviceError};
+use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 const OP: &str = "gqa_attention";
 /// Head dims with kernels.
@@ -112,9 +110,12 @@ static KERNELS: KernelTable<(DType, usize)> = KernelTable {
     ],
 };
 
+/// The plan kernel for device-resident sequence offsets.
+const PLAN: KernelRef = KernelRef { module: "attention", symbol: "attention_plan" };
+
 /// The symbols of this family, for static checks.
 pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
-    KERNELS.symbols()
+    KERNELS.symbols().chain(std::iter::once(PLAN))
 }
 
 /// Dynamic shared memory of the tensor-core kernel: Q, and two stages of K and V, in rows padded
@@ -147,18 +148,41 @@ fn check_cu_seqlens(name: &'static str, cu: &[i32], total: usize) -> Result<usiz
     Ok(cu.len() - 1)
 }
 
-/// Reusable per-call state: a small device buffer for the sequence offsets and the tile map.
-/// Create it once (it grows to the largest batch seen, the only allocation) and reuse it.
+/// The cumulative sequence offsets of a varlen batch (`batch + 1` i32 values each, from 0,
+/// non-decreasing, ending at the total token counts).
+#[derive(Clone, Copy, Debug)]
+pub enum CuSeqlens<'r, 'a> {
+    /// Host slices: validated on the host, then copied through the workspace's pinned staging
+    /// buffer (asynchronous; it waits only if the copy from two calls ago has not run yet).
+    Host { q: &'r [i32], k: &'r [i32] },
+    /// Device-resident i32 views: no host copy at all (CUDA-graph capturable). The device
+    /// validates them: invalid offsets write nothing and raise the workspace's error flag,
+    /// which [`AttentionWorkspace::check_errors`] reports.
+    Device { q: &'r TensorView<'a>, k: &'r TensorView<'a> },
+}
+
+/// Offsets of the workspace buffer (i32 elements): the error flag, then three arrays of
+/// `capacity` entries.
+const FLAG: usize = 0;
+const ARRAYS: usize = 4;
+
+/// Reusable per-call state: a small device buffer for the sequence offsets, the tile map and a
+/// device-side error flag, and a pinned staging buffer for host offsets. Plan it once with
+/// [`AttentionWorkspace::with_capacity`] for the largest batch; calls within that capacity
+/// allocate nothing (a larger batch grows it, the only allocation).
 #[derive(Debug)]
 pub struct AttentionWorkspace {
     device: Device,
     buf: Option<Tensor>,
+    /// Entries per array: the largest `batch + 1` planned for.
+    capacity: usize,
     host: Vec<i32>,
+    staging: Option<PinnedStaging>,
 }
 
 impl AttentionWorkspace {
     pub fn new(device: &Device) -> AttentionWorkspace {
-        AttentionWorkspace { device: device.clone(), buf: None, host: Vec::new() }
+        AttentionWorkspace { device: device.clone(), buf: None, capacity: 0, host: Vec::new(), staging: None }
     }
     /// Preallocates room for batches of up to `max_batch` sequences.
     pub fn with_capacity(device: &Device, max_batch: usize) -> Result<AttentionWorkspace> {
@@ -167,9 +191,40 @@ impl AttentionWorkspace {
         Ok(ws)
     }
     fn reserve(&mut self, batch: usize) -> Result<()> {
-        let need = 3 * (batch + 1);
-        if self.buf.as_ref().is_none_or(|b| b.numel() < need) {
-            self.buf = Some(Tensor::zeros(&self.device, DType::I32, &[need.next_power_of_two()])?);
+        let need = batch.checked_add(1).ok_or_else(|| Error::invalid(OP, "batch", batch, "too large"))?;
+        if self.buf.is_none() || self.capacity < need {
+            let capacity = need.next_power_of_two();
+            let elems = capacity
+                .checked_mul(3)
+                .and_then(|n| n.checked_add(ARRAYS))
+                .ok_or_else(|| Error::invalid(OP, "batch", batch, "too large"))?;
+            self.buf = Some(Tensor::zeros(&self.device, DType::I32, &[elems])?);
+            self.staging = PinnedStaging::new(&self.device, 3 * capacity * 4)?;
+            self.capacity = capacity;
+        }
+        Ok(())
+    }
+    fn array(&self, index: usize, len: usize) -> Result<Tensor> {
+        let buf = self.buf.as_ref().ok_or(Error::InvalidView { what: OP, why: "workspace not planned".into() })?;
+        buf.narrow(0, ARRAYS + index * self.capacity, len)
+    }
+
+    /// Reads and clears the device-side error flag (waits for the device): `Err` names what an
+    /// earlier call with device-resident offsets found invalid (that call wrote nothing).
+    pub fn check_errors(&self) -> Result<()> {
+        let Some(buf) = &self.buf else { return Ok(()) };
+        let flag = buf.narrow(0, FLAG, 1)?;
+        let bits = flag.to_vec::<i32>()?[0];
+        if bits != 0 {
+            flag.copy_from_slice(&[0i32])?;
+            let mut what = Vec::new();
+            if bits & LlkDeviceError::LLK_DEVICE_BAD_SEQLENS as i32 != 0 {
+                what.push("cu_seqlens (not from 0, decreasing, or not ending at the token counts)");
+            }
+            if what.is_empty() {
+                what.push("unknown error bits");
+            }
+            return Err(Error::DeviceReported { op: OP, what: format!("{} [flag {bits:#x}]", what.join("; ")) });
         }
         Ok(())
     }
@@ -187,25 +242,134 @@ impl AttentionWorkspace {
         lse: Option<&Tensor>,
         opts: &AttentionOptions,
     ) -> Result<()> {
-        // Dtypes, devices, shapes.
-        check_float(OP, "q", q)?;
-        let dtype = q.dtype();
-        for (what, t) in [("k", k), ("v", v), ("out", out)] {
-            check_dtype(OP, what, t, dtype)?;
-        }
-        check_same_device(OP, q, &[("k", k), ("v", v), ("out", out)])?;
-        if !q.device().same(&self.device) {
+        let mut lse = lse.map(TensorViewMut::of_tensor);
+        self.forward_on(
+            q.device(),
+            &q.view(),
+            &k.view(),
+            &v.view(),
+            CuSeqlens::Host { q: cu_seqlens_q, k: cu_seqlens_k },
+            &mut TensorViewMut::of_tensor(out),
+            lse.as_mut(),
+            opts,
+        )
+    }
+
+    /// [`AttentionWorkspace::forward`] with device-resident sequence offsets (i32 tensors of
+    /// `batch + 1` values): no host copy, so the call can be captured into a CUDA graph.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_device(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cu_seqlens_q: &Tensor,
+        cu_seqlens_k: &Tensor,
+        out: &Tensor,
+        lse: Option<&Tensor>,
+        opts: &AttentionOptions,
+    ) -> Result<()> {
+        let mut lse = lse.map(TensorViewMut::of_tensor);
+        let (cq, ck) = (cu_seqlens_q.view(), cu_seqlens_k.view());
+        self.forward_on(
+            q.device(),
+            &q.view(),
+            &k.view(),
+            &v.view(),
+            CuSeqlens::Device { q: &cq, k: &ck },
+            &mut TensorViewMut::of_tensor(out),
+            lse.as_mut(),
+            opts,
+        )
+    }
+
+    /// Attention on borrowed views, queued on `queue` (a [`Device`] or an engine's
+    /// `Arc<CudaStream>` of the workspace's context). See the module docs for shapes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_on(
+        &mut self,
+        queue: &impl Queue,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        cu_seqlens: CuSeqlens<'_, '_>,
+        out: &mut TensorViewMut<'_>,
+        lse: Option<&mut TensorViewMut<'_>>,
+        opts: &AttentionOptions,
+    ) -> Result<()> {
+        let device = queue.queue_device()?;
+        if !device.same_context(&self.device) {
             return Err(Error::DeviceMismatch { op: OP, what: "workspace" });
         }
+        // Dtypes.
+        let dtype = q.dtype();
+        check_float(OP, "q", dtype)?;
+        check_dtype(OP, "k", k.dtype(), dtype)?;
+        check_dtype(OP, "v", v.dtype(), dtype)?;
+        check_dtype(OP, "out", out.dtype(), dtype)?;
+        if let Some(l) = &lse {
+            check_dtype(OP, "lse", l.dtype(), DType::F32)?;
+        }
+        // Batch size, from the offsets (host offsets are validated here, device ones later).
+        let batch = match cu_seqlens {
+            CuSeqlens::Host { q: cq, k: ck } => {
+                if cq.len() != ck.len() {
+                    return Err(Error::invalid(
+                        OP,
+                        "cu_seqlens_k",
+                        format!("{} values", ck.len()),
+                        format!("must have as many values as cu_seqlens_q ({})", cq.len()),
+                    ));
+                }
+                cq.len()
+                    .checked_sub(1)
+                    .ok_or_else(|| Error::invalid(OP, "cu_seqlens_q", "[]", "needs batch + 1 >= 1 values"))?
+            }
+            CuSeqlens::Device { q: cq, k: ck } => {
+                for (what, c) in [("cu_seqlens_q", cq), ("cu_seqlens_k", ck)] {
+                    check_dtype(OP, what, c.dtype(), DType::I32)?;
+                    if c.shape().len() != 1 || c.numel() == 0 || !c.dims().is_contiguous() {
+                        return Err(Error::ShapeMismatch {
+                            op: OP,
+                            what,
+                            got: c.shape().to_vec(),
+                            expected: "a contiguous [batch + 1] vector".into(),
+                        });
+                    }
+                }
+                if cq.numel() != ck.numel() {
+                    return Err(Error::ShapeMismatch {
+                        op: OP,
+                        what: "cu_seqlens_k",
+                        got: ck.shape().to_vec(),
+                        expected: format!("{:?} like cu_seqlens_q", cq.shape()),
+                    });
+                }
+                cq.numel() - 1
+            }
+        };
+        self.reserve(batch)?;
+        // The workspace arrays (views of one buffer: no allocation).
+        let n = batch + 1;
+        let (cq_t, ck_t, cu_tiles_t, flag_t) =
+            (self.array(0, n)?, self.array(1, n)?, self.array(2, n)?, self.array_flag()?);
+
+        let mut args = KernelArgs::new(OP, &device);
+        let ob = args.write("out", out)?;
+        let lb = match lse {
+            Some(l) => Some(args.write("lse", l)?),
+            None => None,
+        };
+        let (qb, kb, vb) = (args.read("q", q)?, args.read("k", k)?, args.read("v", v)?);
         let (qh, kh, vh, oh) =
-            (Heads::of(OP, "q", q)?, Heads::of(OP, "k", k)?, Heads::of(OP, "v", v)?, Heads::of(OP, "out", out)?);
+            (Heads::of(OP, "q", &qb)?, Heads::of(OP, "k", &kb)?, Heads::of(OP, "v", &vb)?, Heads::of(OP, "out", &ob)?);
         let d = qh.head_dim;
-        for (what, t, h) in [("k", k, &kh), ("v", v, &vh), ("out", out, &oh)] {
+        for (what, b, h) in [("k", &kb, &kh), ("v", &vb, &vh), ("out", &ob, &oh)] {
             if h.head_dim != d {
                 return Err(Error::ShapeMismatch {
                     op: OP,
                     what,
-                    got: t.shape().to_vec(),
+                    got: b.shape().to_vec(),
                     expected: format!("head_dim {d} like q"),
                 });
             }
@@ -213,38 +377,38 @@ impl AttentionWorkspace {
         if !SUPPORTED_HEAD_DIMS.contains(&d) {
             return Err(Error::invalid(OP, "head_dim", d, format!("unsupported (supported: {SUPPORTED_HEAD_DIMS:?})")));
         }
-        if kh.heads == 0 || qh.heads % kh.heads != 0 {
+        if kh.heads == 0 {
+            return Err(Error::invalid(OP, "kv_heads", 0, "must be > 0 (k and v need at least one head)"));
+        }
+        if qh.heads % kh.heads != 0 {
             return Err(Error::invalid(OP, "q_heads", qh.heads, format!("not divisible by kv_heads {}", kh.heads)));
         }
         if vh.heads != kh.heads || vh.tokens != kh.tokens {
             return Err(Error::ShapeMismatch {
                 op: OP,
                 what: "v",
-                got: v.shape().to_vec(),
-                expected: format!("{:?} like k", k.shape()),
+                got: vb.shape().to_vec(),
+                expected: format!("{:?} like k", kb.shape()),
             });
         }
         if oh.tokens != qh.tokens || oh.heads != qh.heads {
             return Err(Error::ShapeMismatch {
                 op: OP,
                 what: "out",
-                got: out.shape().to_vec(),
-                expected: format!("{:?} like q", q.shape()),
+                got: ob.shape().to_vec(),
+                expected: format!("{:?} like q", qb.shape()),
             });
         }
-        let batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, qh.tokens)?;
-        if check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, kh.tokens)? != batch {
-            return Err(Error::invalid(
-                OP,
-                "cu_seqlens_k",
-                format!("{} values", cu_seqlens_k.len()),
-                format!("must have as many values as cu_seqlens_q ({})", cu_seqlens_q.len()),
-            ));
+        if let CuSeqlens::Host { q: cq, k: ck } = cu_seqlens {
+            check_cu_seqlens("cu_seqlens_q", cq, qh.tokens)?;
+            check_cu_seqlens("cu_seqlens_k", ck, kh.tokens)?;
         }
-        if let Some(l) = lse {
-            check_dtype(OP, "lse", l, DType::F32)?;
-            check_same_device(OP, q, &[("lse", l)])?;
-            if l.shape() != [qh.heads, qh.tokens] || !l.is_contiguous() {
+        let lse_len = qh
+            .heads
+            .checked_mul(qh.tokens)
+            .ok_or_else(|| Error::TooLarge { what: "lse", shape: vec![qh.heads, qh.tokens] })?;
+        if let Some(l) = &lb {
+            if l.shape() != [qh.heads, qh.tokens] || !l.dims.is_contiguous() {
                 return Err(Error::ShapeMismatch {
                     op: OP,
                     what: "lse",
@@ -290,54 +454,80 @@ impl AttentionWorkspace {
             None => (1..=group.min(MAX_PACK)).rev().find(|p| group % p == 0).unwrap_or(1),
         };
         // Aliasing: out and lse are written, q, k and v read.
-        let orows = oh.rows();
-        for (what, t, h) in [("q", q, &qh), ("k", k, &kh), ("v", v, &vh)] {
-            check_disjoint(OP, ("out", out, &orows), (what, t, &h.rows()))?;
+        for (what, h) in [("q", qh), ("k", kh), ("v", vh)] {
+            check_disjoint(OP, ("out", oh), (what, h))?;
         }
-        if let Some(l) = lse {
-            let lrows = Rows::of(OP, "lse", l, 1)?;
-            for (what, t, h) in [("q", q, &qh), ("k", k, &kh), ("v", v, &vh), ("out", out, &oh)] {
-                check_disjoint(OP, ("lse", l, &lrows), (what, t, &h.rows()))?;
+        if let Some(l) = &lb {
+            let lrows = Rows { addr: l.addr, elem: 4, rows: 1, cols: lse_len, row_stride: lse_len };
+            for (what, h) in [("q", qh), ("k", kh), ("v", vh), ("out", oh)] {
+                check_disjoint(OP, ("lse", lrows), (what, h))?;
             }
+        }
+        if qh.tokens == 0 || qh.heads == 0 {
+            return Ok(()); // empty batch: nothing to write
         }
 
         // Tiles: each sequence's queries in blocks of rows / pack tokens.
         let rows_per_block = if dtype == DType::F32 { ROWS_SIMT } else { ROWS_MMA };
         let tokens_per_block = rows_per_block / pack;
-        self.host.clear();
-        self.host.extend_from_slice(cu_seqlens_q);
-        self.host.extend_from_slice(cu_seqlens_k);
-        let mut tiles = 0usize;
-        self.host.push(0);
-        for w in cu_seqlens_q.windows(2) {
-            tiles +=
-                (w[1] - w[0]) as usize / tokens_per_block + usize::from((w[1] - w[0]) as usize % tokens_per_block != 0);
-            self.host
-                .push(i32::try_from(tiles).map_err(|_| Error::invalid(OP, "total_q", qh.tokens, "too many tiles"))?);
-        }
-        if tiles == 0 || qh.heads == 0 {
-            return Ok(()); // empty batch: nothing to write
+        let (cu_q_addr, cu_k_addr, grid_tiles) = match cu_seqlens {
+            CuSeqlens::Host { q: cq, k: ck } => {
+                // The three arrays as they lie in the workspace (capacity entries each), staged
+                // and uploaded in one asynchronous copy.
+                let cap = self.capacity;
+                self.host.clear();
+                self.host.resize(3 * cap, 0);
+                self.host[..cq.len()].copy_from_slice(cq);
+                self.host[cap..cap + ck.len()].copy_from_slice(ck);
+                let mut tiles = 0usize;
+                for (i, w) in cq.windows(2).enumerate() {
+                    tiles += ((w[1] - w[0]) as usize).div_ceil(tokens_per_block);
+                    self.host[2 * cap + i + 1] =
+                        i32::try_from(tiles).map_err(|_| Error::invalid(OP, "total_q", qh.tokens, "too many tiles"))?;
+                }
+                let buf =
+                    self.buf.as_ref().ok_or(Error::InvalidView { what: OP, why: "workspace not planned".into() })?;
+                let bytes = crate::tensor::as_bytes(&self.host);
+                PinnedStaging::upload(self.staging.as_mut(), &device, bytes, buf, ARRAYS * 4)?;
+                (args.read_tensor("workspace", &cq_t)?, args.read_tensor("workspace", &ck_t)?, tiles)
+            }
+            CuSeqlens::Device { q: cq, k: ck } => {
+                let (cqb, ckb) = (args.read("cu_seqlens_q", cq)?, args.read("cu_seqlens_k", ck)?);
+                // The plan kernel validates the offsets and writes the tile map; an upper bound
+                // on the tile count sizes the grid (extra blocks exit at once).
+                let mut plan_args = KernelArgs::new(OP, &device);
+                let plan = AttentionPlanParams {
+                    cu_seqlens_q: plan_args.read("cu_seqlens_q", cq)?.addr,
+                    cu_seqlens_k: plan_args.read("cu_seqlens_k", ck)?.addr,
+                    cu_tiles: plan_args.write_tensor("workspace", &cu_tiles_t)?,
+                    error_flag: plan_args.write_tensor("workspace", &flag_t)?,
+                    batch: to_i64(OP, "batch", batch)?,
+                    total_q: to_i64(OP, "total_q", qh.tokens)?,
+                    total_k: to_i64(OP, "total_k", kh.tokens)?,
+                    tokens_per_block: to_i64(OP, "tokens per block", tokens_per_block)?,
+                };
+                let dims = LaunchDims { grid: (1, 1, 1), block: (32, 1, 1), dyn_smem: 0 };
+                plan_args.launch(PLAN, dims, &plan)?;
+                (cqb.addr, ckb.addr, qh.tokens / tokens_per_block + batch)
+            }
+        };
+        if grid_tiles == 0 {
+            return Ok(()); // every sequence is empty
         }
         let grid_y = u32::try_from(kh.heads * (group / pack))
             .ok()
             .filter(|&y| y <= 65535)
             .ok_or_else(|| Error::invalid(OP, "heads", qh.heads, "too many head blocks for grid.y (65535)"))?;
-        self.reserve(batch)?;
-        let buf = self.buf.as_ref().ok_or_else(|| Error::Host("attention workspace missing".into()))?;
-        buf.upload_ordered(&self.host)?;
-        let n = batch + 1;
-        let (cu_q_t, cu_k_t, cu_tiles_t) = (buf.narrow(0, 0, n)?, buf.narrow(0, n, n)?, buf.narrow(0, 2 * n, n)?);
 
-        let mut args = KernelArgs::new(OP, q.device());
         let params = AttentionParams {
-            q: args.ptr("q", q)?,
-            k: args.ptr("k", k)?,
-            v: args.ptr("v", v)?,
-            out: args.ptr("out", out)?,
-            lse: args.opt_ptr("lse", lse)?,
-            cu_seqlens_q: args.ptr("workspace", &cu_q_t)?,
-            cu_seqlens_k: args.ptr("workspace", &cu_k_t)?,
-            cu_tiles: args.ptr("workspace", &cu_tiles_t)?,
+            q: qb.addr,
+            k: kb.addr,
+            v: vb.addr,
+            out: ob.addr,
+            lse: lb.map_or(0, |l| l.addr),
+            cu_seqlens_q: cu_q_addr,
+            cu_seqlens_k: cu_k_addr,
+            cu_tiles: args.read_tensor("workspace", &cu_tiles_t)?,
             batch: to_i64(OP, "batch", batch)?,
             q_heads: to_i64(OP, "q_heads", qh.heads)?,
             kv_heads: to_i64(OP, "kv_heads", kh.heads)?,
@@ -366,10 +556,8 @@ impl AttentionWorkspace {
         // The tensor-core path copies 16-byte chunks: every row must start 16-byte aligned.
         if dtype != DType::F32 {
             let v16 = dtype.vec16();
-            for (what, addr, h) in
-                [("q", params.q, &qh), ("k", params.k, &kh), ("v", params.v, &vh), ("out", params.out, &oh)]
-            {
-                if addr % 16 != 0 || h.token_stride % v16 != 0 || h.head_stride % v16 != 0 {
+            for (what, h) in [("q", &qh), ("k", &kh), ("v", &vh), ("out", &oh)] {
+                if h.addr % 16 != 0 || h.token_stride % v16 != 0 || h.head_stride % v16 != 0 {
                     return Err(Error::BadLayout {
                         op: OP,
                         what,
@@ -381,11 +569,16 @@ impl AttentionWorkspace {
             }
         }
         let dims = LaunchDims {
-            grid: (grid_x(OP, tiles)?, grid_y, 1),
+            grid: (grid_x(OP, grid_tiles)?, grid_y, 1),
             block: (THREADS, 1, 1),
             dyn_smem: if dtype == DType::F32 { 0 } else { mma_smem_bytes(d) },
         };
         args.launch(KERNELS.find(OP, "q", (dtype, d), dtype)?, dims, &params)
+    }
+
+    fn array_flag(&self) -> Result<Tensor> {
+        let buf = self.buf.as_ref().ok_or(Error::InvalidView { what: OP, why: "workspace not planned".into() })?;
+        buf.narrow(0, FLAG, 1)
     }
 }
 
@@ -403,4 +596,21 @@ pub fn gqa_attention(
     opts: &AttentionOptions,
 ) -> Result<()> {
     AttentionWorkspace::new(q.device()).forward(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, opts)
+}
+
+/// One-shot attention on borrowed views (allocates a temporary workspace; engines should keep
+/// an [`AttentionWorkspace`] and call [`AttentionWorkspace::forward_on`]).
+#[allow(clippy::too_many_arguments)]
+pub fn gqa_attention_on(
+    queue: &impl Queue,
+    q: &TensorView<'_>,
+    k: &TensorView<'_>,
+    v: &TensorView<'_>,
+    cu_seqlens: CuSeqlens<'_, '_>,
+    out: &mut TensorViewMut<'_>,
+    lse: Option<&mut TensorViewMut<'_>>,
+    opts: &AttentionOptions,
+) -> Result<()> {
+    let device = queue.queue_device()?;
+    AttentionWorkspace::new(&device).forward_on(&device, q, k, v, cu_seqlens, out, lse, opts)
 }

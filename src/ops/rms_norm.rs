@@ -12,14 +12,12 @@
 //! `y` may be `x` itself (same view: in place). An empty batch (0 rows) is a no-op. NaN or
 //! infinity in a row propagates to that row's output; other rows are unaffected.
 
-use crate::backend::{KernelArgs, KernelRef, LaunchDims};
+use crate::backend::{KernelArgs, KernelRef, LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{
-    KernelTable, Rows, check_disjoint, check_dtype, check_float, check_same_device, check_shape, grid_x, to_i64,
-};
+use crate::ops::{KernelTable, Rows, check_disjoint, check_dtype, check_float, check_shape, grid_x, to_i64};
 use crate::params::RmsNormParams;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 /// Vectors each thread keeps in registers; mirrors `kCache` in kernels/rms_norm.cu.
 const CACHE: usize = 4;
@@ -93,77 +91,123 @@ fn check_eps(op: &'static str, eps: f32) -> Result<()> {
 ///
 /// `y` is written; it may be the same view as `x` (in place). See the module docs for shapes.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32, y: &Tensor) -> Result<()> {
-    launch("rms_norm", x, None, weight, eps, y)
+    let in_place = x.shares_storage(y) && x.dims() == y.dims();
+    let xv = x.view();
+    rms_norm_on(x.device(), (!in_place).then_some(&xv), &weight.view(), eps, &mut TensorViewMut::of_tensor(y))
 }
 
 /// `residual <- x + residual` (rounded to the dtype), then `y = rms_norm(residual)`.
 ///
 /// `residual` is read and written; `y` is written and may be the same view as `x`.
 pub fn fused_add_rms_norm(x: &Tensor, residual: &Tensor, weight: &Tensor, eps: f32, y: &Tensor) -> Result<()> {
-    launch("fused_add_rms_norm", x, Some(residual), weight, eps, y)
+    let in_place = x.shares_storage(y) && x.dims() == y.dims();
+    let xv = x.view();
+    launch(
+        "fused_add_rms_norm",
+        x.device(),
+        (!in_place).then_some(&xv),
+        Some(&mut TensorViewMut::of_tensor(residual)),
+        &weight.view(),
+        eps,
+        &mut TensorViewMut::of_tensor(y),
+    )
+}
+
+/// [`rms_norm`] on borrowed views, queued on `queue` (a [`Device`](crate::Device) or an
+/// engine's `Arc<CudaStream>`). `x = None` normalizes `y` in place.
+pub fn rms_norm_on(
+    queue: &impl Queue,
+    x: Option<&TensorView<'_>>,
+    weight: &TensorView<'_>,
+    eps: f32,
+    y: &mut TensorViewMut<'_>,
+) -> Result<()> {
+    launch("rms_norm", &queue.queue_device()?, x, None, weight, eps, y)
+}
+
+/// [`fused_add_rms_norm`] on borrowed views. `x = None` takes x from `y` (in place).
+pub fn fused_add_rms_norm_on(
+    queue: &impl Queue,
+    x: Option<&TensorView<'_>>,
+    residual: &mut TensorViewMut<'_>,
+    weight: &TensorView<'_>,
+    eps: f32,
+    y: &mut TensorViewMut<'_>,
+) -> Result<()> {
+    launch("fused_add_rms_norm", &queue.queue_device()?, x, Some(residual), weight, eps, y)
 }
 
 fn launch(
     op: &'static str,
-    x: &Tensor,
-    residual: Option<&Tensor>,
-    weight: &Tensor,
+    device: &crate::Device,
+    x: Option<&TensorView<'_>>,
+    residual: Option<&mut TensorViewMut<'_>>,
+    weight: &TensorView<'_>,
     eps: f32,
-    y: &Tensor,
+    y: &mut TensorViewMut<'_>,
 ) -> Result<()> {
-    // Dtypes and devices.
-    check_float(op, "x", x)?;
-    let dtype = x.dtype();
-    check_dtype(op, "weight", weight, dtype)?;
-    check_dtype(op, "y", y, dtype)?;
-    check_same_device(op, x, &[("weight", weight), ("y", y)])?;
-    if let Some(r) = residual {
-        check_dtype(op, "residual", r, dtype)?;
-        check_same_device(op, x, &[("residual", r)])?;
+    // Dtypes and shapes: x (or y, in place) defines them.
+    let (dtype, shape) = match x {
+        Some(x) => (x.dtype(), x.shape()),
+        None => (y.dtype(), y.shape()),
+    };
+    check_float(op, "x", dtype)?;
+    check_dtype(op, "weight", weight.dtype(), dtype)?;
+    check_dtype(op, "y", y.dtype(), dtype)?;
+    if let Some(r) = &residual {
+        check_dtype(op, "residual", r.dtype(), dtype)?;
     }
-    // Shapes.
-    let hidden = *x.shape().last().ok_or_else(|| Error::ShapeMismatch {
+    let hidden = *shape.last().ok_or_else(|| Error::ShapeMismatch {
         op,
         what: "x",
-        got: x.shape().to_vec(),
+        got: shape.to_vec(),
         expected: "[..., hidden]".into(),
     })?;
     if hidden == 0 {
         return Err(Error::invalid(op, "hidden", 0, "must be > 0"));
     }
-    check_shape(op, "weight", weight, &[hidden])?;
-    check_shape(op, "y", y, x.shape())?;
-    if let Some(r) = residual {
-        check_shape(op, "residual", r, x.shape())?;
+    check_shape(op, "y", y.shape(), shape)?;
+    check_shape(op, "weight", weight.shape(), &[hidden])?;
+    if let Some(r) = &residual {
+        check_shape(op, "residual", r.shape(), shape)?;
     }
     check_eps(op, eps)?;
-    // Layouts and aliasing.
-    let xr = Rows::of(op, "x", x, 1)?;
-    let yr = Rows::of(op, "y", y, 1)?;
-    let wr = Rows::of(op, "weight", weight, 1)?;
-    let rr = residual.map(|r| Rows::of(op, "residual", r, 1)).transpose()?;
-    let in_place = x.shares_storage(y) && xr == yr;
-    if !in_place {
-        check_disjoint(op, ("y", y, &yr), ("x", x, &xr))?;
+
+    // Addresses, layouts and aliasing.
+    let mut args = KernelArgs::new(op, device);
+    let yb = args.write("y", y)?;
+    let wb = args.read("weight", weight)?;
+    let xb = match x {
+        Some(x) => args.read("x", x)?,
+        None => yb,
+    };
+    let rb = match residual {
+        Some(r) => Some(args.write("residual", r)?),
+        None => None,
+    };
+    let yr = Rows::of(op, "y", &yb, 1)?;
+    let xr = Rows::of(op, "x", &xb, 1)?;
+    let wr = Rows::of(op, "weight", &wb, 1)?;
+    let rr = rb.as_ref().map(|r| Rows::of(op, "residual", r, 1)).transpose()?;
+    if x.is_some() {
+        check_disjoint(op, ("y", yr), ("x", xr))?;
     }
-    check_disjoint(op, ("y", y, &yr), ("weight", weight, &wr))?;
-    if let (Some(r), Some(rr)) = (residual, rr.as_ref()) {
-        check_disjoint(op, ("residual", r, rr), ("x", x, &xr))?;
-        check_disjoint(op, ("residual", r, rr), ("y", y, &yr))?;
-        check_disjoint(op, ("residual", r, rr), ("weight", weight, &wr))?;
+    check_disjoint(op, ("y", yr), ("weight", wr))?;
+    if let Some(rr) = rr {
+        check_disjoint(op, ("residual", rr), ("x", xr))?;
+        check_disjoint(op, ("residual", rr), ("y", yr))?;
+        check_disjoint(op, ("residual", rr), ("weight", wr))?;
     }
-    let rows = xr.rows;
+    let rows = yr.rows;
     if rows == 0 {
         return Ok(());
     }
 
-    let device = x.device();
-    let mut args = KernelArgs::new(op, device);
     let params = RmsNormParams {
-        x: args.ptr("x", x)?,
-        residual: args.opt_ptr("residual", residual)?,
-        weight: args.ptr("weight", weight)?,
-        y: args.ptr("y", y)?,
+        x: xb.addr,
+        residual: rb.map_or(0, |r| r.addr),
+        weight: wb.addr,
+        y: yb.addr,
         rows: to_i64(op, "rows", rows)?,
         hidden: to_i64(op, "hidden", hidden)?,
         x_row_stride: to_i64(op, "x row stride", xr.row_stride)?,
@@ -178,14 +222,14 @@ fn launch(
         && aligned(params.x, xr.row_stride)
         && aligned(params.y, yr.row_stride)
         && aligned(params.weight, 0)
-        && (residual.is_none() || aligned(params.residual, rr.map_or(0, |r| r.row_stride)));
+        && rr.is_none_or(|r| aligned(params.residual, r.row_stride));
     let p = plan(rows, if vectorized { hidden / v } else { hidden }, vectorized);
     let dims = LaunchDims {
         grid: (grid_x(op, rows.div_ceil(p.rows_per_block))?, 1, 1),
         block: (p.threads_per_row as u32, p.rows_per_block as u32, 1),
         dyn_smem: 0,
     };
-    args.launch(KERNELS.find(op, "x", (residual.is_some(), vectorized, dtype), dtype)?, dims, &params)
+    args.launch(KERNELS.find(op, "x", (rr.is_some(), vectorized, dtype), dtype)?, dims, &params)
 }
 
 #[cfg(test)]

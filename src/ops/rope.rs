@@ -24,12 +24,12 @@
 //! i32 or i64, contiguous, any values with `|p| < 2^24` (ragged batches, decode at any offset).
 //! NoPE layers (Llama 4) simply do not call this.
 
-use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims};
+use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{Heads, KernelTable, check_disjoint, check_dtype, check_float, check_same_device, grid_x, to_i64};
+use crate::ops::{Heads, KernelTable, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::params::{LlkIndexType, LlkRopeLayout, LlkRopeNorm, RopeParams};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 const OP: &str = "rope";
 /// Largest rotary_dim any kernel path handles (8 pairs x 32 threads x 2 elements).
@@ -240,45 +240,25 @@ impl Rope {
     /// Rotates `q` and (if given) `k` in place at `positions`, then applies the qk-norm if the
     /// configuration has one.
     pub fn apply(&self, q: &Tensor, k: Option<&Tensor>, positions: &Tensor) -> Result<()> {
+        let mut kv = k.map(TensorViewMut::of_tensor);
+        self.apply_on(q.device(), &mut TensorViewMut::of_tensor(q), kv.as_mut(), &positions.view())
+    }
+
+    /// [`Rope::apply`] on borrowed views, queued on `queue` (a [`Device`] or an engine's
+    /// `Arc<CudaStream>` of the context the table was uploaded to).
+    pub fn apply_on(
+        &self,
+        queue: &impl Queue,
+        q: &mut TensorViewMut<'_>,
+        k: Option<&mut TensorViewMut<'_>>,
+        positions: &TensorView<'_>,
+    ) -> Result<()> {
         let cfg = &self.config;
-        check_float(OP, "q", q)?;
+        let device = queue.queue_device()?;
         let dtype = q.dtype();
-        check_same_device(OP, q, &[("positions", positions), ("rope table", &self.table)])?;
-        let qh = Heads::of(OP, "q", q)?;
-        let kh = match k {
-            Some(k) => {
-                check_dtype(OP, "k", k, dtype)?;
-                check_same_device(OP, q, &[("k", k)])?;
-                Some(Heads::of(OP, "k", k)?)
-            }
-            None => None,
-        };
-        if qh.head_dim != cfg.head_dim {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "q",
-                got: q.shape().to_vec(),
-                expected: format!("head_dim {}", cfg.head_dim),
-            });
-        }
-        if let (Some(k), Some(kh)) = (k, kh) {
-            if kh.head_dim != qh.head_dim {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what: "k",
-                    got: k.shape().to_vec(),
-                    expected: format!("head_dim {} like q", qh.head_dim),
-                });
-            }
-            if kh.tokens != qh.tokens {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what: "k",
-                    got: k.shape().to_vec(),
-                    expected: format!("{} tokens like q", qh.tokens),
-                });
-            }
-            check_disjoint(OP, ("q", q, &qh.rows()), ("k", k, &kh.rows()))?;
+        check_float(OP, "q", dtype)?;
+        if let Some(k) = &k {
+            check_dtype(OP, "k", k.dtype(), dtype)?;
         }
         let position_type = match positions.dtype() {
             DType::I32 => LlkIndexType::LLK_INDEX_I32,
@@ -287,26 +267,76 @@ impl Rope {
                 return Err(Error::UnsupportedDType { op: OP, what: "positions", dtype: other, supported: "i32, i64" });
             }
         };
-        if positions.numel() != qh.tokens || !positions.is_contiguous() {
+        let has_k = k.is_some();
+        let mut args = KernelArgs::new(OP, &device);
+        let qb = args.write("q", q)?;
+        let kb = match k {
+            Some(k) => Some(args.write("k", k)?),
+            None => None,
+        };
+        let pb = args.read("positions", positions)?;
+        let table = args.read_tensor("rope table", &self.table)?;
+        let qh = Heads::of(OP, "q", &qb)?;
+        let kh = kb.as_ref().map(|k| Heads::of(OP, "k", k)).transpose()?;
+        if qh.head_dim != cfg.head_dim {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                what: "q",
+                got: qb.shape().to_vec(),
+                expected: format!("head_dim {}", cfg.head_dim),
+            });
+        }
+        if let (Some(kb), Some(kh)) = (&kb, &kh) {
+            if kh.head_dim != qh.head_dim {
+                return Err(Error::ShapeMismatch {
+                    op: OP,
+                    what: "k",
+                    got: kb.shape().to_vec(),
+                    expected: format!("head_dim {} like q", qh.head_dim),
+                });
+            }
+            if kh.tokens != qh.tokens {
+                return Err(Error::ShapeMismatch {
+                    op: OP,
+                    what: "k",
+                    got: kb.shape().to_vec(),
+                    expected: format!("{} tokens like q", qh.tokens),
+                });
+            }
+            check_disjoint(OP, ("q", qh), ("k", *kh))?;
+        }
+        if pb.dims.numel() != qh.tokens || !pb.dims.is_contiguous() {
             return Err(Error::ShapeMismatch {
                 op: OP,
                 what: "positions",
-                got: positions.shape().to_vec(),
+                got: pb.shape().to_vec(),
                 expected: format!("{} contiguous values (one per token)", qh.tokens),
             });
         }
+        let pr = Rows { addr: pb.addr, elem: pb.dtype.size(), rows: 1, cols: qh.tokens, row_stride: qh.tokens };
+        check_disjoint(OP, ("q", qh), ("positions", pr))?;
+        if let Some(kh) = kh {
+            check_disjoint(OP, ("k", kh), ("positions", pr))?;
+        }
         let kv_heads = kh.map_or(0, |h| h.heads);
-        if qh.tokens == 0 || qh.heads + kv_heads == 0 {
+        if qh.tokens == 0 || qh.heads.saturating_add(kv_heads) == 0 || qh.head_dim == 0 {
             return Ok(());
         }
 
-        let mut args = KernelArgs::new(OP, q.device());
-        let kk = kh.unwrap_or(Heads { offset: 0, tokens: 0, heads: 0, head_dim: 0, token_stride: 0, head_stride: 0 });
+        let kk = kh.unwrap_or(Heads {
+            addr: 0,
+            elem: dtype.size(),
+            tokens: 0,
+            heads: 0,
+            head_dim: 0,
+            token_stride: 0,
+            head_stride: 0,
+        });
         let params = RopeParams {
-            q: args.ptr("q", q)?,
-            k: args.opt_ptr("k", k)?,
-            positions: args.ptr("positions", positions)?,
-            inv_freq: args.ptr("rope table", &self.table)?,
+            q: qb.addr,
+            k: kb.map_or(0, |k| k.addr),
+            positions: pb.addr,
+            inv_freq: table,
             tokens: to_i64(OP, "tokens", qh.tokens)?,
             q_heads: to_i64(OP, "q heads", qh.heads)?,
             kv_heads: to_i64(OP, "kv heads", kv_heads)?,
@@ -328,7 +358,7 @@ impl Rope {
         let v = dtype.vec16();
         let chunk_elems = if cfg.layout == RopeLayout::Interleaved { cfg.rotary_dim } else { cfg.rotary_dim / 2 };
         let aligned = |addr: u64, h: &Heads| addr % 16 == 0 && h.token_stride % v == 0 && h.head_stride % v == 0;
-        let vectorized = chunk_elems % v == 0 && aligned(params.q, &qh) && (k.is_none() || aligned(params.k, &kk));
+        let vectorized = chunk_elems % v == 0 && aligned(params.q, &qh) && (!has_k || aligned(params.k, &kk));
         let vec = if vectorized {
             v
         } else if cfg.layout == RopeLayout::Interleaved {
@@ -354,9 +384,13 @@ impl Rope {
         let heads_per_block = nheads.div_ceil(passes).div_ceil(32 / g) * (32 / g);
         // Few tokens (decode): one block per (token, pass) instead of one per token, so the
         // passes run side by side on otherwise idle SMs.
-        let head_blocks = if qh.tokens < 2 * q.device().sm_count() { nheads.div_ceil(heads_per_block) } else { 1 };
+        let head_blocks = if qh.tokens < 2 * device.sm_count() { nheads.div_ceil(heads_per_block) } else { 1 };
+        let head_blocks = u32::try_from(head_blocks)
+            .ok()
+            .filter(|&b| b <= 65535)
+            .ok_or_else(|| Error::invalid(OP, "heads", nheads, "too many head blocks for grid.y (65535)"))?;
         let dims = LaunchDims {
-            grid: (grid_x(OP, qh.tokens)?, head_blocks as u32, 1),
+            grid: (grid_x(OP, qh.tokens)?, head_blocks, 1),
             block: (g as u32, heads_per_block as u32, 1),
             dyn_smem: 0,
         };

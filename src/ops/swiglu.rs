@@ -19,12 +19,12 @@
 //! dtype throughout, f32 math. `out` may be the gate view itself (in place over the gate half of
 //! a packed buffer, too); otherwise it must not overlap the inputs.
 
-use crate::backend::{KernelArgs, KernelRef, LaunchDims};
+use crate::backend::{KernelArgs, KernelRef, LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{KernelTable, Rows, check_disjoint, check_dtype, check_float, check_same_device, grid_x, to_i64};
+use crate::ops::{KernelTable, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::params::{LlkGateUpLayout, SwiGluParams};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 const OP: &str = "swiglu";
 /// Threads per block (kMaxThreads in kernels/swiglu.cu).
@@ -69,117 +69,117 @@ pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
     KERNELS.symbols()
 }
 
-fn last_dim(what: &'static str, t: &Tensor) -> Result<usize> {
-    t.shape().last().copied().ok_or_else(|| Error::ShapeMismatch {
-        op: OP,
-        what,
-        got: t.shape().to_vec(),
-        expected: "[tokens, features]".into(),
-    })
+/// Where gate and up come from, as borrowed views (the view-level [`swiglu_on`]).
+#[derive(Clone, Copy, Debug)]
+pub enum GateUpView<'r, 'a> {
+    /// Two `[tokens, d]` views; `gate: None` reads the gate from `out` (in place).
+    Separate { gate: Option<&'r TensorView<'a>>, up: &'r TensorView<'a> },
+    /// One `[tokens, 2d]` view, gate in columns `[0, d)` and up in `[d, 2d)`.
+    GateThenUp(&'r TensorView<'a>),
+    /// One `[tokens, 2d]` view, gate at even and up at odd columns.
+    Interleaved(&'r TensorView<'a>),
 }
 
-fn split_packed(packed: &Tensor) -> Result<(Tensor, Tensor)> {
-    let width = last_dim("gate_up", packed)?;
-    if width % 2 != 0 {
+/// `out = silu(gate) * up`. `out` is written; it may be the gate view itself (in place, also
+/// over the gate half of a packed tensor).
+pub fn swiglu(input: GateUp<'_>, out: &Tensor) -> Result<()> {
+    let device = out.device();
+    let same = |t: &Tensor| t.shares_storage(out) && t.dims() == out.dims();
+    let mut ov = TensorViewMut::of_tensor(out);
+    match input {
+        GateUp::Separate { gate, up } => {
+            let (gv, uv) = (gate.view(), up.view());
+            let gate = (!same(gate)).then_some(&gv);
+            swiglu_on(device, GateUpView::Separate { gate, up: &uv }, &mut ov)
+        }
+        GateUp::GateThenUp(packed) => {
+            check_float(OP, "gate_up", packed.dtype())?;
+            let (gate, up) = split_packed(packed)?;
+            let (gv, uv) = (gate.view(), up.view());
+            let gate = (!same(&gate)).then_some(&gv);
+            swiglu_on(device, GateUpView::Separate { gate, up: &uv }, &mut ov)
+        }
+        GateUp::Interleaved(packed) => swiglu_on(device, GateUpView::Interleaved(&packed.view()), &mut ov),
+    }
+}
+
+/// [`swiglu`] on borrowed views, queued on `queue` (a [`Device`](crate::Device) or an engine's
+/// `Arc<CudaStream>`).
+pub fn swiglu_on(queue: &impl Queue, input: GateUpView<'_, '_>, out: &mut TensorViewMut<'_>) -> Result<()> {
+    let device = queue.queue_device()?;
+    // The input defines the dtype; the output must match it.
+    let (what, dtype) = match input {
+        GateUpView::Separate { gate: Some(g), .. } => ("gate", g.dtype()),
+        GateUpView::Separate { gate: None, .. } => ("gate", out.dtype()),
+        GateUpView::GateThenUp(p) | GateUpView::Interleaved(p) => ("gate_up", p.dtype()),
+    };
+    check_float(OP, what, dtype)?;
+    check_dtype(OP, "out", out.dtype(), dtype)?;
+    let mut args = KernelArgs::new(OP, &device);
+    let ob = args.write("out", out)?;
+    let (interleaved, gb, ub) = match input {
+        GateUpView::Separate { gate, up } => {
+            let gb = match gate {
+                Some(g) => args.read("gate", g)?,
+                None => ob,
+            };
+            (false, gb, Some(args.read("up", up)?))
+        }
+        GateUpView::GateThenUp(packed) => {
+            let pb = args.read("gate_up", packed)?;
+            let width = packed_width("gate_up", pb.shape())?;
+            let (gb, ub) = (narrow_last(&pb, 0, width / 2), narrow_last(&pb, width / 2, width / 2));
+            (false, gb, Some(ub))
+        }
+        GateUpView::Interleaved(packed) => (true, args.read("gate_up", packed)?, None),
+    };
+    check_dtype(OP, "gate", gb.dtype, dtype)?;
+    if let Some(ub) = &ub {
+        check_dtype(OP, "up", ub.dtype, dtype)?;
+        if ub.shape() != gb.shape() {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                what: "up",
+                got: ub.shape().to_vec(),
+                expected: format!("{:?} like gate", gb.shape()),
+            });
+        }
+    }
+    let gr = Rows::of(OP, "gate", &gb, 1)?;
+    let ur = ub.as_ref().map(|u| Rows::of(OP, "up", u, 1)).transpose()?;
+    let or = Rows::of(OP, "out", &ob, 1)?;
+    if interleaved && gr.cols % 2 != 0 {
         return Err(Error::ShapeMismatch {
             op: OP,
             what: "gate_up",
-            got: packed.shape().to_vec(),
+            got: gb.shape().to_vec(),
             expected: "an even last dimension [..., 2d]".into(),
         });
     }
-    let dim = packed.rank() - 1;
-    Ok((packed.narrow(dim, 0, width / 2)?, packed.narrow(dim, width / 2, width / 2)?))
-}
-
-/// `out = silu(gate) * up`. `out` is written.
-pub fn swiglu(input: GateUp<'_>, out: &Tensor) -> Result<()> {
-    match input {
-        GateUp::Separate { gate, up } => launch_separate(gate, up, out),
-        GateUp::GateThenUp(packed) => {
-            check_float(OP, "gate_up", packed)?;
-            let (gate, up) = split_packed(packed)?;
-            launch_separate(&gate, &up, out)
-        }
-        GateUp::Interleaved(packed) => launch_interleaved(packed, out),
-    }
-}
-
-fn check_out(gate_dtype: DType, tokens: usize, d: usize, out: &Tensor) -> Result<Rows> {
-    check_dtype(OP, "out", out, gate_dtype)?;
-    let orows = Rows::of(OP, "out", out, 1)?;
-    if orows.rows != tokens || orows.cols != d {
+    let d = if interleaved { gr.cols / 2 } else { gr.cols };
+    if or.rows != gr.rows || or.cols != d {
         return Err(Error::ShapeMismatch {
             op: OP,
             what: "out",
-            got: out.shape().to_vec(),
-            expected: format!("{tokens} rows of {d}"),
+            got: ob.shape().to_vec(),
+            expected: format!("{} rows of {d}", gr.rows),
         });
     }
-    Ok(orows)
-}
-
-fn launch_separate(gate: &Tensor, up: &Tensor, out: &Tensor) -> Result<()> {
-    check_float(OP, "gate", gate)?;
-    let dtype = gate.dtype();
-    check_dtype(OP, "up", up, dtype)?;
-    check_same_device(OP, gate, &[("up", up), ("out", out)])?;
-    if gate.shape() != up.shape() {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            what: "up",
-            got: up.shape().to_vec(),
-            expected: format!("{:?} like gate", gate.shape()),
-        });
+    let in_place = matches!(input, GateUpView::Separate { gate: None, .. });
+    if !in_place {
+        check_disjoint(OP, ("out", or), ("gate", gr))?;
     }
-    let gr = Rows::of(OP, "gate", gate, 1)?;
-    let ur = Rows::of(OP, "up", up, 1)?;
-    let or = check_out(dtype, gr.rows, gr.cols, out)?;
-    if !(out.shares_storage(gate) && or == gr) {
-        check_disjoint(OP, ("out", out, &or), ("gate", gate, &gr))?;
+    if let Some(ur) = ur {
+        check_disjoint(OP, ("out", or), ("up", ur))?;
     }
-    check_disjoint(OP, ("out", out, &or), ("up", up, &ur))?;
-    run(false, dtype, gate, Some(up), out, &gr, Some(&ur), &or)
-}
-
-fn launch_interleaved(packed: &Tensor, out: &Tensor) -> Result<()> {
-    check_float(OP, "gate_up", packed)?;
-    let dtype = packed.dtype();
-    check_same_device(OP, packed, &[("out", out)])?;
-    let pr = Rows::of(OP, "gate_up", packed, 1)?;
-    if pr.cols % 2 != 0 {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            what: "gate_up",
-            got: packed.shape().to_vec(),
-            expected: "an even last dimension [..., 2d]".into(),
-        });
-    }
-    let or = check_out(dtype, pr.rows, pr.cols / 2, out)?;
-    check_disjoint(OP, ("out", out, &or), ("gate_up", packed, &pr))?;
-    run(true, dtype, packed, None, out, &pr, None, &or)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run(
-    interleaved: bool,
-    dtype: DType,
-    gate: &Tensor,
-    up: Option<&Tensor>,
-    out: &Tensor,
-    gr: &Rows,
-    ur: Option<&Rows>,
-    or: &Rows,
-) -> Result<()> {
-    let (tokens, d) = (or.rows, or.cols);
+    let tokens = or.rows;
     if tokens == 0 || d == 0 {
         return Ok(());
     }
-    let mut args = KernelArgs::new(OP, gate.device());
     let params = SwiGluParams {
-        gate: args.ptr("gate", gate)?,
-        up: args.opt_ptr("up", up)?,
-        out: args.ptr("out", out)?,
+        gate: gb.addr,
+        up: ub.map_or(0, |u| u.addr),
+        out: ob.addr,
         tokens: to_i64(OP, "tokens", tokens)?,
         d: to_i64(OP, "d", d)?,
         gate_row_stride: to_i64(OP, "gate row stride", gr.row_stride)?,
@@ -205,4 +205,31 @@ fn run(
         dyn_smem: 0,
     };
     args.launch(KERNELS.find(OP, "gate", (interleaved, vectorized, dtype), dtype)?, dims, &params)
+}
+
+/// The even last dimension `2d` of a packed gate/up view.
+fn packed_width(what: &'static str, shape: &[usize]) -> Result<usize> {
+    match shape.last() {
+        Some(&w) if w % 2 == 0 => Ok(w),
+        _ => Err(Error::ShapeMismatch {
+            op: OP,
+            what,
+            got: shape.to_vec(),
+            expected: "an even last dimension [..., 2d]".into(),
+        }),
+    }
+}
+
+/// Columns `[start, start + len)` of the last dimension.
+fn narrow_last(b: &crate::backend::args::Bound, start: usize, len: usize) -> crate::backend::args::Bound {
+    let mut out = *b;
+    out.addr += (start * b.dtype.size()) as u64;
+    out.dims = out.dims.with_last(len);
+    out
+}
+
+fn split_packed(packed: &Tensor) -> Result<(Tensor, Tensor)> {
+    let width = packed_width("gate_up", packed.shape())?;
+    let dim = packed.rank() - 1;
+    Ok((packed.narrow(dim, 0, width / 2)?, packed.narrow(dim, width / 2, width / 2)?))
 }

@@ -56,7 +56,7 @@ pub fn attention(
 ) -> Result<(Vec<f64>, Vec<f64>)> {
     let AttentionSpec { q_heads, kv_heads, head_dim: d, mask, scale, temperature: temp } = *spec;
     if kv_heads == 0 || q_heads % kv_heads != 0 || cu_seqlens_q.len() != cu_seqlens_k.len() || cu_seqlens_q.is_empty() {
-        return Err(Error::Host("reference attention: inconsistent heads or batch".into()));
+        return Err(Error::Reference { what: "attention", why: "inconsistent heads or batch".into() });
     }
     let total_q = *cu_seqlens_q.last().unwrap_or(&0) as usize;
     let total_k = *cu_seqlens_k.last().unwrap_or(&0) as usize;

@@ -12,9 +12,9 @@ pub mod swiglu;
 use crate::error::{Error, Result};
 
 /// Fails when a reference input has the wrong length (the references never panic).
-pub(crate) fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
+pub(crate) fn check_len(what: &'static str, got: usize, expected: usize) -> Result<()> {
     if got != expected {
-        return Err(Error::Host(format!("reference: {what} has {got} values, expected {expected}")));
+        return Err(Error::Reference { what, why: format!("{got} values, expected {expected}") });
     }
     Ok(())
 }

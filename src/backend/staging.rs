@@ -1,0 +1,101 @@
+//! Pinned staging for small per-call uploads (sequence offsets passed as host slices).
+//!
+//! A copy from pageable host memory makes the driver stage the bytes itself and is not allowed
+//! while a stream is being captured into a CUDA graph. A workspace instead copies its host data
+//! into page-locked memory it owns and queues an asynchronous copy from there. The staging
+//! memory is a ring of slots, each with an event recorded after its copy: a slot is rewritten
+//! only once its previous copy has run, so the host waits (and the counting hook records a
+//! synchronization) only when the device is more than `SLOTS` calls behind.
+//!
+//! On the emulated target there is no staging: the "device" is host memory, and the copy is a
+//! `memcpy` under the device's stream lock (counted as a pinned upload, which it stands for).
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, PinnedHostSlice};
+
+use super::{Count, Device, DeviceInner};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// Ring slots: a call may run while the copies of the `SLOTS - 1` calls before it are queued.
+const SLOTS: usize = 4;
+
+struct Slot {
+    host: PinnedHostSlice<u8>,
+    done: CudaEvent,
+    used: bool,
+}
+
+/// Page-locked staging memory of one workspace (CUDA only).
+pub(crate) struct PinnedStaging {
+    slots: Vec<Slot>,
+    next: usize,
+    bytes: usize,
+}
+
+impl std::fmt::Debug for PinnedStaging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PinnedStaging({} slots of {} bytes)", self.slots.len(), self.bytes)
+    }
+}
+
+impl PinnedStaging {
+    /// Staging for uploads of up to `bytes` bytes, or `None` on the emulated target.
+    pub fn new(device: &Device, bytes: usize) -> Result<Option<PinnedStaging>> {
+        let DeviceInner::Cuda(c) = &*device.0 else { return Ok(None) };
+        let ctx = &c.shared.ctx;
+        let mut slots = Vec::with_capacity(SLOTS);
+        for _ in 0..SLOTS {
+            device.count(Count::Allocation);
+            // SAFETY: the memory is uninitialized until written; `upload` writes every byte it
+            // copies before queueing the copy, and nothing reads it otherwise.
+            let host = unsafe { ctx.alloc_pinned::<u8>(bytes.max(1)) }?;
+            let done = ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
+            slots.push(Slot { host, done, used: false });
+        }
+        Ok(Some(PinnedStaging { slots, next: 0, bytes }))
+    }
+
+    /// Copies `data` into `dst` at byte `dst_offset`, ordered on `device`'s stream, without
+    /// waiting for the copy (`staging` is `None` on the emulated target).
+    pub fn upload(
+        staging: Option<&mut PinnedStaging>,
+        device: &Device,
+        data: &[u8],
+        dst: &Tensor,
+        dst_offset: usize,
+    ) -> Result<()> {
+        match (&*device.0, staging) {
+            (DeviceInner::Emulated(_), _) => {
+                // SAFETY: `data` is a live host slice of `data.len()` bytes; on the emulated
+                // target the copy happens before this call returns.
+                unsafe { dst.storage().upload_pinned(dst_offset, data.as_ptr(), data.len()) }
+            }
+            (DeviceInner::Cuda(c), Some(s)) => {
+                if data.len() > s.bytes {
+                    return Err(Error::invalid("staging", "upload", data.len(), format!("exceeds {} bytes", s.bytes)));
+                }
+                let index = s.next;
+                s.next = (s.next + 1) % s.slots.len();
+                let slot = &mut s.slots[index];
+                if slot.used && !slot.done.is_complete() {
+                    device.count(Count::Synchronization);
+                    slot.done.synchronize()?;
+                }
+                let ptr = slot.host.as_mut_ptr()?;
+                // SAFETY: the slot holds `s.bytes >= data.len()` bytes of pinned memory that no
+                // queued copy reads any more (its event completed above).
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
+                // SAFETY: the source is this slot's pinned memory, which is not written again
+                // until `done` (recorded right after the copy) has completed.
+                unsafe { dst.storage().upload_pinned(dst_offset, ptr, data.len()) }?;
+                slot.done.record(&c.stream)?;
+                slot.used = true;
+                Ok(())
+            }
+            (DeviceInner::Cuda(_), None) => {
+                Err(Error::InvalidView { what: "staging", why: "workspace has no pinned staging buffer".into() })
+            }
+        }
+    }
+}
