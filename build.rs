@@ -1,69 +1,158 @@
 //! Builds every kernel family in `kernels/*.cu` two ways:
 //!
-//! * to PTX with nvcc, for sm_90 and sm_80, embedded in the crate with `include_str!`; ptxas then
-//!   assembles each PTX to a cubin and its `-v` report (registers, spills, shared memory) is kept
-//!   next to it, embedded too, so that tests and `llama-kernels info` can read it;
-//! * for the host with the system C++ compiler against the emulation runtime
-//!   (`kernels/emu/`), always with optimization, into a static library.
+//! * device code: PTX for sm_90 and sm_80, the cubins ptxas assembles from it and ptxas's `-v`
+//!   reports (registers, spills, shared memory), embedded in the crate (`kernels.rs` in OUT_DIR);
+//! * host code: the same sources compiled with the system C++ compiler against the emulation
+//!   runtime (`kernels/emu/`), always with optimization, into a static library.
 //!
-//! The list of families is the list of `.cu` files in `kernels/`: nothing is kept by hand.
-//! nvcc is looked up in this order: `$NVCC`, `$CUDA_HOME`/`$CUDA_PATH`, the project-local toolchain
-//! that `scripts/setup.sh` installs, `PATH`, then `/usr/local/cuda`.
+//! The device code comes from one of two places, and the build says which
+//! (`LLK_DEVICE_CODE_ORIGIN`, shown by `llama-kernels info`):
+//!
+//! * **source**: nvcc and ptxas compile `kernels/*.cu` here. nvcc is looked up in `$NVCC`,
+//!   `$CUDA_HOME`/`$CUDA_PATH`, the project toolchain of `scripts/setup.sh`, `PATH`, then
+//!   `/usr/local/cuda`.
+//! * **prebuilt**: the committed copy in `kernels/prebuilt/`, used when no nvcc is found, and only
+//!   when its manifest's hashes match the current sources and build settings.
+//!
+//! `LLK_DEVICE_CODE=source` requires nvcc; `LLK_DEVICE_CODE=prebuilt` uses the committed copy even
+//! when nvcc exists (still checked). How the device code is compiled, and the manifest, live in
+//! `build/device_code.rs`, which `tools/regen-kernels` (`scripts/regen-kernels.sh`) shares.
+//! The host code needs no CUDA install at all.
+
+#[path = "build/device_code.rs"]
+mod device_code;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-const ARCHS: [&str; 2] = ["sm_90", "sm_80"];
+use device_code::{Manifest, REGENERATE, Toolchain};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Auto,
+    Source,
+    Prebuilt,
+}
 
 fn main() {
-    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    if let Err(message) = run() {
+        // A clear message and a failed build, without a panic's backtrace hint.
+        eprintln!("\nerror: llama-kernels build script:\n{message}\n");
+        std::process::exit(1);
+    }
+}
+
+fn env_path(var: &str) -> Result<PathBuf, String> {
+    std::env::var_os(var).map(PathBuf::from).ok_or_else(|| format!("{var} is not set (is this run by cargo?)"))
+}
+
+fn run() -> Result<(), String> {
+    let root = env_path("CARGO_MANIFEST_DIR")?;
+    let out = env_path("OUT_DIR")?;
     let kernels = root.join("kernels");
 
-    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH", "LLK_HOST_CXXFLAGS"] {
+    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH", "LLK_DEVICE_CODE", "LLK_HOST_CXXFLAGS"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=build.rs");
-    rerun_if_changed_tree(&kernels);
+    println!("cargo:rerun-if-changed=build/device_code.rs");
+    // A folder is scanned recursively: every file under kernels/, the prebuilt copy included.
+    println!("cargo:rerun-if-changed=kernels");
 
-    let nvcc = find_nvcc(&root).unwrap_or_else(|| {
-        panic!(
-            "\n\nllama-kernels: nvcc was not found.\n\
-             It is needed to build the CUDA kernels (even on a machine without a GPU).\n\
-             Either run `scripts/setup.sh`, which installs the pinned CUDA 13.0 nvcc wheels from PyPI\n\
-             into ./.toolchain (no GPU, no root needed), or point the build at a CUDA install with\n\
-             NVCC=/path/to/nvcc or CUDA_HOME=/usr/local/cuda.\n\n"
-        )
-    });
-    let cuda_bin = nvcc.parent().expect("nvcc has a parent folder").to_path_buf();
-    let ptxas = cuda_bin.join("ptxas");
+    let mode = match std::env::var("LLK_DEVICE_CODE").as_deref() {
+        Err(_) | Ok("") | Ok("auto") => Mode::Auto,
+        Ok("source") => Mode::Source,
+        Ok("prebuilt") => Mode::Prebuilt,
+        Ok(other) => return Err(format!("LLK_DEVICE_CODE={other} is not one of: source, prebuilt, auto")),
+    };
+    let families = device_code::families(&root)?;
 
-    let families = kernel_families(&kernels);
-    assert!(!families.is_empty(), "no kernels/*.cu files found");
-
-    // Device code: nvcc -ptx and ptxas -v for every (family, arch), in parallel.
-    let jobs: Vec<(String, &str)> = families.iter().flat_map(|f| ARCHS.iter().map(move |a| (f.clone(), *a))).collect();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = jobs
-            .iter()
-            .map(|(family, arch)| {
-                let (nvcc, ptxas, kernels, out) = (&nvcc, &ptxas, &kernels, &out);
-                s.spawn(move || build_ptx(nvcc, ptxas, kernels, out, family, arch))
-            })
-            .collect();
-        for h in handles {
-            h.join().expect("a PTX build thread panicked");
+    let nvcc = match mode {
+        // A forced prebuilt build still points LLK_CUDA_BIN at a toolchain when there is one.
+        Mode::Prebuilt => device_code::find_nvcc(&root).ok().flatten(),
+        _ => device_code::find_nvcc(&root)?,
+    };
+    let (origin, cuda_bin) = match (mode, nvcc) {
+        (Mode::Source | Mode::Auto, Some(nvcc)) => {
+            let tc = Toolchain::new(nvcc)?;
+            for w in device_code::build_all(&tc, &root, &out, &families)? {
+                println!("cargo:warning={w}");
+            }
+            let bin = tc.nvcc.parent().map(Path::to_path_buf).unwrap_or_default();
+            println!("cargo:rustc-env=LLK_NVCC_VERSION={}", tc.nvcc_version);
+            (format!("source (nvcc {}, {})", tc.nvcc.display(), tc.short_release()), bin)
         }
-    });
+        (Mode::Source, None) => {
+            return Err("LLK_DEVICE_CODE=source, but nvcc was not found.\n\
+                 Point the build at nvcc (NVCC=/path/to/nvcc or CUDA_HOME=/usr/local/cuda), run\n\
+                 scripts/setup.sh in a checkout of the repository (installs the pinned nvcc 13.0 into\n\
+                 ./.toolchain), or unset LLK_DEVICE_CODE to use the prebuilt device code."
+                .into());
+        }
+        (Mode::Auto | Mode::Prebuilt, nvcc) => {
+            let manifest = device_code::verify_prebuilt(&root).map_err(|problems| {
+                let why = if mode == Mode::Prebuilt {
+                    "LLK_DEVICE_CODE=prebuilt, but the prebuilt device code"
+                } else {
+                    "nvcc was not found, and the prebuilt device code"
+                };
+                format!(
+                    "{why} in kernels/prebuilt/ does not match\n\
+                     the kernel sources and build settings:\n{}\n\
+                     Either regenerate it, in a checkout of the llama-kernels repository:\n\
+                     \x20   {REGENERATE}\n\
+                     or compile the kernels here: point the build at nvcc (NVCC=/path/to/nvcc or\n\
+                     CUDA_HOME=/usr/local/cuda; in a checkout, scripts/setup.sh installs the pinned nvcc 13.0\n\
+                     into ./.toolchain){}.",
+                    device_code::describe(&problems),
+                    if mode == Mode::Prebuilt { ", and unset LLK_DEVICE_CODE" } else { "" }
+                )
+            })?;
+            copy_prebuilt(&root, &out, &families)?;
+            println!("cargo:rustc-env=LLK_NVCC_VERSION=");
+            let bin = match nvcc.and_then(|n| n.parent().map(Path::to_path_buf)) {
+                Some(bin) => bin,
+                None => {
+                    let local = device_code::project_toolchain_bin(&root);
+                    if local.is_dir() { local } else { PathBuf::new() }
+                }
+            };
+            (format!("prebuilt (kernels/prebuilt, manifest {})", Manifest::short_hash(&manifest)), bin)
+        }
+    };
 
-    // Host code: the same sources through the emulation runtime, optimized in every profile.
+    build_host(&kernels, &families)?;
+
+    std::fs::write(out.join("kernels.rs"), generated_module_table(&families))
+        .map_err(|e| format!("cannot write {}: {e}", out.join("kernels.rs").display()))?;
+    println!("cargo:rustc-env=LLK_CUDA_BIN={}", cuda_bin.display());
+    println!("cargo:rustc-env=LLK_DEVICE_CODE_ORIGIN={origin}");
+    println!("cargo:rustc-env=LLK_KERNEL_BUILD_DIR={}", out.display());
+    Ok(())
+}
+
+/// The committed device code into OUT_DIR, where the module table expects it.
+fn copy_prebuilt(root: &Path, out: &Path, families: &[String]) -> Result<(), String> {
+    let src = root.join(device_code::PREBUILT_DIR);
+    for f in device_code::output_files(families) {
+        let to = out.join(&f);
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        std::fs::copy(src.join(&f), &to)
+            .map_err(|e| format!("cannot copy {} to {}: {e}", src.join(&f).display(), to.display()))?;
+    }
+    Ok(())
+}
+
+/// The same sources through the emulation runtime, optimized in every profile.
+fn build_host(kernels: &Path, families: &[String]) -> Result<(), String> {
     let mut host = cc::Build::new();
     host.cpp(true)
         .std("c++20")
         .opt_level(3)
         .debug(false)
-        .include(&kernels)
+        .include(kernels)
         .flag("-x")
         .flag("c++")
         .flag("-fno-strict-aliasing") // kernels reinterpret 16-byte vectors as elements
@@ -79,123 +168,11 @@ fn main() {
             host.flag(f);
         }
     }
-    for family in &families {
+    for family in families {
         host.file(kernels.join(format!("{family}.cu")));
     }
     host.file(kernels.join("emu/emu_exports.cc"));
-    host.compile("llama_kernels_emu");
-
-    std::fs::write(out.join("kernels.rs"), generated_module_table(&families)).expect("write kernels.rs");
-    println!("cargo:rustc-env=LLK_CUDA_BIN={}", cuda_bin.display());
-    println!("cargo:rustc-env=LLK_DEVICE_CODE_ORIGIN=source (nvcc {})", nvcc.display());
-    println!("cargo:rustc-env=LLK_KERNEL_BUILD_DIR={}", out.display());
-}
-
-/// `kernels/<family>.cu` stems, sorted.
-fn kernel_families(kernels: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(kernels)
-        .expect("read kernels/")
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-        .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
-        .collect();
-    v.sort();
-    for f in &v {
-        assert!(
-            f.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
-            "kernel file name {f}.cu must be a C identifier"
-        );
-    }
-    v
-}
-
-fn rerun_if_changed_tree(dir: &Path) {
-    println!("cargo:rerun-if-changed={}", dir.display());
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                rerun_if_changed_tree(&p);
-            } else {
-                println!("cargo:rerun-if-changed={}", p.display());
-            }
-        }
-    }
-}
-
-fn find_nvcc(root: &Path) -> Option<PathBuf> {
-    let is_exe = |p: &Path| p.is_file();
-    if let Ok(p) = std::env::var("NVCC") {
-        let p = PathBuf::from(p);
-        if is_exe(&p) {
-            return Some(p);
-        }
-        panic!("NVCC={} does not exist", p.display());
-    }
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Ok(home) = std::env::var(var) {
-            let p = PathBuf::from(home).join("bin/nvcc");
-            if is_exe(&p) {
-                return Some(p);
-            }
-        }
-    }
-    let local = root.join(".toolchain/python/nvidia/cu13/bin/nvcc");
-    if is_exe(&local) {
-        return Some(local);
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&path) {
-            let p = dir.join("nvcc");
-            if is_exe(&p) {
-                return Some(p);
-            }
-        }
-    }
-    let system = PathBuf::from("/usr/local/cuda/bin/nvcc");
-    is_exe(&system).then_some(system)
-}
-
-fn run(cmd: &mut Command, what: &str) -> std::process::Output {
-    let output = cmd.output().unwrap_or_else(|e| panic!("{what}: could not run {:?}: {e}", cmd.get_program()));
-    if !output.status.success() {
-        panic!(
-            "{what} failed ({}):\n{}\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    output
-}
-
-fn build_ptx(nvcc: &Path, ptxas: &Path, kernels: &Path, out: &Path, family: &str, arch: &str) {
-    let dir = out.join(arch);
-    std::fs::create_dir_all(&dir).expect("create PTX folder");
-    let src = kernels.join(format!("{family}.cu"));
-    let ptx = dir.join(format!("{family}.ptx"));
-    run(
-        Command::new(nvcc)
-            .args(["-ptx", "-O3", "-std=c++17", "-lineinfo", "-DNDEBUG"])
-            .arg(format!("-arch={arch}"))
-            .arg("-I")
-            .arg(kernels)
-            .arg(&src)
-            .arg("-o")
-            .arg(&ptx),
-        &format!("nvcc {family}.cu for {arch}"),
-    );
-    let report = run(
-        Command::new(ptxas)
-            .args(["-v", "-O3"])
-            .arg(format!("-arch={arch}"))
-            .arg(&ptx)
-            .arg("-o")
-            .arg(dir.join(format!("{family}.cubin"))),
-        &format!("ptxas {family}.ptx for {arch}"),
-    );
-    std::fs::write(dir.join(format!("{family}.ptxas.txt")), &report.stderr).expect("write ptxas report");
+    host.try_compile("llama_kernels_emu").map_err(|e| format!("compiling the emulated kernels failed: {e}"))
 }
 
 fn generated_module_table(families: &[String]) -> String {
