@@ -45,7 +45,14 @@ fn no_kernel_spills_at_sm_90() {
 }
 
 fn sass(module: &str) -> String {
-    let bin = PathBuf::from(env!("LLK_CUDA_BIN")).join("cuobjdump");
+    // The bin folder of the nvcc that built the crate, or of the project toolchain when the
+    // build used the prebuilt device code; empty when there was neither.
+    let cuda_bin = env!("LLK_CUDA_BIN");
+    let bin = PathBuf::from(cuda_bin).join("cuobjdump");
+    assert!(
+        !cuda_bin.is_empty() && bin.is_file(),
+        "cuobjdump not found (LLK_CUDA_BIN={cuda_bin:?}): run scripts/setup.sh, which installs it into .toolchain"
+    );
     let cubin = PathBuf::from(env!("LLK_KERNEL_BUILD_DIR")).join("sm_90").join(format!("{module}.cubin"));
     let out = Command::new(&bin)
         .arg("-sass")

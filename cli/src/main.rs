@@ -7,7 +7,8 @@
 //!
 //! `verify` runs every op on the best target present (CUDA, else emulated) against the f64
 //! reference and prints a table; it exits non-zero if any case fails. `info` prints the target,
-//! the device, the PTX architecture and each kernel's registers and spills.
+//! the device, the PTX architecture, where the device code came from (compiled by nvcc, or the
+//! prebuilt copy) and each kernel's registers and spills.
 
 use std::process::ExitCode;
 
@@ -70,7 +71,12 @@ fn main() -> ExitCode {
                 println!("cuda:   {reason}");
             }
             let arch = device.ptx_arch().unwrap_or("sm_90");
-            println!("ptx:    {arch} (embedded: sm_90, sm_80; PTX ISA 9.0 from nvcc 13.0)");
+            let isa = llama_kernels::backend::kernel_modules()
+                .next()
+                .and_then(|m| m.ptx_sm90.lines().find_map(|l| l.trim().strip_prefix(".version ")))
+                .unwrap_or("?");
+            println!("ptx:    {arch} (embedded: sm_90, sm_80; PTX ISA {isa})");
+            println!("device code: {}", llama_kernels::backend::DEVICE_CODE_ORIGIN);
             println!("\n{:<32} {:>5} {:>12} {:>11} {:>10}", "kernel", "regs", "spill st/ld", "stack B", "smem B");
             for (module, kernels) in inspect::all_resources(arch) {
                 println!("[{}]", module.name);
