@@ -72,8 +72,9 @@ fn embedded_device_code_equals_the_committed_copy() {
     if DEVICE_CODE_ORIGIN.starts_with("prebuilt") {
         // The embedded files are copies of the committed ones: this only checks the copy.
         report(&format!(
-            "this build used the prebuilt device code ({DEVICE_CODE_ORIGIN}); nothing was compiled \
-             to compare with, so the committed copy is checked by its manifest hashes only"
+            "this build used the prebuilt device code ({DEVICE_CODE_ORIGIN}): nothing was compiled to \
+             compare with, so the committed copy is checked against the sources by its manifest hashes only \
+             (the embedded files are only checked to be copies of it)"
         ));
     } else if built_by != m.nvcc_version {
         report(&format!(

@@ -46,13 +46,16 @@ fn no_kernel_spills_at_sm_90() {
 
 fn sass(module: &str) -> String {
     // The bin folder of the nvcc that built the crate, or of the project toolchain when the
-    // build used the prebuilt device code; empty when there was neither.
+    // build used the prebuilt device code; empty when there was neither. The project toolchain
+    // may also have been installed after the build: look there too.
     let cuda_bin = env!("LLK_CUDA_BIN");
-    let bin = PathBuf::from(cuda_bin).join("cuobjdump");
-    assert!(
-        !cuda_bin.is_empty() && bin.is_file(),
-        "cuobjdump not found (LLK_CUDA_BIN={cuda_bin:?}): run scripts/setup.sh, which installs it into .toolchain"
-    );
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".toolchain/python/nvidia/cu13/bin/cuobjdump");
+    let bin = [PathBuf::from(cuda_bin).join("cuobjdump"), local]
+        .into_iter()
+        .find(|p| p.is_absolute() && p.is_file())
+        .unwrap_or_else(|| {
+            panic!("cuobjdump not found (LLK_CUDA_BIN={cuda_bin:?}): run scripts/setup.sh, which installs it into .toolchain")
+        });
     let cubin = PathBuf::from(env!("LLK_KERNEL_BUILD_DIR")).join("sm_90").join(format!("{module}.cubin"));
     let out = Command::new(&bin)
         .arg("-sass")
