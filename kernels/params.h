@@ -47,6 +47,12 @@ typedef enum LlkRopeNorm {
   LLK_ROPE_L2_NORM = 1,  // Llama 4: x * rsqrt(mean(x^2) + eps) over each head, after rotating
 } LlkRopeNorm;
 
+// The position domain: |p| <= LLK_ROPE_MAX_POSITION is rotated to within 3e-7 of the exact angle.
+// Positions outside it are clamped to +-LLK_ROPE_MAX_POSITION (on both targets, and in the
+// reference): the result is still a rotation, at the clamped angle. Llama 4's longest context
+// (10M tokens) is inside the domain.
+#define LLK_ROPE_MAX_POSITION 16777215
+
 typedef struct RopeParams {
   uint64_t q;          // [tokens, q_heads, head_dim], rotated in place
   uint64_t k;          // [tokens, kv_heads, head_dim], rotated in place (0 when kv_heads == 0)

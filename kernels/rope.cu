@@ -16,6 +16,7 @@
 // goes through the sin/cos polynomials. Error bound: the reduced angle is within ~1e-7 rad of
 // (p f_i mod pi/2) for |p| < 2^24, and the polynomials add ~1 ulp; a unit pair is rotated to
 // within 3e-7 of the exact result (tests sweep positions up to 2^24 - 1 against f64; 7e-8 seen).
+// Positions beyond +-(2^24 - 1) (LLK_ROPE_MAX_POSITION) are clamped to it.
 // Cost: ~30 flops per (token, pair), shared by all heads of the token.
 //
 // Grid mapping: grid.x = tokens, grid.y = head groups (1, or more when few tokens would leave
@@ -93,8 +94,13 @@ __device__ void rope_kernel(const RopeParams& p) {
   const int64_t half = p.rotary_dim / 2;
   const int64_t nchunks = LAYOUT == LLK_ROPE_INTERLEAVED ? p.rotary_dim / VEC : half / VEC;
 
-  const int64_t pos = p.position_type == LLK_INDEX_I64 ? reinterpret_cast<const int64_t*>(p.positions)[token]
-                                                       : int64_t(reinterpret_cast<const int32_t*>(p.positions)[token]);
+  const int64_t raw_pos = p.position_type == LLK_INDEX_I64 ? reinterpret_cast<const int64_t*>(p.positions)[token]
+                                                           : int64_t(reinterpret_cast<const int32_t*>(p.positions)[token]);
+  // Outside the accurate domain, clamp (a rotation at the clamped angle, never a non-rotation;
+  // and no float-to-int conversion out of range, which host C++ leaves undefined).
+  const int64_t pos = raw_pos > LLK_ROPE_MAX_POSITION ? int64_t(LLK_ROPE_MAX_POSITION)
+                      : raw_pos < -LLK_ROPE_MAX_POSITION ? -int64_t(LLK_ROPE_MAX_POSITION)
+                                                          : raw_pos;
   const float2* inv_freq = reinterpret_cast<const float2*>(p.inv_freq);
 
   // cos/sin of this thread's pairs, computed once per token.

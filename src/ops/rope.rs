@@ -21,7 +21,13 @@
 //! Shapes: q `[tokens, q_heads, head_dim]` and k `[tokens, kv_heads, head_dim]` (more leading
 //! dimensions are fine if they collapse into one token stride), `head_dim` contiguous, any token
 //! and head strides (views into a fused QKV buffer work), same float dtype; positions `[tokens]`,
-//! i32 or i64, contiguous, any values with `|p| < 2^24` (ragged batches, decode at any offset).
+//! i32 or i64, contiguous (ragged batches, decode at any offset).
+//!
+//! Position domain: `|p| <= 2^24 - 1` ([`MAX_POSITION`]), where every angle is within 3e-7 rad
+//! of exact (Llama 4's 10M-token context fits). Positions are device data, so they are not
+//! checked on the host: a position outside the domain is clamped to `+-(2^24 - 1)` by the kernel
+//! (on both targets; the reference does the same), so the result is always a rotation, at the
+//! clamped angle, never garbage.
 //! NoPE layers (Llama 4) simply do not call this.
 
 use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims, Queue};
@@ -32,6 +38,8 @@ use crate::params::{LlkIndexType, LlkRopeLayout, LlkRopeNorm, RopeParams};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 const OP: &str = "rope";
+/// Largest |position| rotated exactly; larger ones are clamped to it (see the module docs).
+pub const MAX_POSITION: i64 = crate::params::LLK_ROPE_MAX_POSITION as i64;
 /// Largest rotary_dim any kernel path handles (8 pairs x 32 threads x 2 elements).
 pub const MAX_ROTARY_DIM: usize = 512;
 /// Threads per block (kMaxThreads in kernels/rope.cu).
