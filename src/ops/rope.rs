@@ -254,6 +254,11 @@ impl Rope {
 
     /// [`Rope::apply`] on borrowed views, queued on `queue` (a [`Device`] or an engine's
     /// `Arc<CudaStream>` of the context the table was uploaded to).
+    ///
+    /// q and k get the same rotation (and the same qk-norm), so when the k heads follow the q
+    /// heads in a fused QKV buffer (`[tokens, q_heads + 2 kv_heads, head_dim]`, Llama's layout)
+    /// one writable view of `q_heads + kv_heads` heads with `k = None` rotates both: a cudarc
+    /// buffer can only lend one `&mut` at a time.
     pub fn apply_on(
         &self,
         queue: &impl Queue,
