@@ -16,6 +16,11 @@ extern "C" {
 // ---------------------------------------------------------------------------- RMSNorm
 // y = x * rsqrt(mean(x^2) + eps) * weight, per row; the fused variant first forms
 // r = x + residual, stores r into `residual`, and normalizes r.
+// Threads per block (launch bounds) of the plain and the fused kernels; the host plans rows over
+// at most this many threads (the fused kernel holds twice the loads in registers).
+#define LLK_RMS_NORM_MAX_THREADS 1024
+#define LLK_RMS_NORM_MAX_THREADS_FUSED 512
+
 typedef struct RmsNormParams {
   uint64_t x;         // [rows, hidden] input, rows `x_row_stride` apart
   uint64_t residual;  // [rows, hidden] fused variant only: residual in, x + residual out

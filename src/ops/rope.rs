@@ -191,22 +191,34 @@ pub struct Rope {
     table: Tensor,
 }
 
-/// Every kernel, by (layout, vectorized, dtype).
-static KERNELS: KernelTable<(RopeLayout, bool, DType)> = KernelTable {
+/// Every kernel, by (layout, vectorized, qk-norm, dtype).
+static KERNELS: KernelTable<(RopeLayout, bool, bool, DType)> = KernelTable {
     module: "rope",
     entries: &[
-        ((RopeLayout::Interleaved, false, DType::F32), "rope_interleaved_f32"),
-        ((RopeLayout::Interleaved, false, DType::F16), "rope_interleaved_f16"),
-        ((RopeLayout::Interleaved, false, DType::BF16), "rope_interleaved_bf16"),
-        ((RopeLayout::Interleaved, true, DType::F32), "rope_interleaved_vec_f32"),
-        ((RopeLayout::Interleaved, true, DType::F16), "rope_interleaved_vec_f16"),
-        ((RopeLayout::Interleaved, true, DType::BF16), "rope_interleaved_vec_bf16"),
-        ((RopeLayout::HalfSplit, false, DType::F32), "rope_half_split_f32"),
-        ((RopeLayout::HalfSplit, false, DType::F16), "rope_half_split_f16"),
-        ((RopeLayout::HalfSplit, false, DType::BF16), "rope_half_split_bf16"),
-        ((RopeLayout::HalfSplit, true, DType::F32), "rope_half_split_vec_f32"),
-        ((RopeLayout::HalfSplit, true, DType::F16), "rope_half_split_vec_f16"),
-        ((RopeLayout::HalfSplit, true, DType::BF16), "rope_half_split_vec_bf16"),
+        ((RopeLayout::Interleaved, false, false, DType::F32), "rope_interleaved_f32"),
+        ((RopeLayout::Interleaved, false, false, DType::F16), "rope_interleaved_f16"),
+        ((RopeLayout::Interleaved, false, false, DType::BF16), "rope_interleaved_bf16"),
+        ((RopeLayout::Interleaved, true, false, DType::F32), "rope_interleaved_vec_f32"),
+        ((RopeLayout::Interleaved, true, false, DType::F16), "rope_interleaved_vec_f16"),
+        ((RopeLayout::Interleaved, true, false, DType::BF16), "rope_interleaved_vec_bf16"),
+        ((RopeLayout::Interleaved, false, true, DType::F32), "rope_interleaved_norm_f32"),
+        ((RopeLayout::Interleaved, false, true, DType::F16), "rope_interleaved_norm_f16"),
+        ((RopeLayout::Interleaved, false, true, DType::BF16), "rope_interleaved_norm_bf16"),
+        ((RopeLayout::Interleaved, true, true, DType::F32), "rope_interleaved_norm_vec_f32"),
+        ((RopeLayout::Interleaved, true, true, DType::F16), "rope_interleaved_norm_vec_f16"),
+        ((RopeLayout::Interleaved, true, true, DType::BF16), "rope_interleaved_norm_vec_bf16"),
+        ((RopeLayout::HalfSplit, false, false, DType::F32), "rope_half_split_f32"),
+        ((RopeLayout::HalfSplit, false, false, DType::F16), "rope_half_split_f16"),
+        ((RopeLayout::HalfSplit, false, false, DType::BF16), "rope_half_split_bf16"),
+        ((RopeLayout::HalfSplit, true, false, DType::F32), "rope_half_split_vec_f32"),
+        ((RopeLayout::HalfSplit, true, false, DType::F16), "rope_half_split_vec_f16"),
+        ((RopeLayout::HalfSplit, true, false, DType::BF16), "rope_half_split_vec_bf16"),
+        ((RopeLayout::HalfSplit, false, true, DType::F32), "rope_half_split_norm_f32"),
+        ((RopeLayout::HalfSplit, false, true, DType::F16), "rope_half_split_norm_f16"),
+        ((RopeLayout::HalfSplit, false, true, DType::BF16), "rope_half_split_norm_bf16"),
+        ((RopeLayout::HalfSplit, true, true, DType::F32), "rope_half_split_norm_vec_f32"),
+        ((RopeLayout::HalfSplit, true, true, DType::F16), "rope_half_split_norm_vec_f16"),
+        ((RopeLayout::HalfSplit, true, true, DType::BF16), "rope_half_split_norm_vec_bf16"),
     ],
 };
 
@@ -407,6 +419,7 @@ impl Rope {
             block: (g as u32, heads_per_block as u32, 1),
             dyn_smem: 0,
         };
-        args.launch(KERNELS.find(OP, "q", (cfg.layout, vectorized, dtype), dtype)?, dims, &params)
+        let key = (cfg.layout, vectorized, cfg.qk_norm_eps.is_some(), dtype);
+        args.launch(KERNELS.find(OP, "q", key, dtype)?, dims, &params)
     }
 }
