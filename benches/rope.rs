@@ -35,12 +35,16 @@ fn main() {
             group.bench_function(BenchmarkId::new(format!("{model}/{dtype}"), tokens), |b| {
                 b.iter_custom(|iters| common::event_duration(&device, iters, &mut run))
             });
-            let us = common::gpu_time_us(&device, 200, &mut run);
+            let us = common::summary_time_us(&device, 200, bytes, &mut run);
             let name =
                 format!("rope {dtype} {tokens}x({qh}+{kh})x128{}", if model == "llama4" { " llama4" } else { "" });
             rows.push(common::Row { name, us, bytes, flops: 0.0 });
         }
     }
     group.finish();
-    common::print_memory_table("RoPE summary (CUDA events, mean of 200 launches)", &rows, copy_gbs);
+    common::print_memory_table(
+        "RoPE summary (CUDA events, mean of 200 launches, L2 flushed before each when the working set fits in it)",
+        &rows,
+        copy_gbs,
+    );
 }

@@ -335,8 +335,9 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
     float sum = l[h];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    inv[h] = sum > 0.f ? 1.f / sum : 0.f;
-    lse[h] = sum > 0.f ? (m[h] + log2f(sum)) * kLn2 : -INFINITY;
+    // sum == 0: a fully masked row (zeros, lse = -inf). A NaN sum (a non-finite score) stays NaN.
+    inv[h] = sum == 0.f ? 0.f : 1.f / sum;
+    lse[h] = sum == 0.f ? -INFINITY : (m[h] + log2f(sum)) * kLn2;
   }
 #pragma unroll
   for (int n = 0; n < kChunks; ++n)
@@ -420,12 +421,12 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
     }
   }
   if (!valid) return;  // no barriers or warp operations below
-  const float inv = l > 0.f ? 1.f / l : 0.f;
+  const float inv = l == 0.f ? 0.f : 1.f / l;  // fully masked: zeros; NaN stays NaN
   float* orow = reinterpret_cast<float*>(p.out) + (s.q_start + token) * p.out_token_stride + head * p.out_head_stride;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) orow[4 * i + sub] = acc[i] * inv;
   if (p.lse != 0 && sub == 0)
-    reinterpret_cast<float*>(p.lse)[head * p.total_q + s.q_start + token] = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
+    reinterpret_cast<float*>(p.lse)[head * p.total_q + s.q_start + token] = l == 0.f ? -INFINITY : (m + log2f(l)) * kLn2;
 }
 
 // ------------------------------------------------------------------------- plan (device offsets)

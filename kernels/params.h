@@ -16,6 +16,11 @@ extern "C" {
 // ---------------------------------------------------------------------------- RMSNorm
 // y = x * rsqrt(mean(x^2) + eps) * weight, per row; the fused variant first forms
 // r = x + residual, stores r into `residual`, and normalizes r.
+// Threads per block (launch bounds) of the plain and the fused kernels; the host plans rows over
+// at most this many threads (the fused kernel holds twice the loads in registers).
+#define LLK_RMS_NORM_MAX_THREADS 1024
+#define LLK_RMS_NORM_MAX_THREADS_FUSED 512
+
 typedef struct RmsNormParams {
   uint64_t x;         // [rows, hidden] input, rows `x_row_stride` apart
   uint64_t residual;  // [rows, hidden] fused variant only: residual in, x + residual out
@@ -46,6 +51,12 @@ typedef enum LlkRopeNorm {
   LLK_ROPE_NO_NORM = 0,
   LLK_ROPE_L2_NORM = 1,  // Llama 4: x * rsqrt(mean(x^2) + eps) over each head, after rotating
 } LlkRopeNorm;
+
+// The position domain: |p| <= LLK_ROPE_MAX_POSITION is rotated to within 3e-7 of the exact angle.
+// Positions outside it are clamped to +-LLK_ROPE_MAX_POSITION (on both targets, and in the
+// reference): the result is still a rotation, at the clamped angle. Llama 4's longest context
+// (10M tokens) is inside the domain.
+#define LLK_ROPE_MAX_POSITION 16777215
 
 typedef struct RopeParams {
   uint64_t q;          // [tokens, q_heads, head_dim], rotated in place

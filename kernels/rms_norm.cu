@@ -15,6 +15,10 @@
 // reduction and the output, so x (and residual) are read from memory once; rows longer than
 // kCache * tpr vectors re-read the tail.
 //
+// Memory-level parallelism: each thread issues all of its cached 16-byte loads (x, and residual
+// when fused) before converting any, and pass 2 issues its weight loads before scaling, so several
+// loads are in flight per thread (the static performance report counts back-to-back LDGs).
+//
 // Vectors: VEC = 16 / sizeof(T) elements (one 128-bit load) on the fast path, which the host
 // selects only when hidden % VEC == 0 and every base pointer and row stride is 16-byte aligned;
 // VEC = 1 is the fallback for every other shape.
@@ -28,8 +32,12 @@
 
 namespace {
 
-constexpr int kCache = 4;       // vectors per thread kept in registers
-constexpr int kMaxThreads = 1024;
+constexpr int kCache = 4;  // vectors per thread kept in registers
+// Launch bounds: the plain kernel up to 1024 threads per block; the fused kernel holds twice the
+// raw loads (x and residual) in flight and is bounded at 512 threads, where it fits in registers
+// without spilling (ptxas spills it at 1024). The host never plans more (RMS_NORM_MAX_THREADS_*).
+constexpr int kMaxThreads = LLK_RMS_NORM_MAX_THREADS;
+constexpr int kMaxThreadsFused = LLK_RMS_NORM_MAX_THREADS_FUSED;
 
 // Sum of v over the row group of the calling thread; every thread of the group gets the total.
 __device__ __forceinline__ float row_sum(float v, float* warp_partials) {
@@ -46,8 +54,33 @@ __device__ __forceinline__ float row_sum(float v, float* warp_partials) {
   return total;
 }
 
+// VEC elements of T as they lie in memory: one 128-bit word on the vector path.
+template <class T, int VEC>
+struct Raw {
+  static constexpr bool kWide = VEC * sizeof(T) == 16;
+  using type = typename std::conditional<kWide, uint4, T>::type;
+  static_assert(kWide || VEC == 1, "the scalar path moves one element");
+  __device__ __forceinline__ static type load(const T* p) {
+    if constexpr (kWide) return *reinterpret_cast<const uint4*>(p);
+    else return *p;
+  }
+  __device__ __forceinline__ static type load_readonly(const T* p) {
+    if constexpr (kWide) return __ldg(reinterpret_cast<const uint4*>(p));
+    else return __ldg(p);
+  }
+  __device__ __forceinline__ static type zero() {
+    if constexpr (kWide) return make_uint4(0, 0, 0, 0);
+    else return llk::from_f32<T>(0.f);
+  }
+  __device__ __forceinline__ static void unpack(const type& r, float (&out)[VEC]) {
+    if constexpr (kWide) llk::load_f32<T, VEC>(reinterpret_cast<const T*>(&r), out);
+    else out[0] = llk::to_f32(r);
+  }
+};
+
 template <class T, int VEC, bool FUSED>
 __device__ void rms_norm_kernel(const RmsNormParams& p) {
+  using R = Raw<T, VEC>;
   __shared__ float warp_partials[kMaxThreads / 32];
   const int tpr = int(blockDim.x);
   const int tx = int(threadIdx.x);
@@ -55,39 +88,52 @@ __device__ void rms_norm_kernel(const RmsNormParams& p) {
   const bool valid = row < p.rows;  // no early return: every thread takes part in the reduction
   const int64_t nvec = p.hidden / VEC;
 
-  const T* x = reinterpret_cast<const T*>(p.x) + (valid ? row * p.x_row_stride : 0);
-  T* res = FUSED ? reinterpret_cast<T*>(p.residual) + (valid ? row * p.residual_row_stride : 0) : nullptr;
-  const T* __restrict__ w = reinterpret_cast<const T*>(p.weight);
-  T* y = reinterpret_cast<T*>(p.y) + (valid ? row * p.y_row_stride : 0);
+  const T* x = reinterpret_cast<const T*>(p.x) + (valid ? row * p.x_row_stride : 0);   // [rows, hidden]
+  T* res = FUSED ? reinterpret_cast<T*>(p.residual) + (valid ? row * p.residual_row_stride : 0) : nullptr;  // [rows, hidden]
+  const T* __restrict__ w = reinterpret_cast<const T*>(p.weight);                      // [hidden]
+  T* y = reinterpret_cast<T*>(p.y) + (valid ? row * p.y_row_stride : 0);               // [rows, hidden]
 
-  // Pass 1: load (and for FUSED form, round and store the sum), accumulate squares.
-  // Returns the values the norm applies to.
-  auto load_input = [&](int64_t v, float (&out)[VEC]) {
-    llk::load_f32<T, VEC>(x + v * VEC, out);
-    if constexpr (FUSED) {
-      float r[VEC];
-      llk::load_f32<T, VEC>(res + v * VEC, r);
+  // Pass 1. Issue every cached load first (raw 16-byte words: kCache of x, and kCache of the
+  // residual when fused), then convert: up to 2 * kCache loads in flight per thread, instead of
+  // one load waiting behind each conversion.
+  typename R::type rx[kCache], rr[kCache];
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) out[i] += r[i];
-      llk::round_to<T, VEC>(out);
-      llk::store_f32<T, VEC>(res + v * VEC, out);
-    }
-  };
-  float cache[kCache][VEC] = {};  // zero-initialized: predicated loads otherwise leave ptxas a local-memory array
+  for (int c = 0; c < kCache; ++c) {
+    const int64_t v = tx + int64_t(c) * tpr;
+    const bool in = valid && v < nvec;
+    rx[c] = in ? R::load(x + v * VEC) : R::zero();
+    if constexpr (FUSED) rr[c] = in ? R::load(res + v * VEC) : R::zero();
+  }
+  float cache[kCache][VEC];
   float ss = 0.f;
-  if (valid) {
 #pragma unroll
-    for (int c = 0; c < kCache; ++c) {
+  for (int c = 0; c < kCache; ++c) {
+    R::unpack(rx[c], cache[c]);
+    if constexpr (FUSED) {
       const int64_t v = tx + int64_t(c) * tpr;
-      if (v < nvec) {
-        load_input(v, cache[c]);
+      float r[VEC];
+      R::unpack(rr[c], r);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) ss = fmaf(cache[c][i], cache[c][i], ss);
-      }
+      for (int i = 0; i < VEC; ++i) cache[c][i] += r[i];
+      llk::round_to<T, VEC>(cache[c]);
+      if (valid && v < nvec) llk::store_f32<T, VEC>(res + v * VEC, cache[c]);
     }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) ss = fmaf(cache[c][i], cache[c][i], ss);  // zeros past the row add 0
+  }
+  // Rows longer than kCache * tpr vectors: the tail streams through (and is re-read in pass 2).
+  if (valid) {
     for (int64_t v = tx + int64_t(kCache) * tpr; v < nvec; v += tpr) {
       float t[VEC];
-      load_input(v, t);
+      R::unpack(R::load(x + v * VEC), t);
+      if constexpr (FUSED) {
+        float r[VEC];
+        R::unpack(R::load(res + v * VEC), r);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) t[i] += r[i];
+        llk::round_to<T, VEC>(t);
+        llk::store_f32<T, VEC>(res + v * VEC, t);
+      }
 #pragma unroll
       for (int i = 0; i < VEC; ++i) ss = fmaf(t[i], t[i], ss);
     }
@@ -96,23 +142,32 @@ __device__ void rms_norm_kernel(const RmsNormParams& p) {
   const float inv_rms = rsqrtf(ss / float(p.hidden) + p.eps);
   if (!valid) return;
 
-  // Pass 2: scale by inv_rms and the weight, store.
-  auto store_output = [&](int64_t v, const float (&in)[VEC]) {
-    float wt[VEC], out[VEC];
-    llk::load_f32_readonly<T, VEC>(w + v * VEC, wt);  // the weight is never written (checked on the host)
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) out[i] = in[i] * inv_rms * wt[i];
-    llk::store_f32<T, VEC>(y + v * VEC, out);
-  };
+  // Pass 2: the weights of the cached vectors through the read-only path, all issued first, then
+  // scale and store.
+  typename R::type rw[kCache];
 #pragma unroll
   for (int c = 0; c < kCache; ++c) {
     const int64_t v = tx + int64_t(c) * tpr;
-    if (v < nvec) store_output(v, cache[c]);
+    rw[c] = v < nvec ? R::load_readonly(w + v * VEC) : R::zero();  // never written (checked on the host)
+  }
+#pragma unroll
+  for (int c = 0; c < kCache; ++c) {
+    const int64_t v = tx + int64_t(c) * tpr;
+    if (v < nvec) {
+      float wt[VEC], out[VEC];
+      R::unpack(rw[c], wt);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) out[i] = cache[c][i] * inv_rms * wt[i];
+      llk::store_f32<T, VEC>(y + v * VEC, out);
+    }
   }
   for (int64_t v = tx + int64_t(kCache) * tpr; v < nvec; v += tpr) {
-    float t[VEC];  // the tail was not cached: re-read it (the sum for FUSED, as stored)
-    llk::load_f32<T, VEC>((FUSED ? static_cast<const T*>(res) : x) + v * VEC, t);
-    store_output(v, t);
+    float t[VEC], wt[VEC], out[VEC];  // the tail was not cached: re-read it (the sum for FUSED, as stored)
+    R::unpack(R::load((FUSED ? static_cast<const T*>(res) : x) + v * VEC), t);
+    R::unpack(R::load_readonly(w + v * VEC), wt);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out[i] = t[i] * inv_rms * wt[i];
+    llk::store_f32<T, VEC>(y + v * VEC, out);
   }
 }
 
@@ -127,11 +182,11 @@ __device__ void rms_norm_kernel(const RmsNormParams& p) {
   X(rms_norm_vec_f32, RmsNormParams, (kMaxThreads), (rms_norm_kernel<float, 4, false>))           \
   X(rms_norm_vec_f16, RmsNormParams, (kMaxThreads), (rms_norm_kernel<__half, 8, false>))          \
   X(rms_norm_vec_bf16, RmsNormParams, (kMaxThreads), (rms_norm_kernel<__nv_bfloat16, 8, false>))  \
-  X(fused_add_rms_norm_f32, RmsNormParams, (kMaxThreads), (rms_norm_kernel<float, 1, true>))      \
-  X(fused_add_rms_norm_f16, RmsNormParams, (kMaxThreads), (rms_norm_kernel<__half, 1, true>))     \
-  X(fused_add_rms_norm_bf16, RmsNormParams, (kMaxThreads), (rms_norm_kernel<__nv_bfloat16, 1, true>)) \
-  X(fused_add_rms_norm_vec_f32, RmsNormParams, (kMaxThreads), (rms_norm_kernel<float, 4, true>))  \
-  X(fused_add_rms_norm_vec_f16, RmsNormParams, (kMaxThreads), (rms_norm_kernel<__half, 8, true>)) \
-  X(fused_add_rms_norm_vec_bf16, RmsNormParams, (kMaxThreads), (rms_norm_kernel<__nv_bfloat16, 8, true>))
+  X(fused_add_rms_norm_f32, RmsNormParams, (kMaxThreadsFused), (rms_norm_kernel<float, 1, true>)) \
+  X(fused_add_rms_norm_f16, RmsNormParams, (kMaxThreadsFused), (rms_norm_kernel<__half, 1, true>)) \
+  X(fused_add_rms_norm_bf16, RmsNormParams, (kMaxThreadsFused), (rms_norm_kernel<__nv_bfloat16, 1, true>)) \
+  X(fused_add_rms_norm_vec_f32, RmsNormParams, (kMaxThreadsFused), (rms_norm_kernel<float, 4, true>)) \
+  X(fused_add_rms_norm_vec_f16, RmsNormParams, (kMaxThreadsFused), (rms_norm_kernel<__half, 8, true>)) \
+  X(fused_add_rms_norm_vec_bf16, RmsNormParams, (kMaxThreadsFused), (rms_norm_kernel<__nv_bfloat16, 8, true>))
 
 LLK_EXPORT_KERNELS(rms_norm, RMS_NORM_KERNELS)

@@ -16,13 +16,18 @@
 // goes through the sin/cos polynomials. Error bound: the reduced angle is within ~1e-7 rad of
 // (p f_i mod pi/2) for |p| < 2^24, and the polynomials add ~1 ulp; a unit pair is rotated to
 // within 3e-7 of the exact result (tests sweep positions up to 2^24 - 1 against f64; 7e-8 seen).
-// Cost: ~30 flops per (token, pair), shared by all heads of the token.
+// Positions beyond +-(2^24 - 1) (LLK_ROPE_MAX_POSITION) are clamped to it.
+// Cost: ~30 flops per (token, pair), computed once per block and shared by all heads of the token.
 //
 // Grid mapping: grid.x = tokens, grid.y = head groups (1, or more when few tokens would leave
-// SMs idle); blockDim.x = G threads per head (a power of two <= 32), blockDim.y = heads at once. A thread owns the same `chunks` of every head (a chunk is
-// VEC consecutive elements, plus for half-split the matching VEC elements of the second half), so
-// its cos/sin stay in registers while it walks over the q heads then the k heads. The head loop
-// has a warp-uniform trip count, so the norm's shuffles never diverge.
+// SMs idle); blockDim.x = G threads per head (a power of two <= 32), blockDim.y = heads at once.
+// The block computes each (token, pair) angle once into shared memory (its threads split the
+// pairs), then every thread reads the cos/sin of its own chunks into registers. A thread owns the
+// same `chunks` of every head (a chunk is VEC consecutive elements, plus for half-split the
+// matching VEC elements of the second half), and walks over the q heads then the k heads with the
+// next head's loads issued before the current head's stores retire. The head loop has a
+// block-uniform trip count, so the norm's shuffles never diverge. The qk-norm is a template
+// parameter: the plain kernels carry none of its instructions.
 //
 // Vectors: VEC = 16 / sizeof(T) (one 128-bit access) when the rotary chunks, pointers and strides
 // allow; otherwise VEC = 2 (interleaved) or 1 (half-split).
@@ -84,49 +89,37 @@ struct Chunking {
   __device__ static int64_t pair(int64_t c, int j) { return c * kPairs + j; }
 };
 
-template <class T, int VEC, LlkRopeLayout LAYOUT>
+// Most rotary pairs per token (rotary_dim <= 512, checked on the host).
+constexpr int kMaxPairs = 256;
+
+template <class T, int VEC, LlkRopeLayout LAYOUT, bool NORM>
 __device__ void rope_kernel(const RopeParams& p) {
   using C = Chunking<LAYOUT, VEC>;
+  __shared__ float2 s_cos_sin[kMaxPairs];  // (cos, sin) of every pair of this token
   const int g = int(blockDim.x);
   const int tx = int(threadIdx.x);
+  const int tid = int(threadIdx.y) * g + tx, nthreads = g * int(blockDim.y);
   const int64_t token = blockIdx.x;
   const int64_t half = p.rotary_dim / 2;
   const int64_t nchunks = LAYOUT == LLK_ROPE_INTERLEAVED ? p.rotary_dim / VEC : half / VEC;
-
-  const int64_t pos = p.position_type == LLK_INDEX_I64 ? reinterpret_cast<const int64_t*>(p.positions)[token]
-                                                       : int64_t(reinterpret_cast<const int32_t*>(p.positions)[token]);
-  const float2* inv_freq = reinterpret_cast<const float2*>(p.inv_freq);
-
-  // cos/sin of this thread's pairs, computed once per token.
-  float cs[C::kMaxChunks][C::kPairs] = {};
-  float sn[C::kMaxChunks][C::kPairs] = {};
-#pragma unroll
-  for (int c = 0; c < C::kMaxChunks; ++c) {
-    const int64_t chunk = tx + int64_t(c) * g;
-    if (chunk < nchunks) {
-#pragma unroll
-      for (int j = 0; j < C::kPairs; ++j) rope_cos_sin(pos, inv_freq[C::pair(chunk, j)], cs[c][j], sn[c][j]);
-    }
-  }
-
   const int64_t nheads = p.q_heads + p.kv_heads;
   // Heads are split over blockIdx.y (the host uses several y-blocks per token when there are few
-  // tokens); the trip count is block-uniform, so the norm's shuffles never diverge.
-  for (int64_t h0 = int64_t(blockIdx.y) * blockDim.y; h0 < nheads; h0 += int64_t(gridDim.y) * blockDim.y) {
-    const int64_t h = h0 + threadIdx.y;
-    const bool valid = h < nheads;
-    T* x = nullptr;
-    if (valid) {
-      x = h < p.q_heads ? reinterpret_cast<T*>(p.q) + token * p.q_token_stride + h * p.q_head_stride
-                        : reinterpret_cast<T*>(p.k) + token * p.k_token_stride + (h - p.q_heads) * p.k_head_stride;
-    }
-    // Rotate this thread's chunks in registers: lo holds the first element of each pair.
-    float lo[C::kMaxChunks][C::kPairs] = {}, hi[C::kMaxChunks][C::kPairs] = {};
-    float ss = 0.f;
+  // tokens); the trip count is block-uniform, so barriers and the norm's shuffles never diverge.
+  const int64_t head_step = int64_t(gridDim.y) * blockDim.y;
+
+  // The first head's loads go out before the trigonometry, which hides their latency.
+  float lo[C::kMaxChunks][C::kPairs] = {}, hi[C::kMaxChunks][C::kPairs] = {};
+  auto head_ptr = [&](int64_t h) -> T* {
+    return h < p.q_heads ? reinterpret_cast<T*>(p.q) + token * p.q_token_stride + h * p.q_head_stride    // [tokens, q_heads, head_dim]
+                         : reinterpret_cast<T*>(p.k) + token * p.k_token_stride + (h - p.q_heads) * p.k_head_stride;  // [tokens, kv_heads, head_dim]
+  };
+  auto load_head = [&](int64_t h) {
+    if (h >= nheads) return;
+    const T* x = head_ptr(h);
 #pragma unroll
     for (int c = 0; c < C::kMaxChunks; ++c) {
       const int64_t chunk = tx + int64_t(c) * g;
-      if (!valid || chunk >= nchunks) continue;
+      if (chunk >= nchunks) continue;
       if constexpr (LAYOUT == LLK_ROPE_INTERLEAVED) {
         float v[VEC];
         llk::load_f32<T, VEC>(x + chunk * VEC, v);
@@ -136,16 +129,60 @@ __device__ void rope_kernel(const RopeParams& p) {
         llk::load_f32<T, VEC>(x + chunk * VEC, lo[c]);
         llk::load_f32<T, VEC>(x + half + chunk * VEC, hi[c]);
       }
+    }
+  };
+  int64_t h = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
+  load_head(h);
+
+  // cos/sin once per (token, pair), shared by every head of the block: each thread computes a
+  // distinct share of the pairs (no head recomputes another's angles), then keeps its own chunks'
+  // values in registers for all its heads.
+  {
+    const int64_t raw_pos = p.position_type == LLK_INDEX_I64 ? reinterpret_cast<const int64_t*>(p.positions)[token]
+                                                             : int64_t(reinterpret_cast<const int32_t*>(p.positions)[token]);
+    // Outside the accurate domain, clamp (a rotation at the clamped angle, never a non-rotation;
+    // and no float-to-int conversion out of range, which host C++ leaves undefined).
+    const int64_t pos = raw_pos > LLK_ROPE_MAX_POSITION ? int64_t(LLK_ROPE_MAX_POSITION)
+                        : raw_pos < -LLK_ROPE_MAX_POSITION ? -int64_t(LLK_ROPE_MAX_POSITION)
+                                                            : raw_pos;
+    const float2* inv_freq = reinterpret_cast<const float2*>(p.inv_freq);  // [rotary_dim / 2] {hi, lo}
+    for (int i = tid; i < int(half); i += nthreads) {  // 32-bit: half <= 256, no 64-bit division for the trip count
+      float c, sn;
+      rope_cos_sin(pos, inv_freq[i], c, sn);
+      s_cos_sin[i] = make_float2(c, sn);
+    }
+  }
+  __syncthreads();
+  float cs[C::kMaxChunks][C::kPairs] = {}, sn[C::kMaxChunks][C::kPairs] = {};
+#pragma unroll
+  for (int c = 0; c < C::kMaxChunks; ++c) {
+    const int64_t chunk = tx + int64_t(c) * g;
+    if (chunk >= nchunks) continue;
+#pragma unroll
+    for (int j = 0; j < C::kPairs; ++j) {
+      const float2 v = s_cos_sin[C::pair(chunk, j)];
+      cs[c][j] = v.x, sn[c][j] = v.y;
+    }
+  }
+
+  for (int64_t h0 = int64_t(blockIdx.y) * blockDim.y; h0 < nheads; h0 += head_step, h += head_step) {
+    const bool valid = h < nheads;
+    T* x = valid ? head_ptr(h) : nullptr;
+    // Rotate this thread's chunks in registers: lo holds the first element of each pair.
+    float ss = 0.f;
+#pragma unroll
+    for (int c = 0; c < C::kMaxChunks; ++c) {
 #pragma unroll
       for (int j = 0; j < C::kPairs; ++j) {
         const float a = lo[c][j], b = hi[c][j];
         lo[c][j] = a * cs[c][j] - b * sn[c][j];
         hi[c][j] = b * cs[c][j] + a * sn[c][j];
-        ss = fmaf(lo[c][j], lo[c][j], fmaf(hi[c][j], hi[c][j], ss));
+        if constexpr (NORM) ss = fmaf(lo[c][j], lo[c][j], fmaf(hi[c][j], hi[c][j], ss));
       }
     }
     float scale = 1.f;
-    if (p.norm == LLK_ROPE_L2_NORM) {
+    if constexpr (NORM) {
+      // Chunks past nchunks hold zeros (never loaded), so they add nothing.
       if (valid)
         for (int64_t i = p.rotary_dim + tx; i < p.head_dim; i += g) {
           const float v = llk::to_f32(x[i]);
@@ -154,42 +191,45 @@ __device__ void rope_kernel(const RopeParams& p) {
       ss = llk::group_sum(ss, g);
       scale = rsqrtf(ss / float(p.head_dim) + p.norm_eps);
     }
+    if (valid) {
 #pragma unroll
-    for (int c = 0; c < C::kMaxChunks; ++c) {
-      const int64_t chunk = tx + int64_t(c) * g;
-      if (!valid || chunk >= nchunks) continue;
-      if constexpr (LAYOUT == LLK_ROPE_INTERLEAVED) {
-        float v[VEC];
+      for (int c = 0; c < C::kMaxChunks; ++c) {
+        const int64_t chunk = tx + int64_t(c) * g;
+        if (chunk >= nchunks) continue;
+        if constexpr (LAYOUT == LLK_ROPE_INTERLEAVED) {
+          float v[VEC];
 #pragma unroll
-        for (int j = 0; j < C::kPairs; ++j) v[2 * j] = lo[c][j] * scale, v[2 * j + 1] = hi[c][j] * scale;
-        llk::store_f32<T, VEC>(x + chunk * VEC, v);
-      } else {
+          for (int j = 0; j < C::kPairs; ++j) v[2 * j] = lo[c][j] * scale, v[2 * j + 1] = hi[c][j] * scale;
+          llk::store_f32<T, VEC>(x + chunk * VEC, v);
+        } else {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) lo[c][j] *= scale, hi[c][j] *= scale;
-        llk::store_f32<T, VEC>(x + chunk * VEC, lo[c]);
-        llk::store_f32<T, VEC>(x + half + chunk * VEC, hi[c]);
+          for (int j = 0; j < VEC; ++j) lo[c][j] *= scale, hi[c][j] *= scale;
+          llk::store_f32<T, VEC>(x + chunk * VEC, lo[c]);
+          llk::store_f32<T, VEC>(x + half + chunk * VEC, hi[c]);
+        }
       }
+      if constexpr (NORM)
+        for (int64_t i = p.rotary_dim + tx; i < p.head_dim; i += g) x[i] = llk::from_f32<T>(llk::to_f32(x[i]) * scale);
     }
-    if (p.norm == LLK_ROPE_L2_NORM && valid)
-      for (int64_t i = p.rotary_dim + tx; i < p.head_dim; i += g) x[i] = llk::from_f32<T>(llk::to_f32(x[i]) * scale);
+    load_head(h + head_step);  // the next head's loads, before this iteration's loop overhead
   }
 }
 
 }  // namespace
 
-// Symbols: rope_<layout>[_vec]_<dtype>. `_vec` is the 16-byte path.
-#define ROPE_KERNELS(X)                                                                                         \
-  X(rope_interleaved_f32, RopeParams, (kMaxThreads), (rope_kernel<float, 2, LLK_ROPE_INTERLEAVED>))                    \
-  X(rope_interleaved_f16, RopeParams, (kMaxThreads), (rope_kernel<__half, 2, LLK_ROPE_INTERLEAVED>))                   \
-  X(rope_interleaved_bf16, RopeParams, (kMaxThreads), (rope_kernel<__nv_bfloat16, 2, LLK_ROPE_INTERLEAVED>))           \
-  X(rope_interleaved_vec_f32, RopeParams, (kMaxThreads), (rope_kernel<float, 4, LLK_ROPE_INTERLEAVED>))                \
-  X(rope_interleaved_vec_f16, RopeParams, (kMaxThreads), (rope_kernel<__half, 8, LLK_ROPE_INTERLEAVED>))               \
-  X(rope_interleaved_vec_bf16, RopeParams, (kMaxThreads), (rope_kernel<__nv_bfloat16, 8, LLK_ROPE_INTERLEAVED>))       \
-  X(rope_half_split_f32, RopeParams, (kMaxThreads), (rope_kernel<float, 1, LLK_ROPE_HALF_SPLIT>))                      \
-  X(rope_half_split_f16, RopeParams, (kMaxThreads), (rope_kernel<__half, 1, LLK_ROPE_HALF_SPLIT>))                     \
-  X(rope_half_split_bf16, RopeParams, (kMaxThreads), (rope_kernel<__nv_bfloat16, 1, LLK_ROPE_HALF_SPLIT>))             \
-  X(rope_half_split_vec_f32, RopeParams, (kMaxThreads), (rope_kernel<float, 4, LLK_ROPE_HALF_SPLIT>))                  \
-  X(rope_half_split_vec_f16, RopeParams, (kMaxThreads), (rope_kernel<__half, 8, LLK_ROPE_HALF_SPLIT>))                 \
-  X(rope_half_split_vec_bf16, RopeParams, (kMaxThreads), (rope_kernel<__nv_bfloat16, 8, LLK_ROPE_HALF_SPLIT>))
+// Symbols: rope_<layout>[_norm][_vec]_<dtype>. `_vec` is the 16-byte path, `_norm` the Llama 4
+// qk-norm (a template parameter: the plain kernels carry none of its instructions).
+#define ROPE_LAYOUT_KERNELS(X, name, LAYOUT, NORM, SCALAR_VEC)                                                 \
+  X(rope_##name##_f32, RopeParams, (kMaxThreads, 1), (rope_kernel<float, SCALAR_VEC, LAYOUT, NORM>))               \
+  X(rope_##name##_f16, RopeParams, (kMaxThreads, 1), (rope_kernel<__half, SCALAR_VEC, LAYOUT, NORM>))              \
+  X(rope_##name##_bf16, RopeParams, (kMaxThreads, 1), (rope_kernel<__nv_bfloat16, SCALAR_VEC, LAYOUT, NORM>))      \
+  X(rope_##name##_vec_f32, RopeParams, (kMaxThreads, 1), (rope_kernel<float, 4, LAYOUT, NORM>))                    \
+  X(rope_##name##_vec_f16, RopeParams, (kMaxThreads, 1), (rope_kernel<__half, 8, LAYOUT, NORM>))                   \
+  X(rope_##name##_vec_bf16, RopeParams, (kMaxThreads, 1), (rope_kernel<__nv_bfloat16, 8, LAYOUT, NORM>))
+#define ROPE_KERNELS(X)                                                                \
+  ROPE_LAYOUT_KERNELS(X, interleaved, LLK_ROPE_INTERLEAVED, false, 2)                  \
+  ROPE_LAYOUT_KERNELS(X, half_split, LLK_ROPE_HALF_SPLIT, false, 1)                    \
+  ROPE_LAYOUT_KERNELS(X, interleaved_norm, LLK_ROPE_INTERLEAVED, true, 2)              \
+  ROPE_LAYOUT_KERNELS(X, half_split_norm, LLK_ROPE_HALF_SPLIT, true, 1)
 
 LLK_EXPORT_KERNELS(rope, ROPE_KERNELS)

@@ -214,6 +214,17 @@ __device__ void cp_async_kernel(const SelftestParams& p) {
 
 }  // namespace
 
+// out[i] = 1 for i < n (block-strided). The bug: thread 0 also writes out[n + in[0]] (in[0] an
+// offset in elements past the end, or negative: before the start), which the emulator must report
+// as a memory fault (a guard page) or a guard-zone write (the alignment slack before it).
+__device__ void out_of_bounds_kernel(const SelftestParams& p) {
+  float* out = reinterpret_cast<float*>(p.out);
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < p.n) out[i] = 1.f;
+  if (p.variant == LLK_SELFTEST_PLANTED_BUG && i == 0)
+    out[p.n + int64_t(reinterpret_cast<const float*>(p.input)[0])] = 2.f;
+}
+
 #define SELFTEST_KERNELS(X)                                                               \
   X(selftest_stencil, SelftestParams, (kBlock), (stencil_kernel))                         \
   X(selftest_deadlock, SelftestParams, (1024), (deadlock_kernel))                         \
@@ -227,6 +238,7 @@ __device__ void cp_async_kernel(const SelftestParams& p) {
   X(selftest_mma_bf16, SelftestParams, (32), (mma_kernel<__nv_bfloat16>))                 \
   X(selftest_mma_f16, SelftestParams, (32), (mma_kernel<__half>))                         \
   X(selftest_ldmatrix, SelftestParams, (32), (ldmatrix_kernel))                           \
-  X(selftest_cp_async, SelftestParams, (32), (cp_async_kernel))
+  X(selftest_cp_async, SelftestParams, (32), (cp_async_kernel))                            \
+  X(selftest_out_of_bounds, SelftestParams, (1024), (out_of_bounds_kernel))
 
 LLK_EXPORT_KERNELS(selftest, SELFTEST_KERNELS)

@@ -35,6 +35,25 @@ for t in "$stage"/bin/test-*; do
   "$t" --test-threads=1 || status=1
 done
 
+echo; echo "== compute-sanitizer (memcheck, racecheck, synccheck) on every op (verify --quick)"
+san_whl=$(ls "$here"/nvidia_cuda_sanitizer_api-*.whl 2>/dev/null | head -n 1)
+if [[ -n "$san_whl" ]]; then
+  $py -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$san_whl" "$stage/san"
+  san=$(find "$stage/san" -name compute-sanitizer -type f | head -n 1)
+  chmod +x "$san" 2>/dev/null || true
+  for tool in memcheck racecheck synccheck; do
+    if "$san" --tool "$tool" --error-exitcode 3 --print-limit 20 \
+         "$stage/bin/llama-kernels" verify --target cuda --quick > "$out/sanitizer-$tool.txt" 2>&1; then
+      echo "compute-sanitizer $tool: clean ($(grep -c '' "$out/sanitizer-$tool.txt") lines of output)"
+    else
+      echo "compute-sanitizer $tool: FAILED (exit $?), see sanitizer-$tool.txt:"; tail -n 20 "$out/sanitizer-$tool.txt"
+      status=1
+    fi
+  done
+else
+  echo "compute-sanitizer: not available (the stage has no sanitizer wheel)"
+fi
+
 echo; echo "== verify at full size"
 "$stage/bin/llama-kernels" info || status=1
 "$stage/bin/llama-kernels" verify --target cuda --full || status=1

@@ -13,7 +13,7 @@ mkdir -p "$stage/bin"
 
 # Test binaries that exercise kernels (static checks and the params mirror read this checkout's
 # build folders and sources, and run in CI instead).
-gpu_tests="rms_norm emulator rope swiglu attention ptx_wrappers devices_and_tensors"
+gpu_tests="rms_norm emulator rope swiglu attention ptx_wrappers devices_and_tensors interop gpu_graph"
 cargo build --release --bin llama-kernels
 cp target/release/llama-kernels "$stage/bin/"
 cargo test --release --no-run --message-format=json 2>/dev/null |
@@ -43,4 +43,8 @@ ls -la "$stage/bin"
 tar -C "$stage" -cf - bin | xz -T0 -6 > "$stage/bin.tar.xz"
 rm -rf "$stage/bin"
 cp scripts/gpu-run.sh scripts/torch_compare.py "$stage/"
+# compute-sanitizer (memcheck, racecheck, synccheck) from NVIDIA's PyPI wheel, pinned to the
+# driver's CUDA 13.0; the GPU machine has no network. Optional: gpu-run.sh says when it is missing.
+python3 -m pip download --quiet --no-deps --dest "$stage" nvidia-cuda-sanitizer-api==13.0.85 ||
+  echo "gpu-stage: could not fetch the compute-sanitizer wheel; the sanitizer step will be skipped"
 du -sh "$stage"

@@ -52,6 +52,9 @@ pub enum Kernel {
     Ldmatrix,
     /// cp.async with zero-fill (`in: f32 [32][4]`, `out: f32 [32][4]`).
     CpAsync,
+    /// `out[i] = 1` for `i < n` (`in: f32 [1]`, `out: f32 [n]`); bug: thread 0 also writes
+    /// `out[n + in[0]]`, outside the buffer (emulated only).
+    OutOfBounds,
 }
 
 impl Kernel {
@@ -70,9 +73,10 @@ impl Kernel {
             Kernel::MmaF16 => "selftest_mma_f16",
             Kernel::Ldmatrix => "selftest_ldmatrix",
             Kernel::CpAsync => "selftest_cp_async",
+            Kernel::OutOfBounds => "selftest_out_of_bounds",
         }
     }
-    pub const ALL: [Kernel; 13] = [
+    pub const ALL: [Kernel; 14] = [
         Kernel::Stencil,
         Kernel::Deadlock,
         Kernel::DivergentBarrier,
@@ -86,6 +90,7 @@ impl Kernel {
         Kernel::MmaF16,
         Kernel::Ldmatrix,
         Kernel::CpAsync,
+        Kernel::OutOfBounds,
     ];
     /// Warp-level PTX checks: one warp, fixed input and output sizes (in, out elements).
     fn fixed_io(self) -> Option<(usize, usize)> {
@@ -146,12 +151,13 @@ pub fn launch(
     if !out.is_contiguous() || out.numel() < needed {
         return Err(Error::invalid(OP, "out", out.numel(), format!("needs {needed} contiguous elements")));
     }
+    let inputs = if kernel == Kernel::OutOfBounds { 1 } else { n };
     if let Some(i) = input {
         check_dtype(OP, "in", i.dtype(), DType::F32)?;
-        if !i.is_contiguous() || i.numel() < n {
-            return Err(Error::invalid(OP, "in", i.numel(), format!("needs {n} contiguous elements")));
+        if !i.is_contiguous() || i.numel() < inputs {
+            return Err(Error::invalid(OP, "in", i.numel(), format!("needs {inputs} contiguous elements")));
         }
-    } else if matches!(kernel, Kernel::Stencil | Kernel::DynSmem) || kernel.fixed_io().is_some() {
+    } else if matches!(kernel, Kernel::Stencil | Kernel::DynSmem | Kernel::OutOfBounds) || kernel.fixed_io().is_some() {
         return Err(Error::invalid(OP, "in", "None", "this kernel reads an input"));
     }
     let mut args = KernelArgs::new(OP, out.device());

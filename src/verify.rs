@@ -501,6 +501,8 @@ pub struct AttentionCase {
     /// q, k and v are views into one `[tokens, q_heads + 2 kv_heads, head_dim]` buffer (needs
     /// q_len == k_len for every sequence).
     pub fused_qkv: bool,
+    /// Pass the sequence offsets as device tensors (`forward_device`) instead of host slices.
+    pub device_offsets: bool,
     pub seed: u64,
 }
 
@@ -522,6 +524,7 @@ impl AttentionCase {
             opts: AttentionOptions { mask, ..Default::default() },
             with_lse: true,
             fused_qkv: false,
+            device_offsets: false,
             seed: 9,
         }
     }
@@ -552,7 +555,18 @@ pub fn attention_tolerance(dtype: DType) -> Tolerance {
 pub const LSE_TOLERANCE: Tolerance = Tolerance { atol: 1e-4, rtol: 1e-5 };
 
 pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResult> {
-    let AttentionCase { dtype, ref seqlens, q_heads, kv_heads, head_dim: d, opts, with_lse, fused_qkv, seed } = *case;
+    let AttentionCase {
+        dtype,
+        ref seqlens,
+        q_heads,
+        kv_heads,
+        head_dim: d,
+        opts,
+        with_lse,
+        fused_qkv,
+        device_offsets,
+        seed,
+    } = *case;
     let mut cu_q = vec![0i32];
     let mut cu_k = vec![0i32];
     for &(ql, kl) in seqlens {
@@ -580,8 +594,15 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
     let lse = if with_lse { Some(Tensor::poisoned(device, DType::F32, &[q_heads, tq])?) } else { None };
     let mut ws = AttentionWorkspace::new(device);
     let start = Instant::now();
-    ws.forward(&qt, &kt, &vt, &cu_q, &cu_k, &out, lse.as_ref(), &opts)?;
+    if device_offsets {
+        let cq = Tensor::from_slice(device, &cu_q, &[cu_q.len()])?;
+        let ck = Tensor::from_slice(device, &cu_k, &[cu_k.len()])?;
+        ws.forward_device(&qt, &kt, &vt, &cq, &ck, &out, lse.as_ref(), &opts)?;
+    } else {
+        ws.forward(&qt, &kt, &vt, &cu_q, &cu_k, &out, lse.as_ref(), &opts)?;
+    }
     device.synchronize()?;
+    ws.check_errors()?;
     let millis = start.elapsed().as_secs_f64() * 1e3;
 
     let spec = reference::attention::AttentionSpec {
@@ -618,8 +639,8 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
         shape: format!(
             "{lens} {q_heads}/{kv_heads}x{d} {mask}{}{}",
             if opts.temperature.is_some() { " +temp" } else { "" },
-            if fused_qkv { " qkv" } else { "" }
-        ),
+            if fused_qkv { " qkv" } else { "" },
+        ) + if device_offsets { " dev-cu" } else { "" },
         pass: comparison.pass,
         comparison,
         worst_shape,
@@ -637,6 +658,10 @@ pub fn attention_cases(quick: bool) -> Vec<AttentionCase> {
         v.push(AttentionCase::single(dtype, len, 8, 2, 128, AttentionMask::Causal));
         v.push(AttentionCase::single(dtype, len, 4, 4, 64, AttentionMask::None));
         v.push(AttentionCase::new(dtype, &[(17, 40), (0, 5), (33, 33)], 8, 1, 128, AttentionMask::Causal));
+        let mut device_offsets =
+            AttentionCase::new(dtype, &[(9, 20), (0, 3), (40, 40)], 8, 2, 64, AttentionMask::Causal);
+        device_offsets.device_offsets = true;
+        v.push(device_offsets);
         let mut chunked = AttentionCase::single(dtype, len, 4, 1, 64, AttentionMask::ChunkedCausal { chunk_size: 16 });
         chunked.opts.temperature = Some(Llama4Temperature { floor_scale: 8.0, attn_scale: 0.1 });
         v.push(chunked);

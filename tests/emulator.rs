@@ -174,3 +174,36 @@ fn guards_report_stack_overflow_shared_memory_overrun_and_mixed_warp_ops() {
     // After every failure the device still runs correct kernels.
     selftest::launch(Kernel::Guards, Variant::Correct, None, &out, 2, 64, 64).unwrap();
 }
+
+#[test]
+fn out_of_bounds_kernel_accesses_are_reported_with_the_kernel_name() {
+    // Every emulated allocation has a guard page on each side and canary bytes in the alignment
+    // slack: a write past the end (into the slack or the page), or before the start, must come
+    // back as an error naming the kernel, not as silent corruption or a dead process.
+    let device = Device::emulated();
+    for (n, offset, what) in [
+        (100usize, 0.0f32, "one element past the end, in the slack after a 400-byte buffer"),
+        (100, 30.0, "into the guard page after the buffer"),
+        (64, 0.0, "one element past a 256-byte buffer: straight into the guard page"),
+        (64, 5000.0, "far past the end"),
+        (100, -101.0, "one element before the start"),
+        (100, -3000.0, "far before the start"),
+    ] {
+        let input = Tensor::from_slice(&device, &[offset], &[1]).unwrap();
+        let out = Tensor::zeros(&device, DType::F32, &[n]).unwrap();
+        // The correct variant writes exactly the buffer.
+        selftest::launch(Kernel::OutOfBounds, Variant::Correct, Some(&input), &out, n, n, 128).unwrap();
+        assert!(out.to_vec::<f32>().unwrap().iter().all(|&v| v == 1.0));
+        let e = selftest::launch(Kernel::OutOfBounds, Variant::PlantedBug, Some(&input), &out, n, n, 128).unwrap_err();
+        match &e {
+            llama_kernels::Error::Emulation { kernel, status, message } => {
+                assert_eq!(*kernel, "selftest_out_of_bounds", "{what}: {e}");
+                assert_eq!(*status, "memory fault", "{what}: {e}");
+                assert!(message.contains("out") || message.contains("fault address"), "{what}: {e}");
+            }
+            other => panic!("{what}: expected a memory fault, got {other}"),
+        }
+        // The process and the device survive: the next launch works.
+        selftest::launch(Kernel::OutOfBounds, Variant::Correct, Some(&input), &out, n, n, 128).unwrap();
+    }
+}

@@ -111,7 +111,7 @@ fn vectorized_rope_rotates_with_128_bit_accesses() {
     // q/k chunks move as 128-bit loads and stores; the other global accesses are the position
     // (one scalar), the inverse-frequency table (64-bit float2) and the qk-norm's pass-through
     // loop (scalar, only with partial rotary). No local memory.
-    for (name, global) in vector_kernels("rope", 6) {
+    for (name, global) in vector_kernels("rope", 12) {
         assert!(global.iter().any(|o| o.starts_with("LDG.E.128")), "{name}: no 128-bit load: {global:?}");
         assert!(global.iter().any(|o| o.starts_with("STG.E.128")), "{name}: no 128-bit store: {global:?}");
     }

@@ -38,6 +38,37 @@ pub fn gpu_time_us(device: &Device, iters: usize, mut f: impl FnMut() -> Result<
     ms * 1e3 / iters as f64
 }
 
+/// The H200's L2 holds 50-60 MB: a working set below this is flushed before each timed call.
+pub const L2_FLUSH_BELOW_BYTES: f64 = 120e6;
+
+/// Mean GPU time of one call (microseconds) for the summary tables, measured cold: when the
+/// call's working set (`bytes`) would fit in the L2 cache, every call is timed alone after a
+/// 256 MiB device copy that evicts it, so bandwidth is not overstated by cache hits. Larger working
+/// sets are timed back to back (they cannot stay in the L2 anyway).
+pub fn summary_time_us(device: &Device, iters: usize, bytes: f64, mut f: impl FnMut() -> Result<()>) -> f64 {
+    if bytes >= L2_FLUSH_BELOW_BYTES {
+        return gpu_time_us(device, iters, f);
+    }
+    thread_local!(static FLUSH: std::cell::RefCell<Option<(Tensor, Tensor)>> = const { std::cell::RefCell::new(None) });
+    let flush = FLUSH.with(|cell| {
+        cell.borrow_mut()
+            .get_or_insert_with(|| {
+                let n = 1usize << 27; // bf16 elements: 256 MiB each
+                (
+                    Tensor::zeros(device, DType::BF16, &[n]).expect("alloc"),
+                    Tensor::zeros(device, DType::BF16, &[n]).expect("alloc"),
+                )
+            })
+            .clone()
+    });
+    f().expect("warm-up launch");
+    let ms = device
+        .time_each_with_events(iters, || device.copy(&flush.0, &flush.1), &mut f)
+        .expect("timed launches")
+        .expect("CUDA events on a GPU");
+    ms * 1e3 / iters as f64
+}
+
 /// Criterion's custom timing: CUDA-event time of `iters` launches.
 pub fn event_duration(device: &Device, iters: u64, f: &mut dyn FnMut() -> Result<()>) -> Duration {
     let ms = device.time_with_events(iters as usize, f).expect("timed launches").expect("CUDA events on a GPU");

@@ -14,7 +14,8 @@ use std::process::ExitCode;
 
 use llama_kernels::{Device, Target, inspect, verify};
 
-const USAGE: &str = "usage: llama-kernels verify [--target cuda|emulated] [--quick|--full]\n       llama-kernels info";
+const USAGE: &str =
+    "usage: llama-kernels verify [--target cuda|emulated] [--quick|--full]\n       llama-kernels info [--perf]";
 
 fn pick_device(target: Option<&str>) -> Result<Device, String> {
     match target {
@@ -62,6 +63,10 @@ fn main() -> ExitCode {
                 println!("FAILED: {f}");
             }
             if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Some("info") if args.iter().any(|a| a == "--perf") => {
+            print!("{}", inspect::perf::report());
+            ExitCode::SUCCESS
         }
         Some("info") => {
             let device = Device::best();

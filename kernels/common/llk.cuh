@@ -18,6 +18,8 @@
 #include "../emu/emu_runtime.h"
 #endif
 
+#include <type_traits>
+
 #include "../params.h"
 
 // ------------------------------------------------------------------------ kernel export
@@ -94,9 +96,8 @@ __device__ __forceinline__ float2 unpack2(uint32_t u, __half) {
   return __half22float2(h);
 }
 __device__ __forceinline__ float2 unpack2(uint32_t u, __nv_bfloat16) {
-  __nv_bfloat162 h;
-  memcpy(static_cast<void*>(&h), &u, 4);
-  return __bfloat1622float2(h);
+  // bf16 is the top half of an f32: one shift and one mask (the library conversion spends PRMTs).
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
 
 // load_f32 through the read-only data cache (LDG.CONSTANT): for data no thread of the kernel
@@ -182,6 +183,18 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 #else
   return exp2f(x);
+#endif
+}
+
+// 1/x with the hardware approximation (rcp.approx.ftz: max error 1 ulp, denormals flushed,
+// rcp(+-inf) = +-0). The emulator divides exactly.
+__device__ __forceinline__ float fast_rcp(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return 1.f / x;
 #endif
 }
 

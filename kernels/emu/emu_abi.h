@@ -37,6 +37,7 @@ typedef enum LlkEmuStatus {
   LLK_EMU_DIVERGENT_BARRIER = 3,  // threads of one block wait at different __syncthreads
   LLK_EMU_UNSUPPORTED = 4,    // an operation the emulator does not model (partial-mask warp op)
   LLK_EMU_KERNEL_TRAP = 5,    // the kernel called __trap() or failed an emulator check
+  LLK_EMU_MEMORY_FAULT = 6,   // the kernel read or wrote outside its buffers (a guard page)
 } LlkEmuStatus;
 
 typedef struct LlkEmuLaunch {

@@ -65,6 +65,7 @@
 #include <vector>
 
 #include <math.h>
+#include <signal.h>
 #include <sys/mman.h>
 
 // Vector types, __half and __nv_bfloat16 with their conversions: our own host versions, so the
@@ -145,6 +146,7 @@ struct Worker {
   uint64_t switches = 0;
   std::mt19937_64 rng;
   LlkEmuCpAsyncTiming cp_async_timing = LLK_EMU_CP_ASYNC_AT_WAIT;
+  volatile bool in_fiber = false;    // a fiber (kernel code) is running on this OS thread
   LlkEmuStatus status = LLK_EMU_OK;  // first failure seen in the current block
   char message[400] = {0};
 
@@ -250,8 +252,96 @@ inline void switch_to(Worker* w, Fiber* f) {
   threadIdx = f->tid;
   w->cur = f;
   w->switches += 2;
+  w->in_fiber = true;
   llk_emu_swap_ctx(&w->sched_sp, f->sp);
+  w->in_fiber = false;
 }
+
+// ---------------------------------------------------------------------------- memory faults
+// Every emulated allocation has a PROT_NONE guard page on each side (src/tensor/storage.rs), and
+// the fiber stacks have one below them. A kernel that reads or writes outside its buffers raises
+// SIGSEGV there. The handler turns that into a failed launch instead of a dead process: it
+// records the fault address, marks the faulting fiber FAILED and switches straight back to the
+// scheduler, never returning into the faulting instruction (as siglongjmp would; SA_NODEFER
+// keeps SIGSEGV unblocked afterwards). Faults outside kernel code go to the previous handler
+// (Rust's stack-overflow handler, or the default action). The handler runs on an alternate
+// signal stack, so that a fiber stack overflow into the guard page is reported too.
+inline struct sigaction g_prev_segv;
+inline std::once_flag g_segv_once;
+
+inline void on_segv(int sig, siginfo_t* info, void* uctx) {
+  Worker* w = tl_worker;
+  if (w != nullptr && w->cur != nullptr && w->in_fiber) {
+    Fiber* f = w->cur;
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
+    const uintptr_t stacks = reinterpret_cast<uintptr_t>(w->stacks);
+    const bool stack = w->stacks != nullptr && addr + Worker::kGuard >= stacks && addr < stacks + w->nstacks * w->slot;
+    if (w->status == LLK_EMU_OK) {
+      w->status = stack ? LLK_EMU_KERNEL_TRAP : LLK_EMU_MEMORY_FAULT;
+      // Async-signal-safe enough: snprintf of integers into a preallocated buffer, no allocation.
+      snprintf(w->message, sizeof w->message,
+               stack ? "fiber stack overflow (fault address 0x%lx) in block (%u,%u,%u), thread (%u,%u,%u): raise "
+                       "EmuOptions::stack_bytes"
+                     : "invalid memory access, fault address 0x%lx, in block (%u,%u,%u), thread (%u,%u,%u)",
+               static_cast<unsigned long>(addr), blockIdx.x, blockIdx.y, blockIdx.z, f->tid.x, f->tid.y, f->tid.z);
+    }
+    f->state = FAILED;
+    w->in_fiber = false;
+    llk_emu_swap_ctx(&f->sp, w->sched_sp);  // never returns: the fiber is abandoned
+  }
+  if (g_prev_segv.sa_flags & SA_SIGINFO) {
+    if (g_prev_segv.sa_sigaction != nullptr) g_prev_segv.sa_sigaction(sig, info, uctx);
+    return;
+  }
+  if (g_prev_segv.sa_handler == SIG_DFL || g_prev_segv.sa_handler == SIG_IGN) {
+    sigaction(SIGSEGV, &g_prev_segv, nullptr);  // the fault repeats with the default action
+    return;
+  }
+  g_prev_segv.sa_handler(sig);
+}
+
+inline void install_fault_handler() {
+  std::call_once(g_segv_once, [] {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigaction(SIGSEGV, &sa, &g_prev_segv);
+  });
+}
+
+// An alternate signal stack for the OS thread running blocks, unless it has one (Rust threads
+// do). Removed again when the launch is over.
+struct AltStack {
+  void* mem = nullptr;
+  static constexpr size_t kBytes = 64 * 1024;
+  AltStack() {
+    stack_t old;
+    if (sigaltstack(nullptr, &old) == 0 && !(old.ss_flags & SS_DISABLE)) return;
+    mem = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+      mem = nullptr;
+      return;
+    }
+    stack_t ss;
+    ss.ss_sp = mem;
+    ss.ss_size = kBytes;
+    ss.ss_flags = 0;
+    if (sigaltstack(&ss, nullptr) != 0) {
+      munmap(mem, kBytes);
+      mem = nullptr;
+    }
+  }
+  ~AltStack() {
+    if (!mem) return;
+    stack_t ss;
+    memset(&ss, 0, sizeof ss);
+    ss.ss_flags = SS_DISABLE;
+    sigaltstack(&ss, nullptr);
+    munmap(mem, kBytes);
+  }
+};
 inline void yield_to_scheduler(Worker* w, Fiber* f) { llk_emu_swap_ctx(&f->sp, w->sched_sp); }
 
 // Stop this fiber for good and make the launch fail with `status`. Never returns.
@@ -607,7 +697,9 @@ LlkEmuStatus launch(Body& body, const LlkEmuLaunch& cfg, LlkEmuReport* rep) {
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> blocks_run{0}, switches{0};
   std::mutex fail_mu;
+  install_fault_handler();
   auto work = [&]() {
+    AltStack alt;
     Worker* w = &worker_of_this_thread();
     Worker* saved = tl_worker;
     tl_worker = w;

@@ -261,6 +261,34 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// Total event time of `iters` calls of `f`, each timed alone with `between` (not timed)
+    /// queued before it.
+    pub fn time_each_with_events(
+        &self,
+        iters: usize,
+        between: &mut dyn FnMut() -> Result<()>,
+        f: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        let ctx = &self.shared.ctx;
+        let mut events = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            between()?;
+            let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            start.record(&self.stream)?;
+            f()?;
+            let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            stop.record(&self.stream)?;
+            events.push((start, stop));
+        }
+        self.shared.counters.add(Count::Synchronization);
+        self.stream.synchronize()?;
+        let mut total = 0.0;
+        for (a, b) in &events {
+            total += f64::from(a.elapsed_ms(b)?);
+        }
+        Ok(total)
+    }
+
     pub fn time_with_events(&self, iters: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
         let ctx = &self.shared.ctx;
         let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;

@@ -206,5 +206,6 @@ fn status_name(s: LlkEmuStatus) -> &'static str {
         LlkEmuStatus::LLK_EMU_DIVERGENT_BARRIER => "divergent barrier",
         LlkEmuStatus::LLK_EMU_UNSUPPORTED => "unsupported operation",
         LlkEmuStatus::LLK_EMU_KERNEL_TRAP => "kernel trap",
+        LlkEmuStatus::LLK_EMU_MEMORY_FAULT => "memory fault",
     }
 }

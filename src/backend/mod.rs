@@ -393,6 +393,21 @@ impl Device {
         }
     }
 
+    /// GPU time of `iters` calls of `f` (milliseconds, summed), each timed alone by its own event
+    /// pair with `between` queued before it and not timed (benchmarks flush the L2 cache there).
+    /// `None` when emulated.
+    pub fn time_each_with_events(
+        &self,
+        iters: usize,
+        mut between: impl FnMut() -> Result<()>,
+        mut f: impl FnMut() -> Result<()>,
+    ) -> Result<Option<f64>> {
+        match &*self.0 {
+            DeviceInner::Cuda(c) => c.time_each_with_events(iters, &mut between, &mut f).map(Some),
+            DeviceInner::Emulated(_) => Ok(None),
+        }
+    }
+
     /// Copies `src` into `dst` on the device (same dtype, same element count, both contiguous).
     /// Used by benchmarks as the bandwidth yardstick.
     pub fn copy(&self, src: &Tensor, dst: &Tensor) -> Result<()> {

@@ -1,7 +1,7 @@
 //! Flash-style grouped-query attention for prefill (kernels/attention.cu).
 //!
 //! `O = softmax(scale * Q K^T + mask) V`, tile by tile with an online softmax: the score matrix is
-//! never stored and the only workspace is `3 * (batch + 1)` i32 values.
+//! never stored and the only workspace is about `3 * (batch + 1)` i32 values plus an error flag.
 //!
 //! ```
 //! use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace};
@@ -26,12 +26,24 @@
 //! with its own token and head strides (views into a fused QKV buffer work), `head_dim`
 //! contiguous, one dtype; the optional log-sum-exp output is f32 `[q_heads, total_q]`, contiguous.
 //! `cu_seqlens_q` / `cu_seqlens_k` are the cumulative sequence offsets (i32, `batch + 1` values,
-//! from 0, non-decreasing); a single sequence is `[0, total_q]`, `[0, total_k]`.
+//! from 0, non-decreasing); a single sequence is `[0, total_q]`, `[0, total_k]`. They can be host
+//! slices (validated here, staged through pinned memory) or device tensors ([`CuSeqlens::Device`],
+//! [`AttentionWorkspace::forward_device`]: no host copy at all, so the call can be captured in a
+//! CUDA graph). Device offsets are validated by the device: if they are invalid, the call writes
+//! nothing and raises the workspace's error flag ([`AttentionWorkspace::check_errors`]).
 //!
 //! Supported: bf16 and f16 on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async), f32 on a SIMT
 //! path; head_dim 64, 96 and 128. Queries align to the end of their keys (chunked prefill after a
 //! cached prefix). Fully masked rows and queries of sequences without keys write zeros with
 //! `lse = -inf`.
+//!
+//! NaN and infinity: a non-finite value in K or V at a key a query attends makes that query's
+//! output NaN, as in exact arithmetic. A non-finite value at a key a query does *not* attend (a
+//! later key under the causal mask, another chunk) may still reach it, because keys are processed
+//! in tiles of 64 and a masked key's weight is an exact 0 that multiplies the NaN (FlashAttention
+//! and PyTorch's SDPA behave the same). Such outputs are either exact or NaN, never another
+//! finite value; other sequences and other KV groups are never affected.
+//! [`crate::reference::attention::nan_exposed_rows`] states exactly which rows may be hit.
 
 use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims, PinnedStaging, Queue};
 use crate::dtype::DType;

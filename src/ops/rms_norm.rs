@@ -16,7 +16,7 @@ use crate::backend::{KernelArgs, KernelRef, LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::{KernelTable, Rows, check_disjoint, check_dtype, check_float, check_shape, grid_x, to_i64};
-use crate::params::RmsNormParams;
+use crate::params::{LLK_RMS_NORM_MAX_THREADS, LLK_RMS_NORM_MAX_THREADS_FUSED, RmsNormParams};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 /// Vectors each thread keeps in registers; mirrors `kCache` in kernels/rms_norm.cu.
@@ -63,7 +63,11 @@ pub struct RmsNormPlan {
 /// cheaper reduction); small batches (decode) spread a row over more threads to cut latency.
 /// Rows use at most 512 threads unless that would not keep the row in registers. Blocks hold at
 /// least 128 threads, so small hidden sizes pack several rows per block.
-pub fn plan(rows: usize, vectors: usize, vectorized: bool) -> RmsNormPlan {
+///
+/// `fused` caps a row at 512 threads (the fused kernel's launch bound, where it does not spill):
+/// longer rows stream their tail twice instead.
+pub fn plan(rows: usize, vectors: usize, vectorized: bool, fused: bool) -> RmsNormPlan {
+    let max_warps = if fused { LLK_RMS_NORM_MAX_THREADS_FUSED } else { LLK_RMS_NORM_MAX_THREADS } as usize / 32;
     let items = if rows >= 1024 {
         CACHE
     } else if rows >= 128 {
@@ -73,9 +77,9 @@ pub fn plan(rows: usize, vectors: usize, vectorized: bool) -> RmsNormPlan {
     };
     let per_row = vectors.div_ceil(items).max(1);
     let mut threads_per_row =
-        if per_row <= 32 { per_row.next_power_of_two() } else { per_row.div_ceil(32).min(16) * 32 };
+        if per_row <= 32 { per_row.next_power_of_two() } else { per_row.div_ceil(32).min(16).min(max_warps) * 32 };
     if vectors > threads_per_row * CACHE {
-        threads_per_row = vectors.div_ceil(CACHE).div_ceil(32).min(32) * 32;
+        threads_per_row = vectors.div_ceil(CACHE).div_ceil(32).min(max_warps) * 32;
     }
     RmsNormPlan { threads_per_row, rows_per_block: (128 / threads_per_row).max(1), vectorized }
 }
@@ -223,7 +227,7 @@ fn launch(
         && aligned(params.y, yr.row_stride)
         && aligned(params.weight, 0)
         && rr.is_none_or(|r| aligned(params.residual, r.row_stride));
-    let p = plan(rows, if vectorized { hidden / v } else { hidden }, vectorized);
+    let p = plan(rows, if vectorized { hidden / v } else { hidden }, vectorized, rr.is_some());
     let dims = LaunchDims {
         grid: (grid_x(op, rows.div_ceil(p.rows_per_block))?, 1, 1),
         block: (p.threads_per_row as u32, p.rows_per_block as u32, 1),
@@ -238,15 +242,18 @@ mod tests {
 
     #[test]
     fn plan_keeps_blocks_full_and_rows_in_registers() {
-        for rows in [1, 7, 1024, 16384] {
-            for vectors in [1, 2, 3, 33, 96, 512, 1024, 4096, 9000] {
-                let p = plan(rows, vectors, true);
-                let t = p.threads_per_row;
-                assert!(t <= 1024 && (t.is_power_of_two() && t <= 32 || t % 32 == 0), "{p:?}");
-                assert!(t * p.rows_per_block >= 32 && t * p.rows_per_block <= 1024, "{p:?}");
-                assert_eq!((t * p.rows_per_block) % 32, 0, "{p:?}");
-                if vectors <= 4 * 1024 {
-                    assert!(vectors <= t * super::CACHE, "row of {vectors} vectors not cached: {p:?}");
+        for fused in [false, true] {
+            let max = if fused { 512 } else { 1024 };
+            for rows in [1, 7, 1024, 16384] {
+                for vectors in [1, 2, 3, 33, 96, 512, 1024, 2048, 4096, 9000] {
+                    let p = plan(rows, vectors, true, fused);
+                    let t = p.threads_per_row;
+                    assert!(t <= max && (t.is_power_of_two() && t <= 32 || t % 32 == 0), "{p:?}");
+                    assert!(t * p.rows_per_block >= 32 && t * p.rows_per_block <= max, "{p:?}");
+                    assert_eq!((t * p.rows_per_block) % 32, 0, "{p:?}");
+                    if vectors <= 4 * max {
+                        assert!(vectors <= t * super::CACHE, "row of {vectors} vectors not cached: {p:?}");
+                    }
                 }
             }
         }

@@ -21,7 +21,13 @@
 //! Shapes: q `[tokens, q_heads, head_dim]` and k `[tokens, kv_heads, head_dim]` (more leading
 //! dimensions are fine if they collapse into one token stride), `head_dim` contiguous, any token
 //! and head strides (views into a fused QKV buffer work), same float dtype; positions `[tokens]`,
-//! i32 or i64, contiguous, any values with `|p| < 2^24` (ragged batches, decode at any offset).
+//! i32 or i64, contiguous (ragged batches, decode at any offset).
+//!
+//! Position domain: `|p| <= 2^24 - 1` ([`MAX_POSITION`]), where every angle is within 3e-7 rad
+//! of exact (Llama 4's 10M-token context fits). Positions are device data, so they are not
+//! checked on the host: a position outside the domain is clamped to `+-(2^24 - 1)` by the kernel
+//! (on both targets; the reference does the same), so the result is always a rotation, at the
+//! clamped angle, never garbage.
 //! NoPE layers (Llama 4) simply do not call this.
 
 use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims, Queue};
@@ -32,6 +38,8 @@ use crate::params::{LlkIndexType, LlkRopeLayout, LlkRopeNorm, RopeParams};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 const OP: &str = "rope";
+/// Largest |position| rotated exactly; larger ones are clamped to it (see the module docs).
+pub const MAX_POSITION: i64 = crate::params::LLK_ROPE_MAX_POSITION as i64;
 /// Largest rotary_dim any kernel path handles (8 pairs x 32 threads x 2 elements).
 pub const MAX_ROTARY_DIM: usize = 512;
 /// Threads per block (kMaxThreads in kernels/rope.cu).
@@ -183,22 +191,34 @@ pub struct Rope {
     table: Tensor,
 }
 
-/// Every kernel, by (layout, vectorized, dtype).
-static KERNELS: KernelTable<(RopeLayout, bool, DType)> = KernelTable {
+/// Every kernel, by (layout, vectorized, qk-norm, dtype).
+static KERNELS: KernelTable<(RopeLayout, bool, bool, DType)> = KernelTable {
     module: "rope",
     entries: &[
-        ((RopeLayout::Interleaved, false, DType::F32), "rope_interleaved_f32"),
-        ((RopeLayout::Interleaved, false, DType::F16), "rope_interleaved_f16"),
-        ((RopeLayout::Interleaved, false, DType::BF16), "rope_interleaved_bf16"),
-        ((RopeLayout::Interleaved, true, DType::F32), "rope_interleaved_vec_f32"),
-        ((RopeLayout::Interleaved, true, DType::F16), "rope_interleaved_vec_f16"),
-        ((RopeLayout::Interleaved, true, DType::BF16), "rope_interleaved_vec_bf16"),
-        ((RopeLayout::HalfSplit, false, DType::F32), "rope_half_split_f32"),
-        ((RopeLayout::HalfSplit, false, DType::F16), "rope_half_split_f16"),
-        ((RopeLayout::HalfSplit, false, DType::BF16), "rope_half_split_bf16"),
-        ((RopeLayout::HalfSplit, true, DType::F32), "rope_half_split_vec_f32"),
-        ((RopeLayout::HalfSplit, true, DType::F16), "rope_half_split_vec_f16"),
-        ((RopeLayout::HalfSplit, true, DType::BF16), "rope_half_split_vec_bf16"),
+        ((RopeLayout::Interleaved, false, false, DType::F32), "rope_interleaved_f32"),
+        ((RopeLayout::Interleaved, false, false, DType::F16), "rope_interleaved_f16"),
+        ((RopeLayout::Interleaved, false, false, DType::BF16), "rope_interleaved_bf16"),
+        ((RopeLayout::Interleaved, true, false, DType::F32), "rope_interleaved_vec_f32"),
+        ((RopeLayout::Interleaved, true, false, DType::F16), "rope_interleaved_vec_f16"),
+        ((RopeLayout::Interleaved, true, false, DType::BF16), "rope_interleaved_vec_bf16"),
+        ((RopeLayout::Interleaved, false, true, DType::F32), "rope_interleaved_norm_f32"),
+        ((RopeLayout::Interleaved, false, true, DType::F16), "rope_interleaved_norm_f16"),
+        ((RopeLayout::Interleaved, false, true, DType::BF16), "rope_interleaved_norm_bf16"),
+        ((RopeLayout::Interleaved, true, true, DType::F32), "rope_interleaved_norm_vec_f32"),
+        ((RopeLayout::Interleaved, true, true, DType::F16), "rope_interleaved_norm_vec_f16"),
+        ((RopeLayout::Interleaved, true, true, DType::BF16), "rope_interleaved_norm_vec_bf16"),
+        ((RopeLayout::HalfSplit, false, false, DType::F32), "rope_half_split_f32"),
+        ((RopeLayout::HalfSplit, false, false, DType::F16), "rope_half_split_f16"),
+        ((RopeLayout::HalfSplit, false, false, DType::BF16), "rope_half_split_bf16"),
+        ((RopeLayout::HalfSplit, true, false, DType::F32), "rope_half_split_vec_f32"),
+        ((RopeLayout::HalfSplit, true, false, DType::F16), "rope_half_split_vec_f16"),
+        ((RopeLayout::HalfSplit, true, false, DType::BF16), "rope_half_split_vec_bf16"),
+        ((RopeLayout::HalfSplit, false, true, DType::F32), "rope_half_split_norm_f32"),
+        ((RopeLayout::HalfSplit, false, true, DType::F16), "rope_half_split_norm_f16"),
+        ((RopeLayout::HalfSplit, false, true, DType::BF16), "rope_half_split_norm_bf16"),
+        ((RopeLayout::HalfSplit, true, true, DType::F32), "rope_half_split_norm_vec_f32"),
+        ((RopeLayout::HalfSplit, true, true, DType::F16), "rope_half_split_norm_vec_f16"),
+        ((RopeLayout::HalfSplit, true, true, DType::BF16), "rope_half_split_norm_vec_bf16"),
     ],
 };
 
@@ -246,6 +266,11 @@ impl Rope {
 
     /// [`Rope::apply`] on borrowed views, queued on `queue` (a [`Device`] or an engine's
     /// `Arc<CudaStream>` of the context the table was uploaded to).
+    ///
+    /// q and k get the same rotation (and the same qk-norm), so when the k heads follow the q
+    /// heads in a fused QKV buffer (`[tokens, q_heads + 2 kv_heads, head_dim]`, Llama's layout)
+    /// one writable view of `q_heads + kv_heads` heads with `k = None` rotates both: a cudarc
+    /// buffer can only lend one `&mut` at a time.
     pub fn apply_on(
         &self,
         queue: &impl Queue,
@@ -394,6 +419,7 @@ impl Rope {
             block: (g as u32, heads_per_block as u32, 1),
             dyn_smem: 0,
         };
-        args.launch(KERNELS.find(OP, "q", (cfg.layout, vectorized, dtype), dtype)?, dims, &params)
+        let key = (cfg.layout, vectorized, cfg.qk_norm_eps.is_some(), dtype);
+        args.launch(KERNELS.find(OP, "q", key, dtype)?, dims, &params)
     }
 }

@@ -200,7 +200,8 @@ pub fn swiglu_on(queue: &impl Queue, input: GateUpView<'_, '_>, out: &mut Tensor
     let nvec = if vectorized { d / v } else { d };
     let block = nvec.div_ceil(32).min(MAX_THREADS / 32) * 32;
     let dims = LaunchDims {
-        grid: (grid_x(OP, nvec.div_ceil(block))?, tokens.min(65535) as u32, 1),
+        // Two tokens per thread (kernels/swiglu.cu): grid.y covers half the tokens.
+        grid: (grid_x(OP, nvec.div_ceil(block))?, tokens.div_ceil(2).min(65535) as u32, 1),
         block: (block as u32, 1, 1),
         dyn_smem: 0,
     };

@@ -102,3 +102,47 @@ pub fn attention(
     }
     Ok((out, lse))
 }
+
+/// The NaN contract of the kernels, which tile keys 64 at a time (as FlashAttention and PyTorch's
+/// SDPA do): a non-finite value in K or V at key j of a sequence may reach the output of every
+/// query of that sequence whose block visits j's tile, even a query that masks j (its weight 0
+/// times NaN is NaN in the P V product). Which queries that hits depends on the tiling, so the
+/// contract is stated per row: a row is *exposed* when a key of its sequence and KV head that it
+/// does not attend carries a non-finite K or V value; each output element of an exposed row (and
+/// its LSE) is either the exact value [`attention`] computes or NaN. Rows that are not exposed are
+/// exact; a non-finite value at a key a row attends makes that row NaN in [`attention`] itself.
+///
+/// Returns one flag per `(token, q head)` row, row-major like the output.
+pub fn nan_exposed_rows(
+    k: &[f64],
+    v: &[f64],
+    cu_seqlens_q: &[i32],
+    cu_seqlens_k: &[i32],
+    spec: &AttentionSpec,
+) -> Result<Vec<bool>> {
+    let AttentionSpec { q_heads, kv_heads, head_dim: d, mask, .. } = *spec;
+    if kv_heads == 0 || q_heads % kv_heads != 0 || cu_seqlens_q.len() != cu_seqlens_k.len() || cu_seqlens_q.is_empty() {
+        return Err(Error::Reference { what: "attention", why: "inconsistent heads or batch".into() });
+    }
+    let total_q = *cu_seqlens_q.last().unwrap_or(&0) as usize;
+    let group = q_heads / kv_heads;
+    let bad = |kr: usize, kh: usize| {
+        let r = (kr * kv_heads + kh) * d..(kr * kv_heads + kh + 1) * d;
+        k[r.clone()].iter().chain(&v[r]).any(|x| !x.is_finite())
+    };
+    let mut exposed = vec![false; total_q * q_heads];
+    for b in 0..cu_seqlens_q.len() - 1 {
+        let (q0, q1) = (cu_seqlens_q[b] as usize, cu_seqlens_q[b + 1] as usize);
+        let (k0, k1) = (cu_seqlens_k[b] as usize, cu_seqlens_k[b + 1] as usize);
+        let (q_len, k_len) = ((q1 - q0) as i64, (k1 - k0) as i64);
+        for h in 0..q_heads {
+            let kh = h / group;
+            for i in 0..q_len {
+                let pos = k_len - q_len + i;
+                let hit = (0..k_len).any(|j| !allowed(mask, pos, j, k_len) && bad(k0 + j as usize, kh));
+                exposed[(q0 + i as usize) * q_heads + h] = hit;
+            }
+        }
+    }
+    Ok(exposed)
+}

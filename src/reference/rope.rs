@@ -51,14 +51,17 @@ pub fn llama3_scale(f: f64, s: &Llama3Scaling) -> f64 {
 }
 
 /// Rotates (and optionally normalizes) `x`, shaped `[tokens, heads, head_dim]` and contiguous,
-/// at `positions[token]`.
+/// at `positions[token]`, clamped to `+-(2^24 - 1)`.
 pub fn rope(x: &[f64], heads: usize, positions: &[i64], config: &RopeConfig) -> Result<Vec<f64>> {
     let d = config.head_dim;
     check_len("x", x.len(), positions.len() * heads * d)?;
     let freqs = inv_freq(config);
     let half = config.rotary_dim / 2;
     let mut out = x.to_vec();
+    let max = i64::from(crate::params::LLK_ROPE_MAX_POSITION);
     for (t, &p) in positions.iter().enumerate() {
+        // The documented domain: positions beyond +-(2^24 - 1) are clamped (see ops::rope).
+        let p = p.clamp(-max, max);
         for h in 0..heads {
             let head = &mut out[(t * heads + h) * d..(t * heads + h + 1) * d];
             for (i, f) in freqs.iter().enumerate() {

@@ -4,10 +4,10 @@
 //! Emulated allocations are laid out so that an out-of-bounds kernel access is caught:
 //!
 //! ```text
-//! | guard page | guard zone (canary bytes) | data, 256-byte aligned | < 256 canary bytes | guard page |
+//! | 64 KiB guard | guard zone (canary bytes) | data, 256-byte aligned | < 256 canary bytes | 64 KiB guard |
 //! ```
 //!
-//! A read or write that reaches a guard page stops the kernel with a memory-fault error naming
+//! A read or write that reaches a guard (PROT_NONE pages: address space, no memory) stops the kernel with a memory-fault error naming
 //! it; a write into a guard zone (the alignment slack that the pages cannot cover) is found by the
 //! canary check after every launch that used the buffer.
 
@@ -26,6 +26,9 @@ use crate::error::{Error, Result};
 const HOST_ALIGN: usize = 256;
 /// The byte the guard zones are filled with.
 const CANARY: u8 = 0xA5;
+/// Guard bytes (PROT_NONE, reserved address space only) on each side of an emulated buffer: a
+/// kernel access up to this far outside a buffer faults.
+const GUARD_BYTES: usize = 64 * 1024;
 
 /// A cudarc buffer of one element type. Tensors created by this crate hold the type of their
 /// dtype; [`crate::Tensor::from_cuda_bytes`] wraps untyped bytes.
@@ -177,7 +180,8 @@ pub(crate) struct CudaCell {
 struct HostBuf {
     map: NonNull<u8>,
     map_len: usize,
-    page: usize,
+    /// Bytes of PROT_NONE guard on each side.
+    guard: usize,
     /// Offset of the data in the mapping, and its length.
     data_off: usize,
     bytes: usize,
@@ -197,9 +201,10 @@ impl HostBuf {
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(4096);
         let round = |n: usize, to: usize| n.checked_add(to - 1).map(|m| m / to * to);
         let body = round(bytes.max(1), page).ok_or_else(|| oom(String::new()))?;
-        let map_len = body.checked_add(2 * page).ok_or_else(|| oom(String::new()))?;
+        let guard = round(GUARD_BYTES, page).ok_or_else(|| oom(String::new()))?;
+        let map_len = body.checked_add(2 * guard).ok_or_else(|| oom(String::new()))?;
         let aligned = round(bytes, HOST_ALIGN).ok_or_else(|| oom(String::new()))?;
-        let data_off = page + body - aligned;
+        let data_off = guard + body - aligned;
         // SAFETY: an anonymous private mapping of map_len > 0 bytes, not tied to any existing
         // memory; the result is checked for MAP_FAILED.
         let map = unsafe {
@@ -216,11 +221,11 @@ impl HostBuf {
             return Err(oom(format!(" ({})", std::io::Error::last_os_error())));
         }
         let map = NonNull::new(map.cast::<u8>()).ok_or_else(|| oom(String::new()))?;
-        let buf = HostBuf { map, map_len, page, data_off, bytes };
+        let buf = HostBuf { map, map_len, guard, data_off, bytes };
         // SAFETY: both ranges are whole pages inside the mapping just created.
         let protected = unsafe {
-            libc::mprotect(map.as_ptr().cast(), page, libc::PROT_NONE) == 0
-                && libc::mprotect(map.as_ptr().add(page + body).cast(), page, libc::PROT_NONE) == 0
+            libc::mprotect(map.as_ptr().cast(), guard, libc::PROT_NONE) == 0
+                && libc::mprotect(map.as_ptr().add(guard + body).cast(), guard, libc::PROT_NONE) == 0
         };
         if !protected {
             return Err(oom(format!(" (mprotect: {})", std::io::Error::last_os_error())));
@@ -238,7 +243,7 @@ impl HostBuf {
     /// (offset in the mapping, length) of the bytes around the data that no tensor owns.
     fn guard_zones(&self) -> [(usize, usize); 2] {
         let end = self.data_off + self.bytes;
-        [(self.page, self.data_off - self.page), (end, self.map_len - self.page - end)]
+        [(self.guard, self.data_off - self.guard), (end, self.map_len - self.guard - end)]
     }
     fn check_guard_zones(&self) -> Option<String> {
         for (zone, (start, len)) in self.guard_zones().into_iter().enumerate() {
@@ -246,6 +251,9 @@ impl HostBuf {
             // it while the stream lock is held (the caller holds it, or the launch is over).
             let bytes = unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(start), len) };
             if let Some(i) = bytes.iter().position(|&b| b != CANARY) {
+                // Re-arm the zone: the fault is reported once, by the launch that caused it.
+                // SAFETY: as above; the zone is this buffer's own slack.
+                unsafe { std::ptr::write_bytes(self.map.as_ptr().add(start), CANARY, len) };
                 return Some(if zone == 0 {
                     format!("{} bytes before the start of a {}-byte buffer", len - i, self.bytes)
                 } else {

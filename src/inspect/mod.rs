@@ -3,6 +3,8 @@
 //! Used by `llama-kernels info` and by the tests that check, without a GPU, that every symbol the
 //! wrappers load exists and that no kernel spills registers.
 
+pub mod perf;
+
 use crate::backend::{KernelModuleInfo, kernel_modules};
 
 /// Resources of one kernel, as reported by `ptxas -v`.
