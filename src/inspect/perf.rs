@@ -533,9 +533,9 @@ mod tests {
         let text = "\
         /*0000*/                   MOV R1, c[0x0][0x28] ;\n\
         /*0010*/               @P0 LDG.E.128 R4, desc[UR4][R2.64] ;\n\
-        /*0020*/                   LDG.E.128 R8, desc[UR4][R6.64] ;\n\
+        /*0020*/                   LDG.E.128 R8, desc[UR4][R20.64] ;\n\
         /*0030*/                   FADD R12, R4, R5 ;\n\
-        /*0040*/                   LDG.E.128 R16, desc[UR4][R6.64+0x10] ;\n\
+        /*0040*/                   LDG.E.128 R16, desc[UR4][R20.64+0x10] ;\n\
         /*0050*/                   STG.E.128 desc[UR4][R2.64], R8 ;\n\
         /*0060*/              @!P1 BRA 0x20 ;\n\
         /*0070*/                   EXIT ;\n";
