@@ -79,6 +79,6 @@ pub mod testing;
 pub mod verify;
 
 pub use backend::{CpAsyncTiming, Device, DeviceCounters, EmuOptions, KernelRef, Queue, Schedule, Selection, Target};
-pub use dtype::{DType, Element};
+pub use dtype::{DType, Element, F8E4M3};
 pub use error::{Error, Result};
 pub use tensor::{CudaBuffer, CudaBufferGuard, CudaElement, Tensor, TensorView, TensorViewMut};
