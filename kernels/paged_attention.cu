@@ -90,7 +90,7 @@ __device__ void kv_append_kernel(const KvAppendParams& p) {
 #pragma unroll
   for (int i = 0; i < kE / kSrcVec; ++i) {
     float part[kSrcVec];
-    llk::load_f32<S, kSrcVec>(src + i * kSrcVec, part);
+    llk::load_f32_readonly<S, kSrcVec>(src + i * kSrcVec, part);  // LDG.128: k and v are only read
 #pragma unroll
     for (int j = 0; j < kSrcVec; ++j) x[i * kSrcVec + j] = part[j];
   }
