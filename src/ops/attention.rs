@@ -33,9 +33,14 @@
 //! nothing and raises the workspace's error flag ([`AttentionWorkspace::check_errors`]).
 //!
 //! Supported: bf16 and f16 on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async), f32 on a SIMT
-//! path; head_dim 64, 96 and 128. Queries align to the end of their keys (chunked prefill after a
-//! cached prefix). Fully masked rows and queries of sequences without keys write zeros with
-//! `lse = -inf`.
+//! path; head_dim 32, 64, 96, 128 and 256. Queries align to the end of their keys (chunked prefill
+//! after a cached prefix). Fully masked rows and queries of sequences without keys write zeros
+//! with `lse = -inf`.
+//!
+//! K and V may also be read in place from the paged KV cache
+//! ([`AttentionWorkspace::forward_paged_on`], [`crate::ops::paged_attention`]): `cu_seqlens.k`
+//! then counts each sequence's keys (the cached prefix and the new tokens, already appended) and
+//! the block table names its pages.
 //!
 //! NaN and infinity: a non-finite value in K or V at a key a query attends makes that query's
 //! output NaN, as in exact arithmetic. A non-finite value at a key a query does *not* attend (a

@@ -1038,7 +1038,7 @@ impl PagedDecodeWorkspace {
         };
         let mut margs = KernelArgs::new(OP, &device);
         let ob = margs.write("out", out)?;
-        let lb = match lse.as_deref_mut() {
+        let lb = match lse {
             Some(l) => Some(margs.write("lse", l)?),
             None => None,
         };
