@@ -10,8 +10,8 @@ mod common;
 use llama_kernels::dtype::{f8e4m3_decode, f8e4m3_encode};
 use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature};
 use llama_kernels::ops::paged_attention::{
-    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvCache, PagedKvConfig,
-    fp8_kernel_conversions, kv_append_on, merge_attention_states,
+    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKv, PagedKvCache,
+    PagedKvConfig, fp8_kernel_conversions, kv_append_on, merge_attention_states,
 };
 use llama_kernels::reference;
 use llama_kernels::reference::attention::AttentionSpec;
@@ -677,6 +677,23 @@ fn every_decode_validation_error_is_named() {
     let other = bf16_cache(&d, 8, 1, hd);
     let e = ws.forward(&q, &other, &table, &lens, &out, None, &opts).unwrap_err();
     assert!(matches!(&e, Error::ShapeMismatch { what: "k_pages", .. }), "{e}");
+    // View level: a page size that is not a power of two, scales that are not finite or > 0.
+    let (odd_k, odd_v) = (t(DType::BF16, &[4, 24, kv_heads, hd]), t(DType::BF16, &[4, 24, kv_heads, hd]));
+    let (okv, ovv) = (odd_k.view(), odd_v.view());
+    let none = KvScales::default();
+    let odd = PagedKv { k_pages: &okv, v_pages: &ovv, scales: &none };
+    let mut o1_buf = vec![half::bf16::ZERO; 2 * q_heads * hd];
+    let mut o1 = TensorViewMut::host(&mut o1_buf, &[2, q_heads, hd]).unwrap();
+    named(ws.forward_on(&d, &q.view(), &odd, &table.view(), &lens.view(), &mut o1, None, &opts), "page_size");
+    let fp8_shape = DecodeShape { page_dtype: DType::F8E4M3, ..shape };
+    let mut ws8 = PagedDecodeWorkspace::plan(&d, &fp8_shape).unwrap();
+    let (k8, v8) = (t(DType::F8E4M3, &[8, 16, kv_heads, hd]), t(DType::F8E4M3, &[8, 16, kv_heads, hd]));
+    let (k8v, v8v) = (k8.view(), v8.view());
+    for bad in [0.0, -2.0, f32::NAN, f32::NEG_INFINITY] {
+        let sc = KvScales::per_tensor(1.0, bad);
+        let kv = PagedKv { k_pages: &k8v, v_pages: &v8v, scales: &sc };
+        named(ws8.forward_on(&d, &q.view(), &kv, &table.view(), &lens.view(), &mut o1, None, &opts), "v_scale");
+    }
     let mut elsewhere = PagedDecodeWorkspace::plan(&Device::emulated(), &shape).unwrap();
     let e = elsewhere.forward(&q, &cache, &table, &lens, &out, None, &opts).unwrap_err();
     assert!(matches!(&e, Error::DeviceMismatch { .. }), "{e}");

@@ -497,14 +497,10 @@ pub fn kv_append_on(
         check_disjoint(OP, (pw, p.rows()), ("v", vh))?;
         check_disjoint(OP, (pw, p.rows()), ("slot_mapping", slots))?;
     }
-    if kh.tokens == 0 || kp.num_pages == 0 {
-        if kh.tokens > 0 {
-            // Every slot is outside an empty pool: nothing to write, but -1 slots are fine and
-            // others are the device's to report; launch anyway so that the flag says so.
-        } else {
-            return Ok(());
-        }
+    if kh.tokens == 0 {
+        return Ok(());
     }
+    // (An empty pool still launches: every slot but -1 is then outside it, which the flag says.)
     let v16 = k.dtype().vec16();
     for (what, h) in [("k", &kh), ("v", &vh)] {
         if h.addr % 16 != 0 || h.token_stride % v16 != 0 || h.head_stride % v16 != 0 {
