@@ -19,8 +19,9 @@
 // sequences (cu_tiles; within a sequence the last, heaviest causal block runs first);
 // grid.y = kv_heads * (group / pack). K and V are never copied or repeated: kv head = h / group.
 //
-// Tensor-core path (bf16, f16; head_dim 64, 96 or 128). 4 warps, 16 rows each. Q (64 x D) is staged
-// in shared memory once and kept in registers as mma A-fragments. K/V tiles of 64 keys stream
+// Tensor-core path (bf16, f16; head_dim 32, 64, 96, 128 or 256). 4 warps, 16 rows each. Q (64 x D)
+// is staged in shared memory once and kept in registers as mma A-fragments (head_dim 256: re-read
+// from shared memory at every k-step, so that the registers hold the 128 accumulators). K/V tiles of 64 keys stream
 // through a 2-stage cp.async pipeline (16-byte copies, rows past the sequence zero-filled) into
 // shared memory with an XOR swizzle (16-byte chunk c of row r lives at c ^ (r % 8)), which makes
 // every ldmatrix conflict-free. Per tile and warp: S = Q K^T with mma.m16n8k16 (K B-fragments by
@@ -29,12 +30,20 @@
 // ldmatrix.x4.trans). The output is staged through shared memory and written with 16-byte stores.
 //
 // SIMT path (f32): 32 rows per block, 4 lanes per row (each owns head_dim / 4 dims of q and of
-// the accumulator), K/V tiles of 32 keys in shared memory, dot products finished by 2 shuffles.
+// the accumulator), K/V tiles of 32 keys (16 at head_dim 256) in shared memory, dot products
+// finished by 2 shuffles.
+//
+// K/V source: contiguous [total_k, kv_heads, head_dim] tensors (cu_seqlens_k offsets), or the
+// paged KV cache (LLK_KV_PAGED: key j of sequence b at page block_table[b][j / page_size], row
+// j % page_size, see paged_attention.cu), read in place: chunked prefill after a cached prefix
+// needs no gather copy. A page id outside [0, num_pages) (or a key past the block-table row) is
+// never read: its keys are zero-filled and masked out, and LLK_DEVICE_BAD_PAGE is raised.
 //
 // Precision: products and accumulation in f32; P is rounded to bf16/f16 for the P V mma (as in
 // FlashAttention); exp2 of scaled scores; LSE is returned in natural log.
 #include "common/llk.cuh"
 #include "common/ptx.cuh"
+#include "common/paged.cuh"
 
 namespace {
 
@@ -48,6 +57,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 struct Sequence {
   int64_t q_start, q_len, k_start, k_len;
   int64_t block;  // row block within the sequence
+  int64_t index;  // the sequence (its block-table row when K/V are paged)
 };
 
 // Whether grid.x tile `tile` is past the last row block (the grid may be an upper bound when the
@@ -75,6 +85,7 @@ __device__ Sequence locate(const AttentionParams& p, int64_t tile) {
   s.k_len = cu_k[lo + 1] - cu_k[lo];
   const int64_t tiles = cu_tiles[lo + 1] - cu_tiles[lo];
   s.block = tiles - 1 - (tile - cu_tiles[lo]);  // heaviest (last) causal block first
+  s.index = lo;
   return s;
 }
 
@@ -141,11 +152,17 @@ __device__ RowMap row_map(const AttentionParams& p, const Sequence& s, int rows_
   return m;
 }
 
+// The pages of sequence s for kv head `kv_head` (paged K/V only).
+__device__ __forceinline__ llk::PageMap seq_pages(const AttentionParams& p, const Sequence& s, int64_t kv_head) {
+  return llk::page_map(p.block_table, s.index, p.block_table_stride, p.max_pages, p.num_pages, p.page_size,
+                       p.k_page_stride, p.v_page_stride, p.k_token_stride, kv_head * p.k_head_stride);
+}
+
 // ------------------------------------------------------------------------- tensor-core path
 // Shared-memory row pitch in 16-byte chunks: a power of two >= 8, so that the XOR swizzle below
-// stays inside the row (head_dim 96 rows are padded to 128 elements).
+// stays inside the row (head_dim 32 and 96 rows are padded).
 template <int D>
-inline constexpr int kPitch = D <= 64 ? 8 : 16;
+inline constexpr int kPitch = D <= 64 ? 8 : (D <= 128 ? 16 : 32);
 
 // Element offset of 16-byte chunk c of row r in a swizzled tile of 16-bit elements.
 template <int D>
@@ -157,11 +174,15 @@ template <class T, int D>
 __device__ void attention_mma_kernel(const AttentionParams& p) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr int kRow = kPitch<D> * 8;  // elements per shared-memory row
-  static_assert(D == 64 || D == 96 || D == 128, "head_dim 64, 96 or 128");
+  static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256, "head_dim 32, 64, 96, 128 or 256");
+  constexpr bool kQInRegs = D <= 128;  // head_dim 256 re-reads Q from shared memory
+  constexpr int kSubN = D <= 128 ? 8 : 2;  // n-tiles of 8 keys per softmax step
   LLK_DYN_SMEM(raw);
   T* sQ = reinterpret_cast<T*>(raw);    // [kBlockM][kRow], later the output staging tile
   T* sK = sQ + kBlockM * kRow;          // [2][kBlockN][kRow]
   T* sV = sK + 2 * kBlockN * kRow;      // [2][kBlockN][kRow]
+  unsigned char* sOk = reinterpret_cast<unsigned char*>(sV + 2 * kBlockN * kRow);  // [2][kBlockN], paged K/V
+  const bool paged = p.kv_source == LLK_KV_PAGED;
 
   if (past_last_tile(p, blockIdx.x)) return;  // the whole block: before any barrier
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
@@ -172,8 +193,9 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
   const int64_t kv_head = int(rows.first_head) / int(p.q_heads / p.kv_heads);
 
   const T* q = reinterpret_cast<const T*>(p.q);
-  const T* k = reinterpret_cast<const T*>(p.k) + s.k_start * p.k_token_stride + kv_head * p.k_head_stride;
-  const T* v = reinterpret_cast<const T*>(p.v) + s.k_start * p.v_token_stride + kv_head * p.v_head_stride;
+  // Contiguous K/V: this sequence's rows of this kv head (paged: the pools, addressed per key).
+  const T* k = reinterpret_cast<const T*>(p.k) + (paged ? 0 : s.k_start * p.k_token_stride + kv_head * p.k_head_stride);
+  const T* v = reinterpret_cast<const T*>(p.v) + (paged ? 0 : s.k_start * p.v_token_stride + kv_head * p.v_head_stride);
 
   // Query positions of the block, and the key tiles it needs.
   const BlockKeys bk = block_keys(p, s, rows.first_token, rows.tokens_per_block);
@@ -201,9 +223,28 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
     T* dk = sK + stage * kBlockN * kRow;
     T* dv = sV + stage * kBlockN * kRow;
     const int64_t key0 = tile * kBlockN + ld_r;
+    if (paged) {
+      const llk::PageMap pages = seq_pages(p, s, kv_head);  // from the params: no registers held across tiles
+#pragma unroll 2
+      for (int i = 0; i < kLoadPasses; ++i) {
+        const int r = ld_r + i * kRowStep;
+        const int64_t key = key0 + i * kRowStep;
+        int64_t ko = 0, vo = 0;
+        bool ok = key < s.k_len;
+        if (ok) {
+          ok = pages.locate(key, ko, vo);
+          if (!ok && ld_c == 0) atomicOr(reinterpret_cast<int*>(p.error_flag), int(LLK_DEVICE_BAD_PAGE));
+        }
+        llk::cp_async_16(dk + swz<D>(r, ld_c), ok ? k + ko + ld_c * 8 : k, ok ? 16 : 0);
+        llk::cp_async_16(dv + swz<D>(r, ld_c), ok ? v + vo + ld_c * 8 : v, ok ? 16 : 0);
+        if (ld_c == 0) sOk[stage * kBlockN + r] = ok ? 1 : 0;
+      }
+      return;
+    }
     const T* ks = k + key0 * p.k_token_stride + ld_c * 8;
     const T* vs = v + key0 * p.v_token_stride + ld_c * 8;
-#pragma unroll
+    // head_dim 256: 16 passes; unrolled fully their addresses would stay live in registers.
+#pragma unroll(D <= 128 ? kLoadPasses : 4)
     for (int i = 0; i < kLoadPasses; ++i) {
       const int r = ld_r + i * kRowStep;
       const bool ok = key0 + i * kRowStep < s.k_len;  // rows past the sequence are zero-filled
@@ -231,14 +272,20 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
 #pragma unroll
   for (int n = 0; n < kChunks; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  uint32_t qf[D / 16][4];
+  auto q_frag = [&](int kk, uint32_t (&a)[4]) {
+    const int mi = lane >> 3, r = warp * 16 + (mi & 1) * 8 + (lane & 7);
+    llk::ldmatrix<4, false>(a, sQ + swz<D>(r, 2 * kk + (mi >> 1)));
+  };
+  uint32_t qf[kQInRegs ? D / 16 : 1][4];
 
   llk::cp_async_wait<0>();
   __syncthreads();
+  if constexpr (kQInRegs) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const int mi = lane >> 3, r = warp * 16 + (mi & 1) * 8 + (lane & 7);
-    llk::ldmatrix<4, false>(qf[kk], sQ + swz<D>(r, 2 * kk + (mi >> 1)));
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int mi = lane >> 3, r = warp * 16 + (mi & 1) * 8 + (lane & 7);
+      llk::ldmatrix<4, false>(qf[kk], sQ + swz<D>(r, 2 * kk + (mi >> 1)));
+    }
   }
 
   // One barrier per tile: after it, this tile's copies have landed for every thread, and every
@@ -257,73 +304,92 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
     const T* tk = sK + stage * kBlockN * kRow;
     const T* tv = sV + stage * kBlockN * kRow;
 
-    // S = Q K^T for this warp's 16 rows and the tile's 64 keys (8 n-tiles of 8 keys).
-    float sc[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk += 2) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        uint32_t b[4];  // b[0], b[1]: k-step kk; b[2], b[3]: k-step kk + 1
-        llk::ldmatrix<4, false>(b, tk + swz<D>(8 * j + (lane & 7), 2 * kk + (lane >> 3)));
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        llk::mma_m16n8k16<T>(sc[j], qf[kk], b0, sc[j]);
-        llk::mma_m16n8k16<T>(sc[j], qf[kk + 1], b1, sc[j]);
-      }
-    }
-
-    // Mask, only on tiles that cross a mask or sequence boundary.
+    // The tile in sub-steps of kSubN n-tiles of 8 keys: all 64 keys at once, or (head_dim 256,
+    // whose 128 accumulators leave fewer registers) 32 keys at a time, one after the other.
     const int n0 = int(tile * kBlockN);
-    const bool needs_mask = n0 + kBlockN > s.k_len || (p.mask != LLK_ATTN_NONE && n0 + kBlockN - 1 > bk.pos_lo) ||
+    // Mask, only on tiles that cross a mask or sequence boundary; paged K/V: every tile (a key
+    // may sit on a bad page).
+    const bool needs_mask = paged || n0 + kBlockN > s.k_len ||
+                            (p.mask != LLK_ATTN_NONE && n0 + kBlockN - 1 > bk.pos_lo) ||
                             (p.mask == LLK_ATTN_CHUNKED_CAUSAL && n0 < chunk_lo_of_pos_hi);
-    if (needs_mask) {
+#pragma unroll 1
+    for (int sub = 0; sub < 8 / kSubN; ++sub) {
+      const int j0 = sub * kSubN;  // first n-tile of the sub-step
+      // S = Q K^T for this warp's 16 rows and the sub-step's keys.
+      float sc[kSubN][4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < kSubN; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll(kQInRegs ? D / 32 : 2)
+      for (int kk = 0; kk < D / 16; kk += 2) {
+        uint32_t a0[4], a1[4];
+        if constexpr (kQInRegs) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (!keys[i >> 1].contains(n0 + 8 * j + 2 * t + (i & 1))) sc[j][i] = -INFINITY;
-    }
-
-    // Online softmax in base 2: new row maxima (quad-wide), rescale, exponentiate. The scale is
-    // positive, so the maximum of the raw scores scales to the maximum of the scaled ones, and
-    // exp2(s * scale - m) is one fma and one ex2.
+          for (int i = 0; i < 4; ++i) a0[i] = qf[kQInRegs ? kk : 0][i], a1[i] = qf[kQInRegs ? kk + 1 : 0][i];
+        } else {
+          q_frag(kk, a0);
+          q_frag(kk + 1, a1);
+        }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[h], mx * scale[h]);
-      const float base = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row so far stays at 0
-      const float corr = llk::fast_exp2(m[h] - base);
-      m[h] = m_new;
-      l[h] *= corr;
-#pragma unroll
-      for (int n = 0; n < kChunks; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        sc[j][2 * h] = llk::fast_exp2(fmaf(sc[j][2 * h], scale[h], -base));
-        sc[j][2 * h + 1] = llk::fast_exp2(fmaf(sc[j][2 * h + 1], scale[h], -base));
-        l[h] += sc[j][2 * h] + sc[j][2 * h + 1];
+        for (int j = 0; j < kSubN; ++j) {
+          uint32_t b[4];  // b[0], b[1]: k-step kk; b[2], b[3]: k-step kk + 1
+          llk::ldmatrix<4, false>(b, tk + swz<D>(8 * (j0 + j) + (lane & 7), 2 * kk + (lane >> 3)));
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          llk::mma_m16n8k16<T>(sc[j], a0, b0, sc[j]);
+          llk::mma_m16n8k16<T>(sc[j], a1, b1, sc[j]);
+        }
       }
-    }
 
-    // O += P V: P's accumulator layout is the A-fragment layout of the next mma.
+      if (needs_mask) {
+        const unsigned char* ok = sOk + stage * kBlockN;
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {  // 16 keys per k-step
-      const uint32_t a[4] = {llk::pack_pair<T>(sc[2 * kk][0], sc[2 * kk][1]), llk::pack_pair<T>(sc[2 * kk][2], sc[2 * kk][3]),
-                             llk::pack_pair<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                             llk::pack_pair<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+        for (int j = 0; j < kSubN; ++j)
 #pragma unroll
-      for (int n = 0; n < kChunks; n += 2) {
-        uint32_t b[4];  // b[0], b[1]: d-tile n; b[2], b[3]: d-tile n + 1
-        const int mi = lane >> 3;
-        llk::ldmatrix<4, true>(b, tv + swz<D>(16 * kk + (mi & 1) * 8 + (lane & 7), n + (mi >> 1)));
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        llk::mma_m16n8k16<T>(o[n], a, b0, o[n]);
-        llk::mma_m16n8k16<T>(o[n + 1], a, b1, o[n + 1]);
+          for (int i = 0; i < 4; ++i) {
+            const int key = 8 * (j0 + j) + 2 * t + (i & 1);
+            if (!keys[i >> 1].contains(n0 + key) || (paged && !ok[key])) sc[j][i] = -INFINITY;
+          }
+      }
+
+      // Online softmax in base 2: new row maxima (quad-wide), rescale, exponentiate. The scale
+      // is positive, so the maximum of the raw scores scales to the maximum of the scaled ones,
+      // and exp2(s * scale - m) is one fma and one ex2.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kSubN; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[h], mx * scale[h]);
+        const float base = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row so far stays at 0
+        const float corr = llk::fast_exp2(m[h] - base);
+        m[h] = m_new;
+        l[h] *= corr;
+#pragma unroll
+        for (int n = 0; n < kChunks; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
+#pragma unroll
+        for (int j = 0; j < kSubN; ++j) {
+          sc[j][2 * h] = llk::fast_exp2(fmaf(sc[j][2 * h], scale[h], -base));
+          sc[j][2 * h + 1] = llk::fast_exp2(fmaf(sc[j][2 * h + 1], scale[h], -base));
+          l[h] += sc[j][2 * h] + sc[j][2 * h + 1];
+        }
+      }
+
+      // O += P V: P's accumulator layout is the A-fragment layout of the next mma.
+#pragma unroll
+      for (int kk = 0; kk < kSubN / 2; ++kk) {  // 16 keys per k-step
+        const uint32_t a[4] = {llk::pack_pair<T>(sc[2 * kk][0], sc[2 * kk][1]), llk::pack_pair<T>(sc[2 * kk][2], sc[2 * kk][3]),
+                               llk::pack_pair<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                               llk::pack_pair<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int n = 0; n < kChunks; n += 2) {
+          uint32_t b[4];  // b[0], b[1]: d-tile n; b[2], b[3]: d-tile n + 1
+          const int mi = lane >> 3;
+          llk::ldmatrix<4, true>(b, tv + swz<D>(8 * j0 + 16 * kk + (mi & 1) * 8 + (lane & 7), n + (mi >> 1)));
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          llk::mma_m16n8k16<T>(o[n], a, b0, o[n]);
+          llk::mma_m16n8k16<T>(o[n + 1], a, b1, o[n + 1]);
+        }
       }
     }
   }
@@ -366,13 +432,15 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
 
 // ------------------------------------------------------------------------- SIMT path (f32)
 constexpr int kSimtRows = 32;  // 4 warps x 8 rows, 4 lanes per row
-constexpr int kSimtKeys = 32;  // keys per K/V tile
 
 template <int D>
 __device__ void attention_simt_kernel(const AttentionParams& p) {
   constexpr int kPer = D / 4;  // dims per lane: sub, sub + 4, sub + 8, ... (conflict-free reads)
+  constexpr int kSimtKeys = D <= 128 ? 32 : 16;  // keys per K/V tile (static shared memory < 48 KiB)
   __shared__ float sK[kSimtKeys][D];
   __shared__ float sV[kSimtKeys][D];
+  __shared__ unsigned char sOk[kSimtKeys];
+  const bool paged = p.kv_source == LLK_KV_PAGED;
   if (past_last_tile(p, blockIdx.x)) return;  // the whole block: before any barrier
   const int tid = int(threadIdx.x), r = tid / 4, sub = tid % 4;
   const Sequence s = locate(p, blockIdx.x);
@@ -382,8 +450,9 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
   const int64_t kv_head = rows.first_head / (p.q_heads / p.kv_heads);
   const int64_t token = rows.token(r), head = rows.head(r);
   const int64_t pos = s.k_len - s.q_len + token;
-  const float* k = reinterpret_cast<const float*>(p.k) + s.k_start * p.k_token_stride + kv_head * p.k_head_stride;
-  const float* v = reinterpret_cast<const float*>(p.v) + s.k_start * p.v_token_stride + kv_head * p.v_head_stride;
+  const float* k = reinterpret_cast<const float*>(p.k);
+  const float* v = reinterpret_cast<const float*>(p.v);
+  const llk::PageMap pages = paged ? seq_pages(p, s, kv_head) : llk::PageMap{};
 
   const BlockKeys bk = block_keys(p, s, rows.first_token, rows.tokens_per_block);
 
@@ -399,9 +468,18 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
     __syncthreads();  // the previous tile is consumed
     for (int i = tid; i < kSimtKeys * D; i += kThreads) {
       const int j = i / D, d = i % D;
-      const bool ok = n0 + j < s.k_len;
-      sK[j][d] = ok ? k[(n0 + j) * p.k_token_stride + d] : 0.f;
-      sV[j][d] = ok ? v[(n0 + j) * p.v_token_stride + d] : 0.f;
+      int64_t ko = 0, vo = 0;
+      bool ok = n0 + j < s.k_len;
+      if (ok && paged) {
+        ok = pages.locate(n0 + j, ko, vo);
+        if (!ok && d == 0) atomicOr(reinterpret_cast<int*>(p.error_flag), int(LLK_DEVICE_BAD_PAGE));
+      } else if (ok) {
+        ko = (s.k_start + n0 + j) * p.k_token_stride + kv_head * p.k_head_stride;
+        vo = (s.k_start + n0 + j) * p.v_token_stride + kv_head * p.v_head_stride;
+      }
+      sK[j][d] = ok ? k[ko + d] : 0.f;
+      sV[j][d] = ok ? v[vo + d] : 0.f;
+      if (d == 0) sOk[j] = ok ? 1 : 0;
     }
     __syncthreads();
     for (int j = 0; j < kSimtKeys; ++j) {
@@ -410,7 +488,7 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
       for (int i = 0; i < kPer; ++i) x = fmaf(qv[i], sK[j][4 * i + sub], x);
       x += __shfl_xor_sync(0xffffffffu, x, 1);
       x += __shfl_xor_sync(0xffffffffu, x, 2);
-      if (!keys.contains(int(n0) + j)) x = -INFINITY;
+      if (!keys.contains(int(n0) + j) || (paged && !sOk[j])) x = -INFINITY;
       const float m_new = fmaxf(m, x);
       const float base = m_new == -INFINITY ? 0.f : m_new;
       const float corr = exp2f(m - base), pj = exp2f(x - base);
@@ -442,7 +520,7 @@ __device__ void attention_plan_kernel(const AttentionPlanParams& p) {
   int32_t* cu_tiles = reinterpret_cast<int32_t*>(p.cu_tiles);
   bool bad = false;
   if (lane == 0)
-    bad = cu_q[0] != 0 || cu_k[0] != 0 || cu_q[p.batch] != p.total_q || cu_k[p.batch] != p.total_k;
+    bad = cu_q[0] != 0 || cu_k[0] != 0 || cu_q[p.batch] != p.total_q || (p.total_k >= 0 && cu_k[p.batch] != p.total_k);
   for (int64_t i = lane; i < p.batch; i += 32) bad = bad || cu_q[i + 1] < cu_q[i] || cu_k[i + 1] < cu_k[i];
   bad = __any_sync(0xffffffffu, bad);
   int64_t carry = 0;
@@ -465,8 +543,14 @@ __device__ void attention_plan_kernel(const AttentionPlanParams& p) {
 }  // namespace
 
 // Symbols: attention_hd<head_dim>_<dtype>. bf16/f16 run on tensor cores, f32 on the SIMT path.
-// head_dim 96 pads its shared-memory rows to 128 elements (the swizzle needs a power of two).
+// head_dim 32 and 96 pad their shared-memory rows (the swizzle needs a power of two >= 8 chunks).
 #define ATTENTION_KERNELS(X)                                                                          \
+  X(attention_hd32_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 32>))     \
+  X(attention_hd256_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 256>))   \
+  X(attention_hd32_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 32>))             \
+  X(attention_hd256_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 256>))           \
+  X(attention_hd32_f32, AttentionParams, (kThreads), (attention_simt_kernel<32>))                    \
+  X(attention_hd256_f32, AttentionParams, (kThreads), (attention_simt_kernel<256>))                  \
   X(attention_hd64_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 64>))     \
   X(attention_hd96_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 96>))     \
   X(attention_hd128_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 128>))   \

@@ -120,6 +120,13 @@ typedef enum LlkDeviceError {
   LLK_DEVICE_BAD_PAGE = 2,     // a block-table entry outside [0, num_pages)
 } LlkDeviceError;
 
+// Where the prefill kernel reads K and V from.
+typedef enum LlkKvSource {
+  LLK_KV_CONTIGUOUS = 0,  // k, v: [total_k, kv_heads, head_dim] with cu_seqlens_k offsets
+  LLK_KV_PAGED = 1,       // k, v: page pools [num_pages, page_size, kv_heads, head_dim], key j of
+                          // sequence b at page block_table[b][j / page_size], row j % page_size
+} LlkKvSource;
+
 typedef struct AttentionParams {
   uint64_t q;             // [total_q, q_heads, head_dim]
   uint64_t k;             // [total_k, kv_heads, head_dim]
@@ -150,6 +157,17 @@ typedef struct AttentionParams {
   float scale;            // softmax scale, 1/sqrt(head_dim) by default
   float temp_floor_scale; // Llama 4: 8192
   float temp_attn_scale;  // Llama 4: 0.1
+  // Paged K/V (kv_source == LLK_KV_PAGED): k and v are the page pools, k_token_stride and
+  // k_head_stride (v_...) address a key inside its page, k_page_stride (v_...) the pages.
+  LlkKvSource kv_source;
+  uint64_t block_table;        // [batch, max_pages] i32, rows block_table_stride apart
+  uint64_t error_flag;         // [1] i32, LlkDeviceError bits OR-ed in (bad page ids)
+  int64_t block_table_stride;
+  int64_t max_pages;           // entries per block-table row
+  int64_t page_size;           // keys per page
+  int64_t num_pages;           // pages in each pool: ids outside [0, num_pages) are never read
+  int64_t k_page_stride;
+  int64_t v_page_stride;
 } AttentionParams;
 
 // Device-resident sequence offsets: one warp validates cu_seqlens and writes cu_tiles for the
@@ -165,6 +183,120 @@ typedef struct AttentionPlanParams {
   int64_t total_k;
   int64_t tokens_per_block;  // query tokens per row block (rows per block / GQA pack)
 } AttentionPlanParams;
+
+// ---------------------------------------------------------------------------- Paged KV cache
+// K and V pages are [num_pages, page_size, kv_heads, head_dim] (NHD), each page contiguous, pages
+// `page_stride` elements apart. A key's slot is page * page_size + row. fp8 pages hold e4m3fn
+// (OCP, +-448, no infinities): stored = fp8(x / scale), read = fp8 * scale, with one scale per
+// tensor or per KV head (both are passed per head: a per-tensor scale is repeated).
+#define LLK_KV_MAX_SCALES 128     // KV heads an fp8 cache may have (the scales travel in the params)
+#define LLK_DECODE_MAX_Q_LEN 8    // query tokens per sequence in one decode call
+#define LLK_DECODE_KEYS 64        // keys per K/V tile; split boundaries fall on tile boundaries
+#define LLK_DECODE_ROWS_MMA 64    // rows (query token x q head of one KV group) per tensor-core block
+#define LLK_DECODE_ROWS_SIMT 32   // rows per f32 (SIMT) block
+#define LLK_DECODE_THREADS 128
+#define LLK_DECODE_MAX_SPLITS 256
+
+// kv_append: writes new tokens' k and v into their slots, converting to the page dtype.
+typedef struct KvAppendParams {
+  uint64_t k;             // [tokens, kv_heads, head_dim] (any token/head strides)
+  uint64_t v;             // [tokens, kv_heads, head_dim]
+  uint64_t slot_mapping;  // [tokens] i64: page * page_size + row, or -1 to skip the token
+  uint64_t k_pages;       // [num_pages, page_size, kv_heads, head_dim]
+  uint64_t v_pages;       // [num_pages, page_size, kv_heads, head_dim]
+  uint64_t error_flag;    // [1] i32, LLK_DEVICE_BAD_PAGE when a slot lies outside the pool
+  int64_t tokens;
+  int64_t kv_heads;
+  int64_t head_dim;
+  int64_t num_pages;
+  int64_t page_size;
+  int64_t k_token_stride;
+  int64_t k_head_stride;
+  int64_t v_token_stride;
+  int64_t v_head_stride;
+  int64_t k_page_stride;
+  int64_t v_page_stride;
+  float k_scale[LLK_KV_MAX_SCALES];  // fp8 pages: per KV head (unused otherwise)
+  float v_scale[LLK_KV_MAX_SCALES];
+} KvAppendParams;
+
+// Split-KV decode over the paged cache; see paged_attention.cu.
+typedef struct PagedDecodeParams {
+  uint64_t q;             // [batch * q_len, q_heads, head_dim], token b * q_len + i
+  uint64_t k_pages;       // [num_pages, page_size, kv_heads, head_dim]
+  uint64_t v_pages;       // [num_pages, page_size, kv_heads, head_dim]
+  uint64_t block_table;   // [batch, max_pages] i32, rows block_table_stride apart
+  uint64_t seq_lens;      // [batch] i32: keys of each sequence, its q_len new tokens included
+  uint64_t out;           // [batch * q_len, q_heads, head_dim] (num_splits == 1)
+  uint64_t lse;           // [q_heads, batch * q_len] f32 or 0 (num_splits == 1)
+  uint64_t partial_out;   // [num_splits, batch * q_len, q_heads, head_dim] f32 (num_splits > 1)
+  uint64_t partial_lse;   // [num_splits, batch * q_len, q_heads] f32 (num_splits > 1)
+  uint64_t error_flag;    // [1] i32, LlkDeviceError bits
+  int64_t batch;
+  int64_t q_len;
+  int64_t q_heads;
+  int64_t kv_heads;
+  int64_t head_dim;
+  int64_t num_pages;
+  int64_t page_size;
+  int64_t max_pages;
+  int64_t block_table_stride;
+  int64_t q_token_stride;
+  int64_t q_head_stride;
+  int64_t out_token_stride;
+  int64_t out_head_stride;
+  int64_t k_page_stride;
+  int64_t v_page_stride;
+  int64_t num_splits;     // grid.x = batch * num_splits
+  int64_t row_blocks;     // grid.y = kv_heads * row_blocks
+  int64_t chunk_size;     // LLK_ATTN_CHUNKED_CAUSAL only
+  LlkAttnMask mask;       // LLK_ATTN_CAUSAL or LLK_ATTN_CHUNKED_CAUSAL
+  LlkAttnTemperature temperature;
+  float scale;
+  float temp_floor_scale;
+  float temp_attn_scale;
+  float k_scale[LLK_KV_MAX_SCALES];  // per KV head (1 for 16/32-bit pages)
+  float v_scale[LLK_KV_MAX_SCALES];
+} PagedDecodeParams;
+
+// Merges attention states (o_s, lse_s) computed over disjoint key sets:
+//   lse = log sum_s exp(lse_s),  o = sum_s exp(lse_s - lse) o_s.
+// Two layouts: the decode splits (`num_states` f32 partials stacked as written by the decode
+// kernel), or two states a and b of the output dtype with any strides (merge_attention_states).
+typedef struct MergeStatesParams {
+  uint64_t v_a;           // split variant: partial_out; else [tokens, heads, head_dim]
+  uint64_t lse_a;         // split variant: partial_lse; else f32 at token * lse_token_stride + head * lse_head_stride
+  uint64_t v_b;           // pair variant only
+  uint64_t lse_b;         // pair variant only
+  uint64_t out;           // [tokens, heads, head_dim]
+  uint64_t lse_out;       // [heads, tokens] f32 or 0 (split variant); pair variant: like lse_a
+  int64_t tokens;
+  int64_t heads;
+  int64_t head_dim;
+  int64_t num_states;     // split variant
+  int64_t a_token_stride;
+  int64_t a_head_stride;
+  int64_t b_token_stride;
+  int64_t b_head_stride;
+  int64_t out_token_stride;
+  int64_t out_head_stride;
+  int64_t lse_a_token_stride;
+  int64_t lse_a_head_stride;
+  int64_t lse_b_token_stride;
+  int64_t lse_b_head_stride;
+  int64_t lse_out_token_stride;
+  int64_t lse_out_head_stride;
+} MergeStatesParams;
+
+// Test support: the kernels' own e4m3fn conversions, on every code and on given values.
+typedef struct Fp8ConvertParams {
+  uint64_t input;    // [n] f32
+  uint64_t codes;    // [n] u8: e4m3fn(input) (round to nearest even, saturating, NaN kept)
+  uint64_t decoded;  // [5][256] f32, the value of every code: 0 scalar decode; 1, 2 the packed
+                     // f16 / bf16 paths of the decode kernel (pairs in order); 3, 4 the same
+                     // across pairs (ldmatrix.trans order); packed paths scaled back by 2^8
+  int64_t n;
+} Fp8ConvertParams;
 
 // ---------------------------------------------------------------------------- Self-tests
 // Small kernels that exercise the emulation runtime (and, on a GPU, check that the emulated PTX

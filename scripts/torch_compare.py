@@ -252,7 +252,71 @@ def attention_section(torch, compiler):
     return rows
 
 
-SECTIONS = {"rms_norm": rms_norm_section, "rope": rope_section, "swiglu": swiglu_section, "attention": attention_section}
+def decode_section(torch, compiler):
+    """Decode (one query token per sequence) with scaled_dot_product_attention on an equivalent
+    contiguous cache [batch, 8, seq, 128] bf16 (enable_gqa), through each backend that accepts it,
+    and FlashInfer's paged decode (page size 16, NHD) when the machine has flashinfer. Names match
+    benches/decode.rs (bf16 pages; our fp8 rows have no PyTorch counterpart)."""
+    F = torch.nn.functional
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        print("note: torch.nn.attention.sdpa_kernel missing; decode not compared")
+        return []
+    backends = [("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    if hasattr(SDPBackend, "CUDNN_ATTENTION"):
+        backends.append(("cudnn", SDPBackend.CUDNN_ATTENTION))
+    try:
+        import flashinfer  # noqa: F401
+    except Exception:  # noqa: BLE001 - not installed (the usual case)
+        flashinfer = None
+        print("note: flashinfer not installed; its decode is not compared")
+    rows = []
+    for hq in [32, 64]:
+        for b, s in [(1, 131072), (16, 8192), (64, 4096), (256, 1024)]:
+            name = f"paged_decode bf16 b{b}xs{s} {hq}/8x128"
+            if SMOKE:
+                b, s = 1, 64
+            q = torch.randn(b, hq, 1, 128, device=DEVICE, dtype=torch.bfloat16)
+            k = torch.randn(b, 8, s, 128, device=DEVICE, dtype=torch.bfloat16)
+            v = torch.randn(b, 8, s, 128, device=DEVICE, dtype=torch.bfloat16)
+            theirs = {}
+            for bname, backend in backends:
+                try:
+                    with sdpa_kernel(backend):
+                        theirs[f"sdpa {bname} gqa"] = cuda_time_us(
+                            torch, lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), iters=20
+                        )
+                except Exception as e:  # noqa: BLE001 - a backend that refuses the shape is skipped
+                    print(f"note: {name}: sdpa {bname} unavailable ({str(e).splitlines()[0][:100]})")
+            del k, v
+            if flashinfer is not None and not SMOKE:
+                try:
+                    pages = (s + 15) // 16
+                    cache = torch.randn(b * pages, 2, 16, 8, 128, device=DEVICE, dtype=torch.bfloat16)
+                    indptr = torch.arange(b + 1, device=DEVICE, dtype=torch.int32) * pages
+                    indices = torch.randperm(b * pages, device=DEVICE).to(torch.int32)
+                    last = torch.full((b,), (s - 1) % 16 + 1, device=DEVICE, dtype=torch.int32)
+                    ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=DEVICE)
+                    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+                    w.plan(indptr, indices, last, hq, 8, 128, 16, data_type=torch.bfloat16)
+                    qf = q.reshape(b, hq, 128)
+                    theirs["flashinfer decode"] = cuda_time_us(torch, lambda: w.run(qf, cache), iters=20)
+                    del cache
+                except Exception as e:  # noqa: BLE001 - API differences between versions
+                    print(f"note: {name}: flashinfer unavailable ({str(e).splitlines()[0][:100]})")
+            rows.append((name, theirs))
+            del q
+    return rows
+
+
+SECTIONS = {
+    "rms_norm": rms_norm_section,
+    "rope": rope_section,
+    "swiglu": swiglu_section,
+    "attention": attention_section,
+    "decode": decode_section,
+}
 ROW = re.compile(r"^(\S+ (?:bf16|f16|f32) \S+(?: \S+)*?)\s{2,}([0-9.]+)\s")
 
 

@@ -1,5 +1,5 @@
-//! Element types: the three floating-point storage types kernels compute on, and the two integer
-//! types used for positions and sequence offsets.
+//! Element types: the three floating-point storage types kernels compute on, the fp8 storage
+//! type of the paged KV cache, and the two integer types used for positions, offsets and slots.
 
 use half::{bf16, f16};
 
@@ -11,6 +11,9 @@ pub enum DType {
     BF16,
     I32,
     I64,
+    /// OCP FP8 E4M3 "fn" (finite, +-448, one NaN code per sign): a storage type of the paged KV
+    /// cache only ([`F8E4M3`]).
+    F8E4M3,
 }
 
 impl DType {
@@ -20,6 +23,7 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::I64 => 8,
+            DType::F8E4M3 => 1,
         }
     }
     /// The short name used in kernel symbols (`rms_norm_vec_bf16`).
@@ -30,10 +34,12 @@ impl DType {
             DType::BF16 => "bf16",
             DType::I32 => "i32",
             DType::I64 => "i64",
+            DType::F8E4M3 => "fp8",
         }
     }
     /// The floating-point dtypes every kernel supports.
     pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+    /// Whether this is one of the dtypes kernels compute on (f32, f16, bf16); fp8 is storage only.
     pub const fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16)
     }
@@ -47,6 +53,7 @@ impl DType {
             DType::F32 => 5.960464477539063e-8, // 2^-24
             DType::F16 => 4.8828125e-4,         // 2^-11
             DType::BF16 => 3.90625e-3,          // 2^-8
+            DType::F8E4M3 => 6.25e-2,           // 2^-4
             DType::I32 | DType::I64 => 0.0,
         }
     }
@@ -92,6 +99,61 @@ element!(f16, DType::F16, |x| x.to_f64(), |v| f16::from_f64(v));
 element!(bf16, DType::BF16, |x| x.to_f64(), |v| bf16::from_f64(v));
 element!(i32, DType::I32, |x| x as f64, |v| v as i32);
 element!(i64, DType::I64, |x| x as f64, |v| v as i64);
+element!(F8E4M3, DType::F8E4M3, |x| f8e4m3_decode(x.0), |v| F8E4M3(f8e4m3_encode(v)));
+
+/// One e4m3fn code (OCP FP8 E4M3, finite variant): 1 sign, 4 exponent (bias 7) and 3 mantissa
+/// bits; largest finite value 448 (`0x7e`), `0x7f`/`0xff` NaN, no infinities. Host slices of it
+/// view fp8 pages ([`crate::TensorView::host`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct F8E4M3(pub u8);
+
+/// The value of an e4m3fn code (exact in f64; `0x7f`/`0xff` are NaN).
+pub fn f8e4m3_decode(code: u8) -> f64 {
+    let (mag, neg) = (code & 0x7f, code & 0x80 != 0);
+    let v = if mag == 0x7f {
+        f64::NAN
+    } else {
+        let (e, m) = (i32::from(mag >> 3), f64::from(mag & 7));
+        if e == 0 { m * 2f64.powi(-9) } else { (1.0 + m / 8.0) * 2f64.powi(e - 7) }
+    };
+    if neg { -v } else { v }
+}
+
+/// The e4m3fn code of `x`: round to nearest, ties to even; magnitudes of 448 and more (infinity
+/// included) saturate to +-448; NaN stays NaN (sign kept). The kernels convert f32 values with the
+/// same rule (kernels/common/fp8.cuh), so `f8e4m3_encode(x as f64)` is what a kernel stores for
+/// the f32 `x`.
+pub fn f8e4m3_encode(x: f64) -> u8 {
+    let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+    if x.is_nan() {
+        return sign | 0x7f;
+    }
+    let a = x.abs();
+    if a >= 448.0 {
+        return sign | 0x7e;
+    }
+    if a < 2f64.powi(-6) {
+        // Subnormal range: m * 2^-9, m = 0..8 (8 rounds up to the smallest normal, code 0x08).
+        return sign | (a * 512.0).round_ties_even() as u8;
+    }
+    // a = 2^e * f, f in [1, 2); keep 3 fraction bits, ties to even; a carry moves to 2^(e+1).
+    let e = a.log2().floor() as i32;
+    let (e, f) = {
+        let f = a / 2f64.powi(e);
+        // log2 may round across a power of two: renormalize.
+        if f >= 2.0 {
+            (e + 1, f / 2.0)
+        } else if f < 1.0 {
+            (e - 1, f * 2.0)
+        } else {
+            (e, f)
+        }
+    };
+    let q = ((f - 1.0) * 8.0).round_ties_even() as i32;
+    let (e, q) = if q == 8 { (e + 1, 0) } else { (e, q) };
+    sign | (((e + 7) << 3) | q) as u8
+}
 
 /// Rounds an f64 to the nearest value representable in `dtype` (round to nearest even), as a
 /// kernel storing into that dtype would.
@@ -100,6 +162,7 @@ pub fn round_to(dtype: DType, v: f64) -> f64 {
         DType::F32 => v as f32 as f64,
         DType::F16 => f16::from_f64(v).to_f64(),
         DType::BF16 => bf16::from_f64(v).to_f64(),
+        DType::F8E4M3 => f8e4m3_decode(f8e4m3_encode(v)),
         DType::I32 | DType::I64 => v.round(),
     }
 }

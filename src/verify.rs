@@ -18,6 +18,10 @@ use crate::reference;
 use crate::tensor::Tensor;
 use crate::testing::{Comparison, Rng, Tolerance, compare};
 
+#[path = "verify_paged.rs"]
+mod paged;
+pub use paged::*;
+
 /// One checked case: a row of the `verify` table.
 #[derive(Clone, Debug)]
 pub struct CaseResult {
@@ -223,6 +227,9 @@ pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
     out.extend(
         attention_cases(quick).into_iter().map(|c| attention_case(device, &c).map_err(|e| (format!("{c:?}"), e))),
     );
+    let (append, decode) = paged_cases(quick);
+    out.extend(append.into_iter().map(|c| kv_append_case(device, &c).map_err(|e| (format!("{c:?}"), e))));
+    out.extend(decode.into_iter().map(|c| paged_decode_case(device, &c).map_err(|e| (format!("{c:?}"), e))));
     out
 }
 
@@ -503,6 +510,8 @@ pub struct AttentionCase {
     pub fused_qkv: bool,
     /// Pass the sequence offsets as device tensors (`forward_device`) instead of host slices.
     pub device_offsets: bool,
+    /// Read K and V from a paged cache of this page size (scrambled pages) instead of tensors.
+    pub paged: Option<usize>,
     pub seed: u64,
 }
 
@@ -525,6 +534,7 @@ impl AttentionCase {
             with_lse: true,
             fused_qkv: false,
             device_offsets: false,
+            paged: None,
             seed: 9,
         }
     }
@@ -565,6 +575,7 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
         with_lse,
         fused_qkv,
         device_offsets,
+        paged,
         seed,
     } = *case;
     let mut cu_q = vec![0i32];
@@ -594,7 +605,61 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
     let lse = if with_lse { Some(Tensor::poisoned(device, DType::F32, &[q_heads, tq])?) } else { None };
     let mut ws = AttentionWorkspace::new(device);
     let start = Instant::now();
-    if device_offsets {
+    if let Some(page_size) = paged {
+        // Each sequence's keys on its own pages, in scrambled order; the contiguous K/V go unused.
+        let pages: Vec<usize> = seqlens.iter().map(|s| s.1.div_ceil(page_size)).collect();
+        let width = pages.iter().copied().max().unwrap_or(0).max(1);
+        let num_pages = pages.iter().sum::<usize>() + 1;
+        let mut ids: Vec<i32> = (0..num_pages as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let row = kv_heads * d;
+        let mut kp = rng.normal_vec(num_pages * page_size * row, 1.0, dtype);
+        let mut vp = rng.normal_vec(num_pages * page_size * row, 1.0, dtype);
+        let mut table = vec![-1i32; seqlens.len() * width];
+        let mut next = 0;
+        for (b, &(_, kl)) in seqlens.iter().enumerate() {
+            for j in 0..pages[b] {
+                table[b * width + j] = ids[next];
+                next += 1;
+            }
+            for key in 0..kl {
+                let slot = table[b * width + key / page_size] as usize * page_size + key % page_size;
+                let src = (cu_k[b] as usize + key) * row;
+                kp[slot * row..(slot + 1) * row].copy_from_slice(&k[src..src + row]);
+                vp[slot * row..(slot + 1) * row].copy_from_slice(&v[src..src + row]);
+            }
+        }
+        let shape = [num_pages, page_size, kv_heads, d];
+        let (kpt, vpt) = (Tensor::from_f64(device, dtype, &kp, &shape)?, Tensor::from_f64(device, dtype, &vp, &shape)?);
+        let tt = Tensor::from_slice(device, &table, &[seqlens.len(), width])?;
+        let (kv, vv) = (kpt.view(), vpt.view());
+        let scales = crate::ops::paged_attention::KvScales::default();
+        let kv = crate::ops::paged_attention::PagedKv { k_pages: &kv, v_pages: &vv, scales: &scales };
+        let (cq, ck) =
+            (Tensor::from_slice(device, &cu_q, &[cu_q.len()])?, Tensor::from_slice(device, &cu_k, &[cu_k.len()])?);
+        let (cqv, ckv) = (cq.view(), ck.view());
+        let cu = if device_offsets {
+            crate::ops::attention::CuSeqlens::Device { q: &cqv, k: &ckv }
+        } else {
+            crate::ops::attention::CuSeqlens::Host { q: &cu_q, k: &cu_k }
+        };
+        let mut lv = lse.as_ref().map(crate::tensor::TensorViewMut::of_tensor);
+        ws.forward_paged_on(
+            device,
+            &qt.view(),
+            &kv,
+            &tt.view(),
+            cu,
+            &mut crate::tensor::TensorViewMut::of_tensor(&out),
+            lv.as_mut(),
+            &opts,
+        )?;
+    }
+    if paged.is_some() {
+        // (ran above: the pool and table live in that scope)
+    } else if device_offsets {
         let cq = Tensor::from_slice(device, &cu_q, &[cu_q.len()])?;
         let ck = Tensor::from_slice(device, &cu_k, &[cu_k.len()])?;
         ws.forward_device(&qt, &kt, &vt, &cq, &ck, &out, lse.as_ref(), &opts)?;
@@ -640,7 +705,8 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
             "{lens} {q_heads}/{kv_heads}x{d} {mask}{}{}",
             if opts.temperature.is_some() { " +temp" } else { "" },
             if fused_qkv { " qkv" } else { "" },
-        ) + if device_offsets { " dev-cu" } else { "" },
+        ) + if device_offsets { " dev-cu" } else { "" }
+            + &paged.map_or(String::new(), |p| format!(" paged p{p}")),
         pass: comparison.pass,
         comparison,
         worst_shape,
@@ -665,6 +731,10 @@ pub fn attention_cases(quick: bool) -> Vec<AttentionCase> {
         let mut chunked = AttentionCase::single(dtype, len, 4, 1, 64, AttentionMask::ChunkedCausal { chunk_size: 16 });
         chunked.opts.temperature = Some(Llama4Temperature { floor_scale: 8.0, attn_scale: 0.1 });
         v.push(chunked);
+        // Chunked prefill after a cached prefix, K/V read from the paged cache.
+        let mut paged = AttentionCase::new(dtype, &[(17, 60), (0, 5), (33, 33)], 8, 2, 128, AttentionMask::Causal);
+        paged.paged = Some(16);
+        v.push(paged);
     }
     v
 }

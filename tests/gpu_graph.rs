@@ -1,11 +1,15 @@
 //! CUDA graph capture (needs a GPU; on a machine without one it says so and passes, as every
 //! GPU check here does): a planned layer's worth of ops (RMSNorm, RoPE, attention with
-//! device-resident offsets, SwiGLU) is captured on an engine's stream, replayed, and must
+//! device-resident offsets, SwiGLU, kv_append and a split-KV paged decode) is captured on an
+//! engine's stream, replayed, and must
 //! reproduce the eager results bit for bit, with nothing allocated, uploaded or awaited while
 //! capturing.
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use llama_kernels::ops::{self, AttentionMask, AttentionOptions, AttentionWorkspace, GateUp, Rope, RopeConfig};
+use llama_kernels::ops::{
+    self, AttentionMask, AttentionOptions, AttentionWorkspace, DecodeShape, GateUp, KvScales, PagedDecodeOptions,
+    PagedDecodeWorkspace, PagedKvCache, PagedKvConfig, Rope, RopeConfig,
+};
 use llama_kernels::testing::Rng;
 use llama_kernels::{DType, Device, Tensor};
 
@@ -41,21 +45,53 @@ fn planned_ops_capture_into_a_cuda_graph_and_replay_exactly() {
     let rope = Rope::new(&device, RopeConfig::llama3_1(hd)).unwrap();
     let mut ws = AttentionWorkspace::with_capacity(&device, 8).unwrap();
     let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
+    // The paged cache: the rotated k and v of the 96 tokens go to pages 0..5; two sequences of
+    // 40 and 96 keys decode one token each over them, in 3 splits.
+    let cache = PagedKvCache::new(
+        &device,
+        &PagedKvConfig {
+            num_pages: 8,
+            page_size: 16,
+            kv_heads: hk,
+            head_dim: hd,
+            dtype: dt,
+            scales: KvScales::default(),
+        },
+    )
+    .unwrap();
+    let slots = Tensor::from_slice(&device, &(0..t as i64).collect::<Vec<_>>(), &[t]).unwrap();
+    let table = Tensor::from_slice(&device, &[0i32, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5], &[2, 6]).unwrap();
+    let lens = Tensor::from_slice(&device, &[40i32, 96], &[2]).unwrap();
+    let qd = rand(&[2, hq, hd]);
+    let od = Tensor::zeros(&device, dt, &[2, hq, hd]).unwrap();
+    let shape = DecodeShape {
+        batch: 2,
+        q_len: 1,
+        q_heads: hq,
+        kv_heads: hk,
+        head_dim: hd,
+        max_seq_len: 96,
+        dtype: dt,
+        page_dtype: dt,
+    };
+    let mut decode = PagedDecodeWorkspace::plan_with_splits(&device, &shape, Some(3)).unwrap();
     let (q0, k0) = (q.to_vec::<half::bf16>().unwrap(), k.to_vec::<half::bf16>().unwrap());
-    let layer = |ws: &mut AttentionWorkspace| {
+    let layer = |ws: &mut AttentionWorkspace, decode: &mut PagedDecodeWorkspace| {
         ops::rms_norm(&x, &w, 1e-5, &y).unwrap();
         rope.apply(&q, Some(&k), &pos).unwrap();
         ws.forward_device(&q, &k, &v, &cu, &cu, &o, None, &opts).unwrap();
         ops::swiglu(GateUp::GateThenUp(&gate_up), &h).unwrap();
+        cache.append(&k, &v, &slots).unwrap();
+        decode.forward(&qd, &cache, &table, &lens, &od, None, &PagedDecodeOptions::default()).unwrap();
     };
     // Eager reference run.
-    layer(&mut ws);
-    let eager: Vec<Vec<f64>> = [&y, &q, &k, &o, &h].iter().map(|t| t.to_f64_vec().unwrap()).collect();
+    layer(&mut ws, &mut decode);
+    let eager: Vec<Vec<f64>> = [&y, &q, &k, &o, &h, &od].iter().map(|t| t.to_f64_vec().unwrap()).collect();
 
     // Restore the rotated inputs, poison the outputs, then capture the same calls.
     q.copy_from_slice(&q0).unwrap();
     k.copy_from_slice(&k0).unwrap();
-    for t in [&y, &o, &h] {
+    for t in [&y, &o, &h, &od, cache.k_pages(), cache.v_pages()] {
         t.fill_bytes(0xff).unwrap();
     }
     device.synchronize().unwrap();
@@ -66,7 +102,7 @@ fn planned_ops_capture_into_a_cuda_graph_and_replay_exactly() {
     unsafe { ctx.disable_event_tracking() };
     let before = device.counters();
     stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    layer(&mut ws);
+    layer(&mut ws, &mut decode);
     let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
     let during = device.counters();
     assert_eq!(
@@ -77,10 +113,12 @@ fn planned_ops_capture_into_a_cuda_graph_and_replay_exactly() {
     stream.synchronize().unwrap();
     // SAFETY: restores the default; nothing else ran while it was off.
     unsafe { ctx.enable_event_tracking() };
-    let replayed: Vec<Vec<f64>> = [&y, &q, &k, &o, &h].iter().map(|t| t.to_f64_vec().unwrap()).collect();
+    let replayed: Vec<Vec<f64>> = [&y, &q, &k, &o, &h, &od].iter().map(|t| t.to_f64_vec().unwrap()).collect();
     for (i, (a, b)) in eager.iter().zip(&replayed).enumerate() {
         assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "output {i}: replay differs from eager");
     }
     ws.check_errors().unwrap();
-    println!("graph capture: 4 ops captured and replayed, bit-identical to eager");
+    decode.check_errors().unwrap();
+    cache.check_errors().unwrap();
+    println!("graph capture: 6 ops (7 launches) captured and replayed, bit-identical to eager");
 }

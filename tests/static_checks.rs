@@ -125,7 +125,7 @@ fn attention_runs_on_tensor_cores() {
     // bf16/f16 kernels: HMMA (mma.sync), LDSM and LDSM.MT (ldmatrix and .trans), LDGSTS
     // (cp.async); f32 kernels stay on the SIMT path.
     let funcs: Vec<_> = per_function(&sass("attention")).into_iter().filter(|f| f.0 != "attention_plan").collect();
-    assert_eq!(funcs.len(), 9, "{:?}", funcs.iter().map(|f| &f.0).collect::<Vec<_>>());
+    assert_eq!(funcs.len(), 15, "{:?}", funcs.iter().map(|f| &f.0).collect::<Vec<_>>());
     for (name, ops) in &funcs {
         let has = |prefix: &str| ops.iter().any(|o| o.starts_with(prefix));
         if name.ends_with("_f32") {
@@ -137,6 +137,62 @@ fn attention_runs_on_tensor_cores() {
         assert!(has("LDSM.16.M88.4") && has("LDSM.16.MT88.4"), "{name}: no ldmatrix x4 / x4.trans");
         assert!(has("LDGSTS.E.BYPASS.128"), "{name}: no 16-byte cp.async");
         assert!(!has("LDL") && !has("STL"), "{name} uses local memory");
+    }
+}
+
+#[test]
+fn paged_decode_runs_on_tensor_cores() {
+    // bf16/f16 q with same-dtype or fp8 pages: HMMA, LDSM (K) and LDSM.MT (V), 16-byte LDGSTS,
+    // no local memory; the f32 kernels stay on the SIMT path.
+    let funcs: Vec<_> =
+        per_function(&sass("paged_attention")).into_iter().filter(|f| f.0.starts_with("paged_decode_hd")).collect();
+    assert_eq!(funcs.len(), 25, "{:?}", funcs.iter().map(|f| &f.0).collect::<Vec<_>>());
+    for (name, ops) in &funcs {
+        let has = |prefix: &str| ops.iter().any(|o| o.starts_with(prefix));
+        assert!(!has("LDL") && !has("STL"), "{name} uses local memory");
+        if name.ends_with("_f32") {
+            assert!(!has("HMMA"), "{name} should not use tensor cores");
+            continue;
+        }
+        let hmma = if name.contains("_bf16") { "HMMA.16816.F32.BF16" } else { "HMMA.16816.F32" };
+        assert!(has(hmma), "{name}: no {hmma}");
+        assert!(has("LDSM.16.M88.4") && has("LDSM.16.MT88.4"), "{name}: no ldmatrix x4 / x4.trans");
+        assert!(has("LDGSTS.E.BYPASS.128"), "{name}: no 16-byte cp.async");
+    }
+}
+
+#[test]
+fn kv_append_moves_128_bits_per_access() {
+    // k/v loads and page stores are 128-bit; the only other global accesses are the i64 slot and
+    // the error flag's atomic OR.
+    let funcs: Vec<_> =
+        per_function(&sass("paged_attention")).into_iter().filter(|f| f.0.starts_with("kv_append_")).collect();
+    assert_eq!(funcs.len(), 12);
+    for (name, ops) in &funcs {
+        let global: Vec<_> = ops
+            .iter()
+            .filter(|o| o.starts_with("LDG") || o.starts_with("STG") || o.starts_with("LD.") || o.starts_with("ST."))
+            .collect();
+        assert!(
+            global.iter().any(|o| o.starts_with("LDG") && o.contains(".128")),
+            "{name}: no 128-bit load: {global:?}"
+        );
+        for o in &global {
+            assert!(o.contains(".128") || o.as_str() == "LDG.E.64", "{name}: {o} is not a 128-bit access");
+        }
+        assert!(
+            global.iter().all(|o| !o.starts_with("LD.") && !o.starts_with("ST.")),
+            "{name}: generic accesses {global:?}"
+        );
+    }
+}
+
+#[test]
+fn attention_and_paged_attention_do_not_spill_at_sm_80() {
+    for m in kernel_modules().filter(|m| m.name == "attention" || m.name == "paged_attention") {
+        for k in parse_ptxas(m.ptxas_sm80) {
+            assert_eq!((k.spill_stores, k.spill_loads), (0, 0), "{} spills at sm_80: {k:?}", k.name);
+        }
     }
 }
 

@@ -143,6 +143,10 @@ kernel_params!(
     crate::params::SwiGluParams,
     crate::params::AttentionParams,
     crate::params::AttentionPlanParams,
+    crate::params::KvAppendParams,
+    crate::params::PagedDecodeParams,
+    crate::params::MergeStatesParams,
+    crate::params::Fp8ConvertParams,
     crate::params::SelftestParams,
 );
 

@@ -33,9 +33,14 @@
 //! nothing and raises the workspace's error flag ([`AttentionWorkspace::check_errors`]).
 //!
 //! Supported: bf16 and f16 on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async), f32 on a SIMT
-//! path; head_dim 64, 96 and 128. Queries align to the end of their keys (chunked prefill after a
-//! cached prefix). Fully masked rows and queries of sequences without keys write zeros with
-//! `lse = -inf`.
+//! path; head_dim 32, 64, 96, 128 and 256. Queries align to the end of their keys (chunked prefill
+//! after a cached prefix). Fully masked rows and queries of sequences without keys write zeros
+//! with `lse = -inf`.
+//!
+//! K and V may also be read in place from the paged KV cache
+//! ([`AttentionWorkspace::forward_paged_on`], [`crate::ops::paged_attention`]): `cu_seqlens.k`
+//! then counts each sequence's keys (the cached prefix and the new tokens, already appended) and
+//! the block table names its pages.
 //!
 //! NaN and infinity: a non-finite value in K or V at a key a query attends makes that query's
 //! output NaN, as in exact arithmetic. A non-finite value at a key a query does *not* attend (a
@@ -48,13 +53,16 @@
 use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims, PinnedStaging, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{Heads, KernelTable, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
-use crate::params::{AttentionParams, AttentionPlanParams, LlkAttnMask, LlkAttnTemperature, LlkDeviceError};
+use crate::ops::paged_attention::{PagedKv, PagedKvCache, Pool, check_block_table, check_pools};
+use crate::ops::{Heads, KernelTable, Region, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
+use crate::params::{
+    AttentionParams, AttentionPlanParams, LlkAttnMask, LlkAttnTemperature, LlkDeviceError, LlkKvSource,
+};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 const OP: &str = "gqa_attention";
 /// Head dims with kernels.
-pub const SUPPORTED_HEAD_DIMS: [usize; 3] = [64, 96, 128];
+pub const SUPPORTED_HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 /// Rows (query token x q head) per block: kBlockM (tensor cores) and kSimtRows (f32) in
 /// kernels/attention.cu.
 const ROWS_MMA: usize = 64;
@@ -110,15 +118,21 @@ pub struct AttentionOptions {
 static KERNELS: KernelTable<(DType, usize)> = KernelTable {
     module: "attention",
     entries: &[
+        ((DType::BF16, 32), "attention_hd32_bf16"),
         ((DType::BF16, 64), "attention_hd64_bf16"),
         ((DType::BF16, 96), "attention_hd96_bf16"),
         ((DType::BF16, 128), "attention_hd128_bf16"),
+        ((DType::BF16, 256), "attention_hd256_bf16"),
+        ((DType::F16, 32), "attention_hd32_f16"),
         ((DType::F16, 64), "attention_hd64_f16"),
         ((DType::F16, 96), "attention_hd96_f16"),
         ((DType::F16, 128), "attention_hd128_f16"),
+        ((DType::F16, 256), "attention_hd256_f16"),
+        ((DType::F32, 32), "attention_hd32_f32"),
         ((DType::F32, 64), "attention_hd64_f32"),
         ((DType::F32, 96), "attention_hd96_f32"),
         ((DType::F32, 128), "attention_hd128_f32"),
+        ((DType::F32, 256), "attention_hd256_f32"),
     ],
 };
 
@@ -133,8 +147,15 @@ pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
 /// Dynamic shared memory of the tensor-core kernel: Q, and two stages of K and V, in rows padded
 /// to a power of two of 16-byte chunks (kPitch in kernels/attention.cu).
 fn mma_smem_bytes(head_dim: usize) -> u32 {
-    let row = if head_dim <= 64 { 64 } else { 128 };
-    ((ROWS_MMA + 4 * 64) * row * 2) as u32
+    let row = if head_dim <= 64 {
+        64
+    } else if head_dim <= 128 {
+        128
+    } else {
+        256
+    };
+    // Q, two stages of K and V, and (paged K/V) a byte per key of each stage.
+    ((ROWS_MMA + 4 * 64) * row * 2 + 2 * 64) as u32
 }
 
 /// Checks cumulative sequence offsets and returns the batch size.
@@ -171,6 +192,13 @@ pub enum CuSeqlens<'r, 'a> {
     /// validates them: invalid offsets write nothing and raise the workspace's error flag,
     /// which [`AttentionWorkspace::check_errors`] reports.
     Device { q: &'r TensorView<'a>, k: &'r TensorView<'a> },
+}
+
+/// Where K and V come from.
+#[derive(Clone, Copy)]
+enum KvSrc<'r, 'a> {
+    Contiguous { k: &'r TensorView<'a>, v: &'r TensorView<'a> },
+    Paged { kv: &'r PagedKv<'r, 'a>, block_table: &'r TensorView<'a> },
 }
 
 /// Offsets of the workspace buffer (i32 elements): the error flag, then three arrays of
@@ -232,6 +260,9 @@ impl AttentionWorkspace {
             let mut what = Vec::new();
             if bits & LlkDeviceError::LLK_DEVICE_BAD_SEQLENS as i32 != 0 {
                 what.push("cu_seqlens (not from 0, decreasing, or not ending at the token counts)");
+            }
+            if bits & LlkDeviceError::LLK_DEVICE_BAD_PAGE as i32 != 0 {
+                what.push("a page id outside the pool or a key past the block-table row (its keys were skipped)");
             }
             if what.is_empty() {
                 what.push("unknown error bits");
@@ -309,6 +340,71 @@ impl AttentionWorkspace {
         lse: Option<&mut TensorViewMut<'_>>,
         opts: &AttentionOptions,
     ) -> Result<()> {
+        self.run(queue, q, KvSrc::Contiguous { k, v }, cu_seqlens, out, lse, opts)
+    }
+
+    /// Prefill over the paged KV cache: K and V of sequence b are read in place from the pages
+    /// `block_table[b]` names (`[batch, max_pages]` i32), key j at page `j / page_size`, row
+    /// `j % page_size`; `cu_seqlens.k` gives each sequence's number of keys (the cached prefix
+    /// and the new tokens, which must already be appended). Chunked prefill after a cached
+    /// prefix thus needs no gather copy. Pages of the q dtype (fp8 pages: decode only). A page id
+    /// outside the pool, or a key past the block-table row when the offsets live on the device,
+    /// is never read: its keys are skipped and [`AttentionWorkspace::check_errors`] reports it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_paged_on(
+        &mut self,
+        queue: &impl Queue,
+        q: &TensorView<'_>,
+        kv: &PagedKv<'_, '_>,
+        block_table: &TensorView<'_>,
+        cu_seqlens: CuSeqlens<'_, '_>,
+        out: &mut TensorViewMut<'_>,
+        lse: Option<&mut TensorViewMut<'_>>,
+        opts: &AttentionOptions,
+    ) -> Result<()> {
+        self.run(queue, q, KvSrc::Paged { kv, block_table }, cu_seqlens, out, lse, opts)
+    }
+
+    /// [`AttentionWorkspace::forward_paged_on`] on tensors and a [`PagedKvCache`], with host
+    /// sequence offsets.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_paged(
+        &mut self,
+        q: &Tensor,
+        cache: &PagedKvCache,
+        block_table: &Tensor,
+        cu_seqlens_q: &[i32],
+        cu_seqlens_k: &[i32],
+        out: &Tensor,
+        lse: Option<&Tensor>,
+        opts: &AttentionOptions,
+    ) -> Result<()> {
+        let (kp, vp) = (cache.k_pages().view(), cache.v_pages().view());
+        let kv = PagedKv { k_pages: &kp, v_pages: &vp, scales: cache.scales() };
+        let mut lse = lse.map(TensorViewMut::of_tensor);
+        self.forward_paged_on(
+            q.device(),
+            &q.view(),
+            &kv,
+            &block_table.view(),
+            CuSeqlens::Host { q: cu_seqlens_q, k: cu_seqlens_k },
+            &mut TensorViewMut::of_tensor(out),
+            lse.as_mut(),
+            opts,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        queue: &impl Queue,
+        q: &TensorView<'_>,
+        src: KvSrc<'_, '_>,
+        cu_seqlens: CuSeqlens<'_, '_>,
+        out: &mut TensorViewMut<'_>,
+        lse: Option<&mut TensorViewMut<'_>>,
+        opts: &AttentionOptions,
+    ) -> Result<()> {
         let device = queue.queue_device()?;
         if !device.same_context(&self.device) {
             return Err(Error::DeviceMismatch { op: OP, what: "workspace" });
@@ -316,8 +412,24 @@ impl AttentionWorkspace {
         // Dtypes.
         let dtype = q.dtype();
         check_float(OP, "q", dtype)?;
-        check_dtype(OP, "k", k.dtype(), dtype)?;
-        check_dtype(OP, "v", v.dtype(), dtype)?;
+        match src {
+            KvSrc::Contiguous { k, v } => {
+                check_dtype(OP, "k", k.dtype(), dtype)?;
+                check_dtype(OP, "v", v.dtype(), dtype)?;
+            }
+            KvSrc::Paged { kv, .. } => {
+                if kv.k_pages.dtype() == DType::F8E4M3 {
+                    return Err(Error::UnsupportedDType {
+                        op: OP,
+                        what: "k_pages",
+                        dtype: DType::F8E4M3,
+                        supported: "the q dtype (fp8 pages: paged_decode_attention)",
+                    });
+                }
+                check_dtype(OP, "k_pages", kv.k_pages.dtype(), dtype)?;
+                check_dtype(OP, "v_pages", kv.v_pages.dtype(), dtype)?;
+            }
+        }
         check_dtype(OP, "out", out.dtype(), dtype)?;
         if let Some(l) = &lse {
             check_dtype(OP, "lse", l.dtype(), DType::F32)?;
@@ -372,9 +484,34 @@ impl AttentionWorkspace {
             Some(l) => Some(args.write("lse", l)?),
             None => None,
         };
-        let (qb, kb, vb) = (args.read("q", q)?, args.read("k", k)?, args.read("v", v)?);
-        let (qh, kh, vh, oh) =
-            (Heads::of(OP, "q", &qb)?, Heads::of(OP, "k", &kb)?, Heads::of(OP, "v", &vb)?, Heads::of(OP, "out", &ob)?);
+        let qb = args.read("q", q)?;
+        let (qh, oh) = (Heads::of(OP, "q", &qb)?, Heads::of(OP, "out", &ob)?);
+        // K and V as [tokens, heads, head_dim] rows: the tensors, or (paged) the pools seen as
+        // [num_pages * page_size, kv_heads, head_dim] with a page table (`paged`).
+        let (kb, vb, kh, vh, paged) = match src {
+            KvSrc::Contiguous { k, v } => {
+                let (kb, vb) = (args.read("k", k)?, args.read("v", v)?);
+                let (kh, vh) = (Heads::of(OP, "k", &kb)?, Heads::of(OP, "v", &vb)?);
+                (kb, vb, kh, vh, None)
+            }
+            KvSrc::Paged { kv, block_table } => {
+                let (kb, vb) = (args.read("k_pages", kv.k_pages)?, args.read("v_pages", kv.v_pages)?);
+                let tb = args.read("block_table", block_table)?;
+                let (kp, vp) = (Pool::of(OP, "k_pages", &kb)?, Pool::of(OP, "v_pages", &vb)?);
+                check_pools(OP, &kp, &vp)?;
+                kv.scales.per_head(OP, kp.dtype, kp.kv_heads)?;
+                let as_heads = |p: &Pool| Heads {
+                    addr: p.addr,
+                    elem: p.dtype.size(),
+                    tokens: p.num_pages * p.page_size,
+                    heads: p.kv_heads,
+                    head_dim: p.head_dim,
+                    token_stride: p.kv_heads * p.head_dim,
+                    head_stride: p.head_dim,
+                };
+                (kb, vb, as_heads(&kp), as_heads(&vp), Some((kp, vp, tb)))
+            }
+        };
         let d = qh.head_dim;
         for (what, b, h) in [("k", &kb, &kh), ("v", &vb, &vh), ("out", &ob, &oh)] {
             if h.head_dim != d {
@@ -395,7 +532,7 @@ impl AttentionWorkspace {
         if qh.heads % kh.heads != 0 {
             return Err(Error::invalid(OP, "q_heads", qh.heads, format!("not divisible by kv_heads {}", kh.heads)));
         }
-        if vh.heads != kh.heads || vh.tokens != kh.tokens {
+        if paged.is_none() && (vh.heads != kh.heads || vh.tokens != kh.tokens) {
             return Err(Error::ShapeMismatch {
                 op: OP,
                 what: "v",
@@ -411,9 +548,38 @@ impl AttentionWorkspace {
                 expected: format!("{:?} like q", qb.shape()),
             });
         }
+        // Paged: the block table, and (host offsets) whether its rows hold every sequence's keys.
+        let mut table = None;
+        if let Some((kp, _, tb)) = &paged {
+            let (max_pages, stride) = check_block_table(OP, tb, batch)?;
+            if let CuSeqlens::Host { k: ck, .. } = cu_seqlens {
+                check_cu_seqlens("cu_seqlens_k", ck, ck.last().map_or(0, |&x| x.max(0) as usize))?;
+                let longest = ck.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
+                if longest > max_pages * kp.page_size {
+                    return Err(Error::invalid(
+                        OP,
+                        "block_table",
+                        format!("{max_pages} pages per row"),
+                        format!(
+                            "too narrow: a sequence of {longest} keys needs {} pages of {}",
+                            longest.div_ceil(kp.page_size),
+                            kp.page_size
+                        ),
+                    ));
+                }
+            }
+            table = Some((
+                tb.addr,
+                max_pages,
+                stride,
+                Rows { addr: tb.addr, elem: 4, rows: batch, cols: max_pages, row_stride: stride.max(max_pages) },
+            ));
+        }
         if let CuSeqlens::Host { q: cq, k: ck } = cu_seqlens {
             check_cu_seqlens("cu_seqlens_q", cq, qh.tokens)?;
-            check_cu_seqlens("cu_seqlens_k", ck, kh.tokens)?;
+            if paged.is_none() {
+                check_cu_seqlens("cu_seqlens_k", ck, kh.tokens)?;
+            }
         }
         let lse_len = qh
             .heads
@@ -465,14 +631,23 @@ impl AttentionWorkspace {
             Some(p) => p,
             None => (1..=group.min(MAX_PACK)).rev().find(|p| group % p == 0).unwrap_or(1),
         };
-        // Aliasing: out and lse are written, q, k and v read.
-        for (what, h) in [("q", qh), ("k", kh), ("v", vh)] {
-            check_disjoint(OP, ("out", oh), (what, h))?;
+        // Aliasing: out and lse are written, q, k and v (pages and table) read.
+        let mut reads: Vec<(&'static str, Region)> = vec![("q", qh.into())];
+        match &paged {
+            None => reads.extend([("k", kh.into()), ("v", vh.into())]),
+            Some((kp, vp, _)) => reads.extend([("k_pages", kp.rows().into()), ("v_pages", vp.rows().into())]),
+        }
+        if let Some(t) = &table {
+            reads.push(("block_table", t.3.into()));
+        }
+        for (what, r) in &reads {
+            check_disjoint(OP, ("out", oh), (*what, *r))?;
         }
         if let Some(l) = &lb {
             let lrows = Rows { addr: l.addr, elem: 4, rows: 1, cols: lse_len, row_stride: lse_len };
-            for (what, h) in [("q", qh), ("k", kh), ("v", vh), ("out", oh)] {
-                check_disjoint(OP, ("lse", lrows), (what, h))?;
+            check_disjoint(OP, ("lse", lrows), ("out", oh))?;
+            for (what, r) in &reads {
+                check_disjoint(OP, ("lse", lrows), (*what, *r))?;
             }
         }
         if qh.tokens == 0 || qh.heads == 0 {
@@ -515,7 +690,8 @@ impl AttentionWorkspace {
                     error_flag: plan_args.write_tensor("workspace", &flag_t)?,
                     batch: to_i64(OP, "batch", batch)?,
                     total_q: to_i64(OP, "total_q", qh.tokens)?,
-                    total_k: to_i64(OP, "total_k", kh.tokens)?,
+                    // Paged: the keys' total is not a tensor's size, only the offsets say it.
+                    total_k: if paged.is_some() { -1 } else { to_i64(OP, "total_k", kh.tokens)? },
                     tokens_per_block: to_i64(OP, "tokens per block", tokens_per_block)?,
                 };
                 let dims = LaunchDims { grid: (1, 1, 1), block: (32, 1, 1), dyn_smem: 0 };
@@ -564,7 +740,20 @@ impl AttentionWorkspace {
             scale,
             temp_floor_scale: opts.temperature.map_or(1.0, |t| t.floor_scale),
             temp_attn_scale: opts.temperature.map_or(0.0, |t| t.attn_scale),
+            kv_source: if paged.is_some() { LlkKvSource::LLK_KV_PAGED } else { LlkKvSource::LLK_KV_CONTIGUOUS },
+            block_table: table.map_or(0, |t| t.0),
+            error_flag: args.write_tensor("workspace", &flag_t)?,
+            block_table_stride: to_i64(OP, "block table stride", table.map_or(0, |t| t.2))?,
+            max_pages: to_i64(OP, "max_pages", table.map_or(0, |t| t.1))?,
+            page_size: to_i64(OP, "page_size", paged.as_ref().map_or(1, |p| p.0.page_size))?,
+            num_pages: to_i64(OP, "num_pages", paged.as_ref().map_or(0, |p| p.0.num_pages))?,
+            k_page_stride: to_i64(OP, "k page stride", paged.as_ref().map_or(0, |p| p.0.page_stride))?,
+            v_page_stride: to_i64(OP, "v page stride", paged.as_ref().map_or(0, |p| p.1.page_stride))?,
         };
+        if let Some((kp, vp, _)) = &paged {
+            kp.check_aligned(OP, "k_pages")?;
+            vp.check_aligned(OP, "v_pages")?;
+        }
         // The tensor-core path copies 16-byte chunks: every row must start 16-byte aligned.
         if dtype != DType::F32 {
             let v16 = dtype.vec16();

@@ -285,6 +285,7 @@ impl Tensor {
             DType::BF16 => self.copy_from_slice(&convert::<half::bf16>(data)),
             DType::I32 => self.copy_from_slice(&convert::<i32>(data)),
             DType::I64 => self.copy_from_slice(&convert::<i64>(data)),
+            DType::F8E4M3 => self.copy_from_slice(&convert::<crate::dtype::F8E4M3>(data)),
         }
     }
 
@@ -299,6 +300,7 @@ impl Tensor {
             DType::BF16 => conv::<half::bf16>(self),
             DType::I32 => conv::<i32>(self),
             DType::I64 => conv::<i64>(self),
+            DType::F8E4M3 => conv::<crate::dtype::F8E4M3>(self),
         }
     }
 
