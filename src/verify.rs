@@ -18,6 +18,9 @@ use crate::reference;
 use crate::tensor::Tensor;
 use crate::testing::{Comparison, Rng, Tolerance, compare};
 
+mod moe;
+pub use moe::*;
+
 /// One checked case: a row of the `verify` table.
 #[derive(Clone, Debug)]
 pub struct CaseResult {
@@ -223,6 +226,7 @@ pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
     out.extend(
         attention_cases(quick).into_iter().map(|c| attention_case(device, &c).map_err(|e| (format!("{c:?}"), e))),
     );
+    out.extend(moe_cases(device, quick));
     out
 }
 

@@ -143,6 +143,11 @@ kernel_params!(
     crate::params::SwiGluParams,
     crate::params::AttentionParams,
     crate::params::AttentionPlanParams,
+    crate::params::MoeRouteParams,
+    crate::params::MoeAlignParams,
+    crate::params::MoeGatherParams,
+    crate::params::MoeGemmParams,
+    crate::params::MoeCombineParams,
     crate::params::SelftestParams,
 );
 

@@ -13,12 +13,17 @@
 //! memory or waits on the host ([`Device::counters`](crate::Device::counters) proves it).
 
 pub mod attention;
+pub mod moe;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
 
 pub use attention::{
     AttentionMask, AttentionOptions, AttentionWorkspace, CuSeqlens, Llama4Temperature, gqa_attention, gqa_attention_on,
+};
+pub use moe::{
+    GemmGroups, MoeAlign, MoeFfn, MoeFfnConfig, MoeFfnWeights, MoeResidual, MoeRouting, WeightLayout, moe_combine,
+    moe_combine_on, moe_gather, moe_gather_on, moe_grouped_gemm, moe_grouped_gemm_on, moe_route, moe_route_on,
 };
 pub use rms_norm::{fused_add_rms_norm, fused_add_rms_norm_on, rms_norm, rms_norm_on};
 pub use rope::{Llama3Scaling, Rope, RopeConfig, RopeLayout};
@@ -28,7 +33,7 @@ pub use swiglu::{GateUp, GateUpView, swiglu, swiglu_on};
 /// one exists in the PTX of both architectures and in the emulated registry.
 pub fn kernel_symbols() -> Vec<crate::KernelRef> {
     let v = rms_norm::kernel_symbols().chain(rope::kernel_symbols()).chain(swiglu::kernel_symbols());
-    let v = v.chain(attention::kernel_symbols());
+    let v = v.chain(attention::kernel_symbols()).chain(moe::kernel_symbols());
     #[cfg(feature = "dev")]
     let v = v.chain(crate::selftest::kernel_symbols());
     v.collect()

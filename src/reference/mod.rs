@@ -5,6 +5,7 @@
 //! and they are written for clarity, not speed.
 
 pub mod attention;
+pub mod moe;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
