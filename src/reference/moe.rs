@@ -54,6 +54,70 @@ fn ranked(keys: &[f64], allowed: impl Fn(usize) -> bool) -> Vec<usize> {
     idx
 }
 
+/// The key each expert of one token's `row` is ranked by: the logit, or (grouped)
+/// `sigmoid(logit) + bias`.
+pub fn routing_keys(row: &[f64], routing: MoeRouting, bias: Option<&[f64]>) -> Vec<f64> {
+    match routing {
+        MoeRouting::Grouped { .. } => {
+            row.iter().enumerate().map(|(e, &l)| sigmoid(l) + bias.map_or(0.0, |b| b[e])).collect()
+        }
+        _ => row.to_vec(),
+    }
+}
+
+/// The weights of the experts `chosen` (in slot order) for one token's `row`.
+pub fn route_weights(row: &[f64], chosen: &[usize], routing: MoeRouting) -> Vec<f64> {
+    match routing {
+        MoeRouting::Llama4 => chosen.iter().map(|&e| sigmoid(row[e])).collect(),
+        MoeRouting::Softmax { renormalize } => {
+            let m = if row.iter().all(|v| v.is_nan()) {
+                f64::NAN
+            } else {
+                row.iter().filter(|v| !v.is_nan()).fold(f64::NEG_INFINITY, |a, &b| a.max(b))
+            };
+            let denom: f64 = row.iter().filter(|v| !v.is_nan()).map(|&l| (l - m).exp()).sum();
+            let mut w: Vec<f64> = chosen.iter().map(|&e| (row[e] - m).exp() / denom).collect();
+            if renormalize {
+                let total: f64 = w.iter().sum();
+                w.iter_mut().for_each(|x| *x /= total);
+            }
+            w
+        }
+        MoeRouting::Grouped { renormalize, routed_scaling_factor, .. } => {
+            let mut w: Vec<f64> = chosen.iter().map(|&e| sigmoid(row[e])).collect();
+            if renormalize {
+                let total: f64 = w.iter().sum::<f64>() + 1e-20;
+                w.iter_mut().for_each(|x| *x /= total);
+            }
+            w.into_iter().map(|x| x * f64::from(routed_scaling_factor)).collect()
+        }
+    }
+}
+
+/// The experts one token chooses, best first.
+pub fn select(row: &[f64], top_k: usize, routing: MoeRouting, bias: Option<&[f64]>) -> Result<Vec<usize>> {
+    let experts = row.len();
+    let key = routing_keys(row, routing, bias);
+    match routing {
+        MoeRouting::Grouped { n_group, topk_group, .. } => {
+            if n_group == 0 || experts % n_group != 0 || experts / n_group < 2 {
+                return Err(Error::Reference { what: "n_group", why: format!("{n_group} for {experts} experts") });
+            }
+            let size = experts / n_group;
+            let group_scores: Vec<f64> = (0..n_group)
+                .map(|g| {
+                    let members = &key[g * size..(g + 1) * size];
+                    let top = ranked(members, |_| true);
+                    members[top[0]] + members[top[1]]
+                })
+                .collect();
+            let kept: Vec<usize> = ranked(&group_scores, |_| true).into_iter().take(topk_group).collect();
+            Ok(ranked(&key, |e| kept.contains(&(e / size))).into_iter().take(top_k).collect())
+        }
+        _ => Ok(ranked(&key, |_| true).into_iter().take(top_k).collect()),
+    }
+}
+
 /// Routes every token: `(ids, weights)`, each `[tokens, top_k]`, best first. `bias` is the
 /// grouped mode's selection bias (`[experts]`, or none).
 pub fn route(
@@ -75,52 +139,75 @@ pub fn route(
     let mut weights = Vec::with_capacity(tokens * top_k);
     for t in 0..tokens {
         let row = &logits[t * experts..(t + 1) * experts];
-        match routing {
-            MoeRouting::Llama4 => {
-                for &e in ranked(row, |_| true).iter().take(top_k) {
-                    ids.push(e as i32);
-                    weights.push(sigmoid(row[e]));
-                }
-            }
-            MoeRouting::Softmax { renormalize } => {
-                let m = row.iter().filter(|v| !v.is_nan()).fold(f64::NEG_INFINITY, |a, &b| a.max(b));
-                let m = if row.iter().all(|v| v.is_nan()) { f64::NAN } else { m };
-                let denom: f64 = row.iter().filter(|v| !v.is_nan()).map(|&l| (l - m).exp()).sum();
-                let chosen: Vec<usize> = ranked(row, |_| true).into_iter().take(top_k).collect();
-                let mut w: Vec<f64> = chosen.iter().map(|&e| (row[e] - m).exp() / denom).collect();
-                if renormalize {
-                    let total: f64 = w.iter().sum();
-                    w.iter_mut().for_each(|x| *x /= total);
-                }
-                ids.extend(chosen.iter().map(|&e| e as i32));
-                weights.extend(w);
-            }
-            MoeRouting::Grouped { n_group, topk_group, renormalize, routed_scaling_factor } => {
+        let chosen = select(row, top_k, routing, bias)?;
+        weights.extend(route_weights(row, &chosen, routing));
+        ids.extend(chosen.iter().map(|&e| e as i32));
+    }
+    Ok((ids, weights))
+}
+
+/// The reference routing, except that where two candidates' keys (or two groups' scores) differ
+/// by at most `rel_tol` relative, but are not equal, the one `other` (a device's routing) chose
+/// is taken: f32 keys can order such pairs either way, while exact ties must still go to the
+/// lower index. Comparing `other` with the result then checks it exactly up to such near-ties.
+/// Returns `(ids, weights)` like [`route`].
+pub fn route_allowing_near_ties(
+    logits: &[f64],
+    experts: usize,
+    top_k: usize,
+    routing: MoeRouting,
+    bias: Option<&[f64]>,
+    other: &[i32],
+    rel_tol: f64,
+) -> Result<(Vec<i32>, Vec<f64>)> {
+    let tokens = logits.len() / experts.max(1);
+    check_len("logits", logits.len(), tokens * experts)?;
+    check_len("other ids", other.len(), tokens * top_k)?;
+    let near = |a: f64, b: f64| a != b && (a - b).abs() <= rel_tol * a.abs().max(b.abs()).max(1.0);
+    // Picks `count` of `keys` (restricted to `allowed`) best first, preferring `preferred(j, i)`
+    // among near-ties with the best at step j.
+    let pick = |keys: &[f64], count: usize, allowed: &dyn Fn(usize) -> bool, preferred: &dyn Fn(usize, usize) -> bool| {
+        let mut taken: Vec<usize> = Vec::with_capacity(count);
+        for j in 0..count {
+            let left = ranked(keys, |i| allowed(i) && !taken.contains(&i));
+            let Some(&best) = left.first() else { break };
+            let choice = if preferred(j, best) {
+                best
+            } else {
+                left.iter().copied().find(|&i| preferred(j, i) && near(keys[i], keys[best])).unwrap_or(best)
+            };
+            taken.push(choice);
+        }
+        taken
+    };
+    let mut ids = Vec::with_capacity(tokens * top_k);
+    let mut weights = Vec::with_capacity(tokens * top_k);
+    for t in 0..tokens {
+        let row = &logits[t * experts..(t + 1) * experts];
+        let theirs: Vec<i64> = other[t * top_k..(t + 1) * top_k].iter().map(|&e| i64::from(e)).collect();
+        let key = routing_keys(row, routing, bias);
+        let allowed_groups: Box<dyn Fn(usize) -> bool> = match routing {
+            MoeRouting::Grouped { n_group, topk_group, .. } => {
                 if n_group == 0 || experts % n_group != 0 || experts / n_group < 2 {
                     return Err(Error::Reference { what: "n_group", why: format!("{n_group} for {experts} experts") });
                 }
                 let size = experts / n_group;
-                let s: Vec<f64> = row.iter().map(|&l| sigmoid(l)).collect();
-                let key: Vec<f64> = (0..experts).map(|e| s[e] + bias.map_or(0.0, |b| b[e])).collect();
-                let group_scores: Vec<f64> = (0..n_group)
+                let scores: Vec<f64> = (0..n_group)
                     .map(|g| {
                         let members = &key[g * size..(g + 1) * size];
                         let top = ranked(members, |_| true);
                         members[top[0]] + members[top[1]]
                     })
                     .collect();
-                let kept: Vec<usize> = ranked(&group_scores, |_| true).into_iter().take(topk_group).collect();
-                let chosen: Vec<usize> =
-                    ranked(&key, |e| kept.contains(&(e / size))).into_iter().take(top_k).collect();
-                let mut w: Vec<f64> = chosen.iter().map(|&e| s[e]).collect();
-                if renormalize {
-                    let total: f64 = w.iter().sum::<f64>() + 1e-20;
-                    w.iter_mut().for_each(|x| *x /= total);
-                }
-                ids.extend(chosen.iter().map(|&e| e as i32));
-                weights.extend(w.into_iter().map(|x| x * f64::from(routed_scaling_factor)));
+                let theirs_groups: Vec<i64> = theirs.iter().map(|&e| e.div_euclid(size as i64)).collect();
+                let kept = pick(&scores, topk_group, &|_| true, &|_, g| theirs_groups.contains(&(g as i64)));
+                Box::new(move |e| kept.contains(&(e / size)))
             }
-        }
+            _ => Box::new(|_| true),
+        };
+        let chosen = pick(&key, top_k, &*allowed_groups, &|j, e| theirs[j] == e as i64);
+        weights.extend(route_weights(row, &chosen, routing));
+        ids.extend(chosen.iter().map(|&e| e as i32));
     }
     Ok((ids, weights))
 }
@@ -348,7 +435,8 @@ fn linear(x: &[f64], rows: usize, w: &[f64], n: usize, k: usize) -> Vec<f64> {
 
 /// The whole layer. `logits` overrides the router (the stages after it then route those logits:
 /// a device's router output, rounded to its storage type, makes the comparison of the later
-/// stages independent of near-ties the rounding may flip).
+/// stages independent of near-ties the rounding may flip); `ids` is another routing of those
+/// logits to follow where it differs from this one only by near-ties.
 pub fn moe_ffn(
     x: &[f64],
     tokens: usize,
@@ -356,6 +444,7 @@ pub fn moe_ffn(
     w: &FfnWeights<'_>,
     residual: Option<&[f64]>,
     logits: Option<&[f64]>,
+    ids: Option<&[i32]>,
 ) -> Result<FfnStages> {
     let FfnSpec { hidden, intermediate, experts, top_k, routing, weights_on_input } = *spec;
     check_len("x", x.len(), tokens * hidden)?;
@@ -364,7 +453,11 @@ pub fn moe_ffn(
         Some(l) => l.to_vec(),
         None => linear(x, tokens, w.router, experts, hidden),
     };
-    let (ids, weights) = route(&logits, tokens, experts, top_k, routing, w.router_bias)?;
+    let (ids, weights) = match ids {
+        // Another routing, near-ties allowed (see route_allowing_near_ties).
+        Some(other) => route_allowing_near_ties(&logits, experts, top_k, routing, w.router_bias, other, 1e-6)?,
+        None => route(&logits, tokens, experts, top_k, routing, w.router_bias)?,
+    };
     let a = align(&ids, experts, 1);
     let xp = gather(x, hidden, top_k, &a, weights_on_input.then_some(&weights[..]))?;
     let row_experts = a.row_experts();

@@ -43,6 +43,9 @@ pub fn moe_tolerance(dtype: DType, expected: &[f64], units: f64) -> Tolerance {
     Tolerance { atol: units * u * rms(expected).max(1e-30), rtol: units * u }
 }
 
+/// Relative difference of two routing keys below which f32 may order them either way.
+pub const NEAR_TIE: f64 = 1e-6;
+
 /// Routing weights: f32 math with expf against f64.
 pub const ROUTE_WEIGHT_TOLERANCE: Tolerance = Tolerance { atol: 1e-6, rtol: 1e-5 };
 
@@ -148,8 +151,11 @@ pub fn moe_route_case(device: &Device, case: &MoeRouteCase) -> Result<CaseResult
     let ids = Tensor::poisoned(device, DType::I32, &[tokens, top_k])?;
     let weights = Tensor::poisoned(device, DType::F32, &[tokens, top_k])?;
     let millis = timed(device, || moe_route(&lt, bt.as_ref(), routing, &ids, &weights))?;
-    let (rid, rw) = reference::route(&logits, tokens, experts, top_k, routing, bias_v.as_deref())?;
     let (gid, gw) = (ids.to_f64_vec()?, weights.to_f64_vec()?);
+    let dev_ids: Vec<i32> = ids.to_vec()?;
+    // Keys are f32 on the device: two experts whose f64 keys differ by less than f32 resolution
+    // may come in either order (exact ties may not).
+    let (rid, rw) = reference::route_allowing_near_ties(&logits, experts, top_k, routing, bias_v.as_deref(), &dev_ids, NEAR_TIE)?;
     let rid: Vec<f64> = rid.iter().map(|&i| f64::from(i)).collect();
     let shape = vec![tokens, top_k];
     let parts = vec![
@@ -694,11 +700,12 @@ pub fn moe_ffn_case(device: &Device, case: &MoeFfnCase) -> Result<CaseResult> {
     };
     let residual = c.residual.then_some(&res[..]);
     // Stage 1: the router against the reference's own logits.
-    let full = reference::moe_ffn(&x, t, &spec, &rw, residual, None)?;
+    let full = reference::moe_ffn(&x, t, &spec, &rw, residual, None, None)?;
     // The rest from the device's logits (rounded to the storage type), so that near-ties the
     // rounding may flip do not change the routing under comparison.
-    let staged = reference::moe_ffn(&x, t, &spec, &rw, residual, Some(&dev_logits))?;
-    let ids: Vec<f64> = stages.ids.to_f64_vec()?;
+    let dev_ids: Vec<i32> = stages.ids.to_vec()?;
+    let staged = reference::moe_ffn(&x, t, &spec, &rw, residual, Some(&dev_logits), Some(&dev_ids))?;
+    let ids: Vec<f64> = dev_ids.iter().map(|&v| f64::from(v)).collect();
     let want_ids: Vec<f64> = staged.ids.iter().map(|&v| f64::from(v)).collect();
     let mut parts = vec![
         (compare(&dev_logits, &full.logits, moe_tolerance(dtype, &full.logits, 2.0)), vec![t, e]),
