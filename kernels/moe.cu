@@ -48,19 +48,22 @@
 //   (decode: 4-stage) cp.async pipeline of 16-byte copies into XOR-swizzled shared memory (16-byte
 //   chunk c of row r at c ^ (r % 8)), so every ldmatrix is conflict-free; A fragments by
 //   ldmatrix.x4, B by ldmatrix.x4 (nn.Linear layout [n, k]) or ldmatrix.x4.trans (x @ W layout
-//   [k, n]); mma.sync.m16n8k16 with f32 accumulators. Warps tile the block 2 x 2 (BM 64: 32 x 64
-//   each) or 1 x 4 (BM 16: 16 x 32 each). Per 16-deep k step a BM-64 warp issues 2 A + 4 B
-//   ldmatrix.x4 for 16 mma (HMMA:LDSM 8:3).
-//   SwiGLU epilogue: the block's 128 weight columns are 64 gate columns [n0, n0 + 64) and the
-//   same 64 up columns (packed Llama 4 gate_up_proj: up = gate + I), laid out so that each warp
+//   [k, n]); mma.sync.m16n8k16 with f32 accumulators. Prefill blocks are 64 rows x 128 weight
+//   columns, warps 2 x 2 (32 x 64 each); decode blocks 16 rows x 64 columns, warps 1 x 4 (16 x 16
+//   each: twice the blocks over the same weights, so that a single token's experts still occupy
+//   the SMs). Per 16-deep k step a prefill warp issues 2 A + 4 B ldmatrix.x4 for 16 mma
+//   (HMMA:LDSM 8:3); a decode warp 1 + 1 for 2 (decode streams weights: the mma are idle anyway).
+//   SwiGLU epilogue: the block's weight columns are gate columns [n0, n0 + BN/2) and the same
+//   up columns (packed Llama 4 gate_up_proj: up = gate + I), laid out so that each warp
 //   holds matching gate and up accumulators in the same lanes: silu(g) * u is formed in registers
 //   and only the [rows, I] result is stored. The output tile is staged in shared memory and
 //   written with 16-byte stores (scalar stores when n is not a multiple of 8).
 //   SIMT (f32): 256 threads, BM x 64 columns, 16 deep, each thread 4 (BM 64) or 1 (BM 16) rows x
 //   4 columns, k accumulated in order with fmaf.
 //
-// Gather and combine: one block per slot (gather) or token (combine), 16-byte vectors along the
-// row when the host found everything aligned (else one element per access). Combine accumulates
+// Gather and combine: one block per slot (gather) or token (combine, which stages the token's k
+// row indices and weights in shared memory once), 16-byte vectors along the row when the host
+// found everything aligned (else one element per access). Combine accumulates
 // in f32 in slot order j = 0..k-1 (then the shared expert, then the residual) and rounds once: the
 // result does not depend on the schedule, and there are no atomics.
 //
@@ -385,10 +388,16 @@ __device__ void moe_gather_kernel(const MoeGatherParams& p) {
 // ------------------------------------------------------------------------------------ combine
 template <class T, int VEC>
 __device__ void moe_combine_kernel(const MoeCombineParams& p) {
+  __shared__ int32_t s_rows[LLK_MOE_MAX_TOP_K_GROUPED];
+  __shared__ float s_w[LLK_MOE_MAX_TOP_K_GROUPED];
   const int64_t t = blockIdx.x;  // one token per block
   const int K = int(p.top_k);
-  const int32_t* rows = reinterpret_cast<const int32_t*>(p.rows) + t * K;
-  const float* weights = reinterpret_cast<const float*>(p.weights) + t * K;
+  if (int(threadIdx.x) < K) {  // this token's slots, once per block
+    const int32_t r = reinterpret_cast<const int32_t*>(p.rows)[t * K + threadIdx.x];
+    s_rows[threadIdx.x] = r >= 0 && r < p.y_rows ? r : -1;
+    s_w[threadIdx.x] = p.scale == LLK_MOE_SCALED ? reinterpret_cast<const float*>(p.weights)[t * K + threadIdx.x] : 1.f;
+  }
+  __syncthreads();
   const T* y = reinterpret_cast<const T*>(p.y);
   const T* shared = reinterpret_cast<const T*>(p.shared);
   const T* residual = reinterpret_cast<const T*>(p.residual);
@@ -398,9 +407,9 @@ __device__ void moe_combine_kernel(const MoeCombineParams& p) {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
     for (int j = 0; j < K; ++j) {  // fixed slot order
-      const int32_t r = rows[j];
-      if (r < 0 || r >= p.y_rows) continue;
-      const float w = p.scale == LLK_MOE_SCALED ? weights[j] : 1.f;
+      const int32_t r = s_rows[j];
+      if (r < 0) continue;
+      const float w = s_w[j];
       llk::load_f32<T, VEC>(y + int64_t(r) * p.y_row_stride + v * VEC, x);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, x[i], acc[i]);
@@ -443,18 +452,18 @@ __device__ __forceinline__ bool locate_block(const MoeGemmParams& p, int bm, Row
   return b.valid > 0;
 }
 
-constexpr int kBN = LLK_MOE_GEMM_BLOCK_N;
 constexpr int kBK = LLK_MOE_GEMM_BLOCK_K;
 constexpr int kGemmThreads = LLK_MOE_GEMM_THREADS;
 
 template <int BM>
 struct MmaShape {
+  static constexpr int kBN = BM == 64 ? LLK_MOE_GEMM_BLOCK_N : LLK_MOE_GEMM_BLOCK_N_DECODE;
   static constexpr int kWarpsM = BM == 64 ? 2 : 1;
   static constexpr int kWarpsN = 4 / kWarpsM;
   static constexpr int kWarpRows = BM / kWarpsM;  // 32 or 16
   static constexpr int kMTiles = kWarpRows / 16;  // 2 or 1
-  static constexpr int kWarpCols = kBN / kWarpsN;  // 64 or 32 weight columns
-  static constexpr int kNTiles = kWarpCols / 8;    // 8 or 4
+  static constexpr int kWarpCols = kBN / kWarpsN;  // 64 or 16 weight columns
+  static constexpr int kNTiles = kWarpCols / 8;    // 8 or 2
   static constexpr int kStages = BM == 64 ? LLK_MOE_GEMM_STAGES : LLK_MOE_GEMM_STAGES_DECODE;
   static_assert(BM == LLK_MOE_GEMM_BLOCK_M || BM == LLK_MOE_GEMM_BLOCK_M_DECODE, "block rows");
 };
@@ -467,7 +476,7 @@ __device__ __forceinline__ int tile_col(int wn, int j) {
   using S = MmaShape<BM>;
   if constexpr (SWIGLU) {
     constexpr int half = S::kNTiles / 2;
-    return (j < half ? 0 : kBN / 2) + wn * (S::kWarpCols / 2) + 8 * (j % half);
+    return (j < half ? 0 : S::kBN / 2) + wn * (S::kWarpCols / 2) + 8 * (j % half);
   } else {
     return wn * S::kWarpCols + 8 * j;
   }
@@ -476,7 +485,7 @@ __device__ __forceinline__ int tile_col(int wn, int j) {
 template <class T, int BM, LlkMoeWeightLayout LAYOUT, LlkMoeEpilogue EPI>
 __device__ void moe_gemm_mma_kernel(const MoeGemmParams& p) {
   using S = MmaShape<BM>;
-  constexpr int kStages = S::kStages;
+  constexpr int kStages = S::kStages, kBN = S::kBN;
   constexpr bool kSwiglu = EPI == LLK_MOE_EPILOGUE_SWIGLU;
   constexpr bool kKN = LAYOUT == LLK_MOE_WEIGHT_KN;
   constexpr int kAStage = BM * kBK, kBStage = kBN * kBK;  // elements

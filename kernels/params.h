@@ -180,18 +180,20 @@ typedef struct AttentionPlanParams {
 #define LLK_MOE_ALIGN_MAX_CHUNKS 128  // the chunk grows so that there are at most this many
 // Grouped GEMM, tensor-core path (bf16, f16): blocks of BLOCK_M rows x BLOCK_N weight columns
 // (SwiGLU: BLOCK_N / 2 gate and BLOCK_N / 2 up columns -> BLOCK_N / 2 outputs), BLOCK_K deep,
-// through a STAGES-deep cp.async pipeline. BLOCK_M is 64 (prefill) or 16 (decode).
+// through a STAGES-deep cp.async pipeline. Prefill: 64 rows x 128 columns; decode: 16 rows x 64
+// columns (more blocks over the same weights: decode streams weights and needs every SM).
 #define LLK_MOE_GEMM_THREADS 128
 #define LLK_MOE_GEMM_BLOCK_M 64
 #define LLK_MOE_GEMM_BLOCK_M_DECODE 16
 #define LLK_MOE_GEMM_BLOCK_N 128
+#define LLK_MOE_GEMM_BLOCK_N_DECODE 64
 #define LLK_MOE_GEMM_BLOCK_K 64
 #define LLK_MOE_GEMM_STAGES 3
 #define LLK_MOE_GEMM_STAGES_DECODE 4
 #define LLK_MOE_GEMM_SMEM_BYTES \
   (LLK_MOE_GEMM_STAGES * (LLK_MOE_GEMM_BLOCK_M + LLK_MOE_GEMM_BLOCK_N) * LLK_MOE_GEMM_BLOCK_K * 2)
 #define LLK_MOE_GEMM_SMEM_BYTES_DECODE \
-  (LLK_MOE_GEMM_STAGES_DECODE * (LLK_MOE_GEMM_BLOCK_M_DECODE + LLK_MOE_GEMM_BLOCK_N) * LLK_MOE_GEMM_BLOCK_K * 2)
+  (LLK_MOE_GEMM_STAGES_DECODE * (LLK_MOE_GEMM_BLOCK_M_DECODE + LLK_MOE_GEMM_BLOCK_N_DECODE) * LLK_MOE_GEMM_BLOCK_K * 2)
 // Grouped GEMM, SIMT path (f32): BLOCK_M rows x 64 weight columns, 256 threads, static shared memory.
 #define LLK_MOE_SIMT_THREADS 256
 #define LLK_MOE_SIMT_BLOCK_N 64

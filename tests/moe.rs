@@ -8,8 +8,8 @@
 mod common;
 
 use llama_kernels::ops::moe::{
-    self, ExpertTensors, GateUpTensors, GemmGroups, MoeAlign, MoeFfn, MoeFfnConfig, MoeFfnWeights,
-    MoeResidual, MoeRouting, SharedExpertTensors, WeightLayout,
+    self, ExpertTensors, GateUpTensors, GemmGroups, MoeAlign, MoeFfn, MoeFfnConfig, MoeFfnWeights, MoeResidual,
+    MoeRouting, SharedExpertTensors, WeightLayout,
 };
 use llama_kernels::verify::{
     CaseResult, GemmWeights, IdPattern, LogitPattern, MoeAlignCase, MoeCombineCase, MoeFfnCase, MoeGatherCase,
@@ -38,11 +38,8 @@ fn grouped_for(experts: usize, k: usize) -> Option<MoeRouting> {
 }
 
 fn modes(experts: usize, k: usize) -> Vec<MoeRouting> {
-    let mut v = vec![
-        MoeRouting::Llama4,
-        MoeRouting::Softmax { renormalize: false },
-        MoeRouting::Softmax { renormalize: true },
-    ];
+    let mut v =
+        vec![MoeRouting::Llama4, MoeRouting::Softmax { renormalize: false }, MoeRouting::Softmax { renormalize: true }];
     v.extend(grouped_for(experts, k));
     v
 }
@@ -81,7 +78,8 @@ fn routing_at_the_limits_512_experts_and_16_grouped_slots() {
                 assert_pass(&format!("{c:?}"), &device, moe_route_case(&device, &c));
             }
             for (experts, n_group, topk_group) in [(160, 8, 3), (384, 16, 4), (512, 32, 8)] {
-                let routing = MoeRouting::Grouped { n_group, topk_group, renormalize: false, routed_scaling_factor: 1.0 };
+                let routing =
+                    MoeRouting::Grouped { n_group, topk_group, renormalize: false, routed_scaling_factor: 1.0 };
                 let mut c = MoeRouteCase::new(dtype, 20, experts, 16, routing);
                 c.bias = true;
                 assert_pass(&format!("{c:?}"), &device, moe_route_case(&device, &c));
@@ -178,7 +176,9 @@ fn align_hundreds_of_thousands_of_slots() {
 fn gather_scaled_and_unscaled_vector_and_scalar_paths() {
     for device in common::devices() {
         for dtype in DType::FLOATS {
-            for (tokens, experts, k, hidden) in [(1, 4, 1, 64), (3, 8, 2, 72), (64, 16, 1, 128), (257, 60, 2, 68), (33, 128, 8, 100)] {
+            for (tokens, experts, k, hidden) in
+                [(1, 4, 1, 64), (3, 8, 2, 72), (64, 16, 1, 128), (257, 60, 2, 68), (33, 128, 8, 100)]
+            {
                 for scaled in [false, true] {
                     let c = MoeGatherCase { dtype, tokens, experts, top_k: k, hidden, scaled, seed: 5 };
                     assert_pass(&format!("{c:?}"), &device, moe_gather_case(&device, &c));
@@ -195,7 +195,17 @@ fn combine_weighted_unweighted_shared_and_residual() {
             for (tokens, experts, k, hidden) in [(1, 4, 1, 64), (3, 8, 2, 72), (64, 16, 8, 128), (257, 60, 2, 68)] {
                 for weighted in [false, true] {
                     for (shared, residual) in [(false, 0), (true, 1), (true, 2), (false, 2)] {
-                        let c = MoeCombineCase { dtype, tokens, experts, top_k: k, hidden, weighted, shared, residual, seed: 7 };
+                        let c = MoeCombineCase {
+                            dtype,
+                            tokens,
+                            experts,
+                            top_k: k,
+                            hidden,
+                            weighted,
+                            shared,
+                            residual,
+                            seed: 7,
+                        };
                         assert_pass(&format!("{c:?}"), &device, moe_combine_case(&device, &c));
                     }
                 }
@@ -216,7 +226,9 @@ fn grouped_gemm_both_layouts_every_epilogue_both_block_sizes() {
             for layout in LAYOUTS {
                 for weights in EPILOGUES {
                     for block_m in [16, 64] {
-                        for (tokens, experts, k, kin, n) in [(3, 8, 2, 64, 64), (64, 16, 1, 128, 192), (40, 4, 2, 96, 136)] {
+                        for (tokens, experts, k, kin, n) in
+                            [(3, 8, 2, 64, 64), (64, 16, 1, 128, 192), (40, 4, 2, 96, 136)]
+                        {
                             let mut c = MoeGemmCase::new(dtype, tokens, experts, k, kin, n);
                             (c.layout, c.weights, c.block_m) = (layout, weights, block_m);
                             assert_pass(&format!("{c:?}"), &device, moe_gemm_case(&device, &c));
@@ -313,7 +325,17 @@ fn schedules_agree_bit_for_bit() {
                 common::assert_schedules_agree(&format!("{c:?}"), |d| moe_gemm_case(d, &c));
             }
         }
-        let combine = MoeCombineCase { dtype, tokens: 40, experts: 8, top_k: 8, hidden: 64, weighted: true, shared: true, residual: 1, seed: 2 };
+        let combine = MoeCombineCase {
+            dtype,
+            tokens: 40,
+            experts: 8,
+            top_k: 8,
+            hidden: 64,
+            weighted: true,
+            shared: true,
+            residual: 1,
+            seed: 2,
+        };
         common::assert_schedules_agree("combine", |d| moe_combine_case(d, &combine));
         for c in [MoeFfnCase::llama4_scout(dtype, 33), MoeFfnCase::mixtral(dtype, 33)] {
             common::assert_schedules_agree(&format!("{c:?}"), |d| moe_ffn_case(d, &c));
@@ -403,7 +425,8 @@ fn every_routing_error_is_named() {
     let d = Device::emulated();
     let t = |dtype, s: &[usize]| Tensor::zeros(&d, dtype, s).unwrap();
     let logits = t(DType::BF16, &[4, 16]);
-    let route = |l: &Tensor, b: Option<&Tensor>, r: MoeRouting, ids: &Tensor, w: &Tensor| moe::moe_route(l, b, r, ids, w);
+    let route =
+        |l: &Tensor, b: Option<&Tensor>, r: MoeRouting, ids: &Tensor, w: &Tensor| moe::moe_route(l, b, r, ids, w);
     let (ids2, w2) = (t(DType::I32, &[4, 2]), t(DType::F32, &[4, 2]));
     route(&logits, None, MoeRouting::Llama4, &ids2, &w2).unwrap();
     // k > experts, k too large (llama4/softmax 8, grouped 16), experts over the limit.
@@ -412,7 +435,12 @@ fn every_routing_error_is_named() {
     invalid(route(&small, None, MoeRouting::Llama4, &ids8, &w8), "top_k");
     let (ids9, w9) = (t(DType::I32, &[4, 9]), t(DType::F32, &[4, 9]));
     invalid(route(&logits, None, MoeRouting::Softmax { renormalize: true }, &ids9, &w9), "top_k");
-    let g = |n_group, topk_group| MoeRouting::Grouped { n_group, topk_group, renormalize: true, routed_scaling_factor: 1.0 };
+    let g = |n_group, topk_group| MoeRouting::Grouped {
+        n_group,
+        topk_group,
+        renormalize: true,
+        routed_scaling_factor: 1.0,
+    };
     let (ids17, w17) = (t(DType::I32, &[4, 17]), t(DType::F32, &[4, 17]));
     invalid(route(&t(DType::BF16, &[4, 64]), None, g(4, 4), &ids17, &w17), "top_k");
     invalid(route(&t(DType::BF16, &[4, 513]), None, MoeRouting::Llama4, &ids2, &w2), "experts");
@@ -475,22 +503,72 @@ fn every_permutation_gemm_and_combine_error_is_named() {
     let w_io = t(DType::BF16, &[8, 64, 256]); // [E, in 64, out 2 x 128]
     gemm(&xp, WeightLayout::InOut, ExpertTensors::SwiGluPacked(&w_io), &t(DType::BF16, &[rows, 128])).unwrap();
     shape(gemm(&xp, WeightLayout::OutIn, ExpertTensors::SwiGluPacked(&w_io), &t(DType::BF16, &[rows, 128])), "weights");
-    shape(gemm(&xp, WeightLayout::InOut, ExpertTensors::SwiGluPacked(&t(DType::BF16, &[8, 64, 255])), &t(DType::BF16, &[rows, 127])), "weights");
-    shape(gemm(&xp, WeightLayout::InOut, ExpertTensors::Plain(&t(DType::BF16, &[4, 64, 128])), &t(DType::BF16, &[rows, 128])), "weights");
+    shape(
+        gemm(
+            &xp,
+            WeightLayout::InOut,
+            ExpertTensors::SwiGluPacked(&t(DType::BF16, &[8, 64, 255])),
+            &t(DType::BF16, &[rows, 127]),
+        ),
+        "weights",
+    );
+    shape(
+        gemm(
+            &xp,
+            WeightLayout::InOut,
+            ExpertTensors::Plain(&t(DType::BF16, &[4, 64, 128])),
+            &t(DType::BF16, &[rows, 128]),
+        ),
+        "weights",
+    );
     shape(gemm(&xp, WeightLayout::InOut, ExpertTensors::Plain(&w_io), &t(DType::BF16, &[rows, 128])), "y");
-    shape(gemm(&t(DType::BF16, &[rows - 1, 64]), WeightLayout::InOut, ExpertTensors::Plain(&w_io), &t(DType::BF16, &[rows - 1, 256])), "x");
+    shape(
+        gemm(
+            &t(DType::BF16, &[rows - 1, 64]),
+            WeightLayout::InOut,
+            ExpertTensors::Plain(&w_io),
+            &t(DType::BF16, &[rows - 1, 256]),
+        ),
+        "x",
+    );
     let up_other = t(DType::BF16, &[8, 64, 64]);
     shape(
-        gemm(&xp, WeightLayout::InOut, ExpertTensors::SwiGluSeparate { gate: &t(DType::BF16, &[8, 64, 128]), up: &up_other }, &t(DType::BF16, &[rows, 128])),
+        gemm(
+            &xp,
+            WeightLayout::InOut,
+            ExpertTensors::SwiGluSeparate { gate: &t(DType::BF16, &[8, 64, 128]), up: &up_other },
+            &t(DType::BF16, &[rows, 128]),
+        ),
         "up weights",
     );
     assert!(matches!(
-        gemm(&xp, WeightLayout::InOut, ExpertTensors::Plain(&t(DType::F16, &[8, 64, 128])), &t(DType::BF16, &[rows, 128])),
+        gemm(
+            &xp,
+            WeightLayout::InOut,
+            ExpertTensors::Plain(&t(DType::F16, &[8, 64, 128])),
+            &t(DType::BF16, &[rows, 128])
+        ),
         Err(Error::DTypeMismatch { what: "weights", .. })
     ));
     let x60 = t(DType::BF16, &[rows, 60]);
-    invalid(gemm(&x60, WeightLayout::OutIn, ExpertTensors::Plain(&t(DType::BF16, &[8, 64, 60])), &t(DType::BF16, &[rows, 64])), "k");
-    invalid(gemm(&xp, WeightLayout::InOut, ExpertTensors::Plain(&t(DType::BF16, &[8, 64, 60])), &t(DType::BF16, &[rows, 60])), "n");
+    invalid(
+        gemm(
+            &x60,
+            WeightLayout::OutIn,
+            ExpertTensors::Plain(&t(DType::BF16, &[8, 64, 60])),
+            &t(DType::BF16, &[rows, 64]),
+        ),
+        "k",
+    );
+    invalid(
+        gemm(
+            &xp,
+            WeightLayout::InOut,
+            ExpertTensors::Plain(&t(DType::BF16, &[8, 64, 60])),
+            &t(DType::BF16, &[rows, 60]),
+        ),
+        "n",
+    );
     // The same on f32 (SIMT) is fine.
     moe::moe_grouped_gemm(
         &t(DType::F32, &[rows, 60]),
@@ -504,7 +582,12 @@ fn every_permutation_gemm_and_combine_error_is_named() {
     let wide = t(DType::BF16, &[rows, 72]);
     let skewed = wide.narrow(1, 1, 64).unwrap();
     assert!(matches!(
-        gemm(&skewed, WeightLayout::InOut, ExpertTensors::Plain(&t(DType::BF16, &[8, 64, 64])), &t(DType::BF16, &[rows, 64])),
+        gemm(
+            &skewed,
+            WeightLayout::InOut,
+            ExpertTensors::Plain(&t(DType::BF16, &[8, 64, 64])),
+            &t(DType::BF16, &[rows, 64])
+        ),
         Err(Error::BadLayout { what: "x", .. })
     ));
     // Overlap: y over x.
@@ -544,7 +627,10 @@ fn every_layer_error_is_named() {
     new(cfg, good()).unwrap();
     // Weights of the wrong layout: [E, out, in] passed as [E, in, out].
     shape(new(cfg, MoeFfnWeights { down: t(DType::BF16, &[e, h, i]), ..good() }), "down");
-    shape(new(cfg, MoeFfnWeights { gate_up: GateUpTensors::Packed(t(DType::BF16, &[e, 2 * i, h])), ..good() }), "gate_up");
+    shape(
+        new(cfg, MoeFfnWeights { gate_up: GateUpTensors::Packed(t(DType::BF16, &[e, 2 * i, h])), ..good() }),
+        "gate_up",
+    );
     shape(new(cfg, MoeFfnWeights { layout: WeightLayout::OutIn, ..good() }), "gate_up");
     shape(new(cfg, MoeFfnWeights { router: t(DType::BF16, &[e + 1, h]), ..good() }), "router");
     assert!(matches!(
@@ -552,7 +638,10 @@ fn every_layer_error_is_named() {
         Err(Error::DTypeMismatch { what: "down", .. })
     ));
     invalid(new(MoeFfnConfig { top_k: 9, ..cfg }, good()), "top_k");
-    invalid(new(MoeFfnConfig { top_k: 3, experts: 2, ..cfg }, MoeFfnWeights { router: t(DType::BF16, &[2, h]), ..good() }), "top_k");
+    invalid(
+        new(MoeFfnConfig { top_k: 3, experts: 2, ..cfg }, MoeFfnWeights { router: t(DType::BF16, &[2, h]), ..good() }),
+        "top_k",
+    );
     invalid(new(cfg, MoeFfnWeights { router_bias: Some(t(DType::F32, &[e])), ..good() }), "router_bias");
     let grouped = MoeFfnConfig {
         routing: MoeRouting::Grouped { n_group: 3, topk_group: 1, renormalize: true, routed_scaling_factor: 1.0 },

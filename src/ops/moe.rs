@@ -72,11 +72,11 @@ use crate::error::{Error, Result};
 use crate::ops::{KernelTable, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::params::{
     LLK_MOE_ALIGN_MAX_CHUNKS, LLK_MOE_ALIGN_MIN_CHUNK, LLK_MOE_ALIGN_THREADS, LLK_MOE_GEMM_BLOCK_M,
-    LLK_MOE_GEMM_BLOCK_M_DECODE, LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE,
-    LLK_MOE_GEMM_THREADS, LLK_MOE_MAX_EXPERTS, LLK_MOE_MAX_GROUPS, LLK_MOE_MAX_TOP_K, LLK_MOE_MAX_TOP_K_GROUPED,
-    LLK_MOE_ROUTE_SMALL_EXPERTS, LLK_MOE_ROUTE_WARPS, LLK_MOE_ROW_THREADS, LLK_MOE_SIMT_BLOCK_N,
-    LLK_MOE_SIMT_THREADS, LlkDeviceError, LlkMoeEpilogue, LlkMoeRenormalize, LlkMoeRouting, LlkMoeScale,
-    LlkMoeSchedule, LlkMoeWeightLayout, MoeAlignParams, MoeCombineParams, MoeGatherParams, MoeGemmParams,
+    LLK_MOE_GEMM_BLOCK_M_DECODE, LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_BLOCK_N_DECODE, LLK_MOE_GEMM_SMEM_BYTES,
+    LLK_MOE_GEMM_SMEM_BYTES_DECODE, LLK_MOE_GEMM_THREADS, LLK_MOE_MAX_EXPERTS, LLK_MOE_MAX_GROUPS, LLK_MOE_MAX_TOP_K,
+    LLK_MOE_MAX_TOP_K_GROUPED, LLK_MOE_ROUTE_SMALL_EXPERTS, LLK_MOE_ROUTE_WARPS, LLK_MOE_ROW_THREADS,
+    LLK_MOE_SIMT_BLOCK_N, LLK_MOE_SIMT_THREADS, LlkDeviceError, LlkMoeEpilogue, LlkMoeRenormalize, LlkMoeRouting,
+    LlkMoeScale, LlkMoeSchedule, LlkMoeWeightLayout, MoeAlignParams, MoeCombineParams, MoeGatherParams, MoeGemmParams,
     MoeRouteParams,
 };
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
@@ -334,8 +334,11 @@ pub fn moe_route_on(
         logits_row_stride: to_i64(OP, "logits row stride", lr.row_stride)?,
         n_group: to_i64(OP, "n_group", n_group)?,
         topk_group: to_i64(OP, "topk_group", topk_group)?,
-        mode: [LlkMoeRouting::LLK_MOE_ROUTE_LLAMA4, LlkMoeRouting::LLK_MOE_ROUTE_SOFTMAX, LlkMoeRouting::LLK_MOE_ROUTE_GROUPED]
-            [mode as usize],
+        mode: [
+            LlkMoeRouting::LLK_MOE_ROUTE_LLAMA4,
+            LlkMoeRouting::LLK_MOE_ROUTE_SOFTMAX,
+            LlkMoeRouting::LLK_MOE_ROUTE_GROUPED,
+        ][mode as usize],
         renormalize: if renormalize {
             LlkMoeRenormalize::LLK_MOE_RENORMALIZE
         } else {
@@ -345,7 +348,8 @@ pub fn moe_route_on(
     };
     let warps = LLK_MOE_ROUTE_WARPS as usize;
     let small = experts <= LLK_MOE_ROUTE_SMALL_EXPERTS as usize;
-    let dims = LaunchDims { grid: (grid_x(OP, tokens.div_ceil(warps))?, 1, 1), block: (32 * warps as u32, 1, 1), dyn_smem: 0 };
+    let dims =
+        LaunchDims { grid: (grid_x(OP, tokens.div_ceil(warps))?, 1, 1), block: (32 * warps as u32, 1, 1), dyn_smem: 0 };
     args.launch(ROUTE.find(OP, "logits", (mode, small, dtype), dtype)?, dims, &params)
 }
 
@@ -371,7 +375,12 @@ fn check_routing(op: &'static str, experts: usize, k: usize, routing: MoeRouting
             ));
         }
         if experts / n_group < 2 {
-            return Err(Error::invalid(op, "n_group", n_group, "groups need at least 2 experts (scored by their top 2)"));
+            return Err(Error::invalid(
+                op,
+                "n_group",
+                n_group,
+                "groups need at least 2 experts (scored by their top 2)",
+            ));
         }
         if topk_group == 0 || topk_group > n_group {
             return Err(Error::invalid(op, "topk_group", topk_group, format!("must be 1..={n_group} (n_group)")));
@@ -598,9 +607,8 @@ impl MoeAlign {
             });
         }
         let (tokens, top_k) = (ids.shape()[0], ids.shape()[1]);
-        let slots = tokens
-            .checked_mul(top_k)
-            .ok_or_else(|| Error::TooLarge { what: "ids", shape: ids.shape().to_vec() })?;
+        let slots =
+            tokens.checked_mul(top_k).ok_or_else(|| Error::TooLarge { what: "ids", shape: ids.shape().to_vec() })?;
         self.reserve(slots)?;
         let arrays = self.arrays.as_ref().ok_or(Error::InvalidView { what: OP, why: "not planned".into() })?;
         let (chunk_slots, chunks) = chunking(slots);
@@ -689,7 +697,8 @@ pub fn moe_gather_on(
         return Ok(());
     }
     let v = dtype.vec16();
-    let vec = xr.cols % v == 0 && xb.addr % 16 == 0 && ob.addr % 16 == 0 && xr.row_stride % v == 0 && or.row_stride % v == 0;
+    let vec =
+        xr.cols % v == 0 && xb.addr % 16 == 0 && ob.addr % 16 == 0 && xr.row_stride % v == 0 && or.row_stride % v == 0;
     let params = MoeGatherParams {
         x: xb.addr,
         rows: args.read_tensor("rows", &arrays.rows)?,
@@ -703,7 +712,8 @@ pub fn moe_gather_on(
         out_rows: to_i64(OP, "out rows", or.rows)?,
         scale: if wb.is_some() { LlkMoeScale::LLK_MOE_SCALED } else { LlkMoeScale::LLK_MOE_UNSCALED },
     };
-    let dims = LaunchDims { grid: (grid_x(OP, slots)?, 1, 1), block: (row_threads(xr.cols, vec, v), 1, 1), dyn_smem: 0 };
+    let dims =
+        LaunchDims { grid: (grid_x(OP, slots)?, 1, 1), block: (row_threads(xr.cols, vec, v), 1, 1), dyn_smem: 0 };
     args.launch(GATHER.find(OP, "x", (vec, dtype), dtype)?, dims, &params)
 }
 
@@ -951,7 +961,13 @@ pub fn moe_grouped_gemm_on(
                     });
                 }
             }
-            (LlkMoeSchedule::LLK_MOE_GROUPED, xr.rows.min(yr.rows), max_blocks(slots, a.experts, s.block_m), s.block_m, Some(a))
+            (
+                LlkMoeSchedule::LLK_MOE_GROUPED,
+                xr.rows.min(yr.rows),
+                max_blocks(slots, a.experts, s.block_m),
+                s.block_m,
+                Some(a),
+            )
         }
     };
     if blocks == 0 || n == 0 {
@@ -963,13 +979,23 @@ pub fn moe_grouped_gemm_on(
             return Err(Error::invalid(OP, "k", k, format!("must be a multiple of {v} on the tensor-core path")));
         }
         if layout == WeightLayout::InOut && n % v != 0 {
-            return Err(Error::invalid(OP, "n", n, format!("must be a multiple of {v} with [experts, in, out] weights")));
+            return Err(Error::invalid(
+                OP,
+                "n",
+                n,
+                format!("must be a multiple of {v} with [experts, in, out] weights"),
+            ));
         }
         let misaligned = |addr: u64, strides: &[usize]| addr % 16 != 0 || strides.iter().any(|s| s % v != 0);
         let up_addr = ud.map_or(0, |u| u.addr);
         let checks = [
             ("x", misaligned(xb.addr, &[xr.row_stride]), xb.shape().to_vec(), xb.strides().to_vec()),
-            ("weights", misaligned(wd.addr, &[wd.row_stride, wd.expert_stride]), wb.shape().to_vec(), wb.strides().to_vec()),
+            (
+                "weights",
+                misaligned(wd.addr, &[wd.row_stride, wd.expert_stride]),
+                wb.shape().to_vec(),
+                wb.strides().to_vec(),
+            ),
             ("up weights", ub.is_some() && misaligned(up_addr, &[]), vec![], vec![]),
             ("y", n % v == 0 && misaligned(yb.addr, &[yr.row_stride]), yb.shape().to_vec(), yb.strides().to_vec()),
         ];
@@ -1025,8 +1051,11 @@ pub fn moe_grouped_gemm_on(
     let (cols_per_block, threads, smem) = if dtype == DType::F32 {
         (LLK_MOE_SIMT_BLOCK_N as usize, LLK_MOE_SIMT_THREADS, 0)
     } else {
-        let smem = if block_m == BLOCK_M { LLK_MOE_GEMM_SMEM_BYTES } else { LLK_MOE_GEMM_SMEM_BYTES_DECODE };
-        (LLK_MOE_GEMM_BLOCK_N as usize, LLK_MOE_GEMM_THREADS, smem)
+        if block_m == BLOCK_M {
+            (LLK_MOE_GEMM_BLOCK_N as usize, LLK_MOE_GEMM_THREADS, LLK_MOE_GEMM_SMEM_BYTES)
+        } else {
+            (LLK_MOE_GEMM_BLOCK_N_DECODE as usize, LLK_MOE_GEMM_THREADS, LLK_MOE_GEMM_SMEM_BYTES_DECODE)
+        }
     };
     let out_per_block = if swiglu { cols_per_block / 2 } else { cols_per_block };
     let grid_y = u32::try_from(n.div_ceil(out_per_block))
@@ -1167,7 +1196,11 @@ pub fn moe_combine_on(
     }
     let v = dtype.vec16();
     let aligned = |r: &Rows| r.addr % 16 == 0 && r.row_stride % v == 0;
-    let vec = hidden % v == 0 && aligned(&yr) && aligned(&or) && sr.is_none_or(|r| aligned(&r)) && rr.is_none_or(|r| aligned(&r));
+    let vec = hidden % v == 0
+        && aligned(&yr)
+        && aligned(&or)
+        && sr.is_none_or(|r| aligned(&r))
+        && rr.is_none_or(|r| aligned(&r));
     let params = MoeCombineParams {
         y: yb.addr,
         rows: args.read_tensor("rows", &arrays.rows)?,
@@ -1329,7 +1362,12 @@ impl MoeFfn {
         let shape = |what: &'static str, t: &Tensor, expected: &[usize]| -> Result<()> {
             check_dtype(OP, what, t.dtype(), dtype)?;
             if t.shape() != expected {
-                return Err(Error::ShapeMismatch { op: OP, what, got: t.shape().to_vec(), expected: format!("{expected:?}") });
+                return Err(Error::ShapeMismatch {
+                    op: OP,
+                    what,
+                    got: t.shape().to_vec(),
+                    expected: format!("{expected:?}"),
+                });
             }
             if !t.device().same_context(device) {
                 return Err(Error::DeviceMismatch { op: OP, what });
@@ -1343,7 +1381,12 @@ impl MoeFfn {
                 return Err(Error::invalid(OP, "router_bias", "given", "only grouped routing takes a selection bias"));
             }
             if b.shape() != [experts] {
-                return Err(Error::ShapeMismatch { op: OP, what: "router_bias", got: b.shape().to_vec(), expected: format!("[{experts}]") });
+                return Err(Error::ShapeMismatch {
+                    op: OP,
+                    what: "router_bias",
+                    got: b.shape().to_vec(),
+                    expected: format!("[{experts}]"),
+                });
             }
         }
         let io = |out: usize, inp: usize| match weights.layout {
@@ -1372,9 +1415,8 @@ impl MoeFfn {
             None => 0,
         };
         let max_tokens = max_tokens.max(1);
-        let slots = max_tokens
-            .checked_mul(top_k)
-            .ok_or_else(|| Error::invalid(OP, "max_tokens", max_tokens, "too large"))?;
+        let slots =
+            max_tokens.checked_mul(top_k).ok_or_else(|| Error::invalid(OP, "max_tokens", max_tokens, "too large"))?;
         let rows = padded_rows(slots, experts, BLOCK_M);
         let z = |dt, shape: &[usize]| Tensor::zeros(device, dt, shape);
         Ok(MoeFfn {
@@ -1469,10 +1511,20 @@ impl MoeFfn {
             }
         };
         if out.shape() != x.shape() {
-            return Err(Error::ShapeMismatch { op: OP, what: "out", got: out.shape().to_vec(), expected: format!("{:?} like x", x.shape()) });
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                what: "out",
+                got: out.shape().to_vec(),
+                expected: format!("{:?} like x", x.shape()),
+            });
         }
         if tokens > self.max_tokens {
-            return Err(Error::invalid(OP, "tokens", tokens, format!("exceeds the planned {} (MoeFfn::new)", self.max_tokens)));
+            return Err(Error::invalid(
+                OP,
+                "tokens",
+                tokens,
+                format!("exceeds the planned {} (MoeFfn::new)", self.max_tokens),
+            ));
         }
         self.last_tokens = tokens;
         if tokens == 0 {
@@ -1512,9 +1564,14 @@ impl MoeFfn {
         let groups = GemmGroups::Experts(&self.align);
         let mut hv = TensorViewMut::of_tensor(&h);
         match &w.gate_up {
-            GateUpTensors::Packed(gu) => {
-                moe_grouped_gemm_on(&device, &xp.view(), layout, ExpertWeights::SwiGluPacked(&gu.view()), groups, &mut hv)?
-            }
+            GateUpTensors::Packed(gu) => moe_grouped_gemm_on(
+                &device,
+                &xp.view(),
+                layout,
+                ExpertWeights::SwiGluPacked(&gu.view()),
+                groups,
+                &mut hv,
+            )?,
             GateUpTensors::Separate { gate, up } => moe_grouped_gemm_on(
                 &device,
                 &xp.view(),
@@ -1524,7 +1581,14 @@ impl MoeFfn {
                 &mut hv,
             )?,
         }
-        moe_grouped_gemm_on(&device, &h.view(), layout, ExpertWeights::Plain(&w.down.view()), groups, &mut TensorViewMut::of_tensor(&y))?;
+        moe_grouped_gemm_on(
+            &device,
+            &h.view(),
+            layout,
+            ExpertWeights::Plain(&w.down.view()),
+            groups,
+            &mut TensorViewMut::of_tensor(&y),
+        )?;
         let shared = match &w.shared {
             Some(s) => {
                 let (sh, so) = (self.shared_h.narrow(0, 0, tokens)?, self.shared_out.narrow(0, 0, tokens)?);
@@ -1549,14 +1613,6 @@ impl MoeFfn {
             None => None,
         };
         let sv = shared.as_ref().map(Tensor::view);
-        moe_combine_on(
-            &device,
-            &y.view(),
-            &self.align,
-            (!weights_on_input).then_some(&rwv),
-            sv.as_ref(),
-            residual,
-            out,
-        )
+        moe_combine_on(&device, &y.view(), &self.align, (!weights_on_input).then_some(&rwv), sv.as_ref(), residual, out)
     }
 }

@@ -166,20 +166,21 @@ pub fn route_allowing_near_ties(
     let near = |a: f64, b: f64| a != b && (a - b).abs() <= rel_tol * a.abs().max(b.abs()).max(1.0);
     // Picks `count` of `keys` (restricted to `allowed`) best first, preferring `preferred(j, i)`
     // among near-ties with the best at step j.
-    let pick = |keys: &[f64], count: usize, allowed: &dyn Fn(usize) -> bool, preferred: &dyn Fn(usize, usize) -> bool| {
-        let mut taken: Vec<usize> = Vec::with_capacity(count);
-        for j in 0..count {
-            let left = ranked(keys, |i| allowed(i) && !taken.contains(&i));
-            let Some(&best) = left.first() else { break };
-            let choice = if preferred(j, best) {
-                best
-            } else {
-                left.iter().copied().find(|&i| preferred(j, i) && near(keys[i], keys[best])).unwrap_or(best)
-            };
-            taken.push(choice);
-        }
-        taken
-    };
+    let pick =
+        |keys: &[f64], count: usize, allowed: &dyn Fn(usize) -> bool, preferred: &dyn Fn(usize, usize) -> bool| {
+            let mut taken: Vec<usize> = Vec::with_capacity(count);
+            for j in 0..count {
+                let left = ranked(keys, |i| allowed(i) && !taken.contains(&i));
+                let Some(&best) = left.first() else { break };
+                let choice = if preferred(j, best) {
+                    best
+                } else {
+                    left.iter().copied().find(|&i| preferred(j, i) && near(keys[i], keys[best])).unwrap_or(best)
+                };
+                taken.push(choice);
+            }
+            taken
+        };
     let mut ids = Vec::with_capacity(tokens * top_k);
     let mut weights = Vec::with_capacity(tokens * top_k);
     for t in 0..tokens {
@@ -477,14 +478,7 @@ pub fn moe_ffn(
         }
         None => None,
     };
-    let out = combine(
-        &y,
-        hidden,
-        &a.rows,
-        top_k,
-        (!weights_on_input).then_some(&weights[..]),
-        shared.as_deref(),
-        residual,
-    )?;
+    let out =
+        combine(&y, hidden, &a.rows, top_k, (!weights_on_input).then_some(&weights[..]), shared.as_deref(), residual)?;
     Ok(FfnStages { logits, ids, weights, shared, out })
 }

@@ -49,7 +49,15 @@ pub const NEAR_TIE: f64 = 1e-6;
 /// Routing weights: f32 math with expf against f64.
 pub const ROUTE_WEIGHT_TOLERANCE: Tolerance = Tolerance { atol: 1e-6, rtol: 1e-5 };
 
-fn result(op: &str, dtype: DType, shape: String, parts: Vec<(Comparison, Vec<usize>)>, gaps: bool, millis: f64, outputs: Vec<Vec<f64>>) -> CaseResult {
+fn result(
+    op: &str,
+    dtype: DType,
+    shape: String,
+    parts: Vec<(Comparison, Vec<usize>)>,
+    gaps: bool,
+    millis: f64,
+    outputs: Vec<Vec<f64>>,
+) -> CaseResult {
     let (comparison, worst_shape) = worst_of(parts);
     CaseResult {
         op: op.into(),
@@ -103,7 +111,17 @@ pub struct MoeRouteCase {
 
 impl MoeRouteCase {
     pub fn new(dtype: DType, tokens: usize, experts: usize, top_k: usize, routing: MoeRouting) -> Self {
-        MoeRouteCase { dtype, tokens, experts, top_k, routing, bias: false, logits: LogitPattern::Random, pad: 0, seed: 5 }
+        MoeRouteCase {
+            dtype,
+            tokens,
+            experts,
+            top_k,
+            routing,
+            bias: false,
+            logits: LogitPattern::Random,
+            pad: 0,
+            seed: 5,
+        }
     }
 }
 
@@ -155,7 +173,8 @@ pub fn moe_route_case(device: &Device, case: &MoeRouteCase) -> Result<CaseResult
     let dev_ids: Vec<i32> = ids.to_vec()?;
     // Keys are f32 on the device: two experts whose f64 keys differ by less than f32 resolution
     // may come in either order (exact ties may not).
-    let (rid, rw) = reference::route_allowing_near_ties(&logits, experts, top_k, routing, bias_v.as_deref(), &dev_ids, NEAR_TIE)?;
+    let (rid, rw) =
+        reference::route_allowing_near_ties(&logits, experts, top_k, routing, bias_v.as_deref(), &dev_ids, NEAR_TIE)?;
     let rid: Vec<f64> = rid.iter().map(|&i| f64::from(i)).collect();
     let shape = vec![tokens, top_k];
     let parts = vec![
@@ -511,9 +530,7 @@ pub fn moe_combine_case(device: &Device, case: &MoeCombineCase) -> Result<CaseRe
         1 => Some(&rt),
         _ => Some(&out),
     };
-    let millis = timed(device, || {
-        moe_combine(&yt, &a, weighted.then_some(&wt), shared.then_some(&st), rarg, &out)
-    })?;
+    let millis = timed(device, || moe_combine(&yt, &a, weighted.then_some(&wt), shared.then_some(&st), rarg, &out))?;
     let expected = reference::combine(
         &y,
         hidden,
@@ -634,7 +651,8 @@ pub fn moe_ffn_case(device: &Device, case: &MoeFfnCase) -> Result<CaseResult> {
     let x = rng.normal_vec(t * h, 1.0, dtype);
     let router = rng.normal_vec(e * h, 1.0 / (h as f64).sqrt(), dtype);
     let bias = c.bias.then(|| rng.normal_vec(e, 0.05, DType::F32));
-    let (gate_t, gate_d) = expert_weights(device, dtype, c.layout, e, h, if c.packed { 2 * i } else { i }, 0, &mut rng)?;
+    let (gate_t, gate_d) =
+        expert_weights(device, dtype, c.layout, e, h, if c.packed { 2 * i } else { i }, 0, &mut rng)?;
     let (up_t, up_d) = if c.packed {
         (None, Vec::new())
     } else {
@@ -658,7 +676,11 @@ pub fn moe_ffn_case(device: &Device, case: &MoeFfnCase) -> Result<CaseResult> {
         },
         down: down_t,
         shared: if si > 0 {
-            Some(SharedExpertTensors { gate: tensor(&sg, &[si, h])?, up: tensor(&su, &[si, h])?, down: tensor(&sd, &[h, si])? })
+            Some(SharedExpertTensors {
+                gate: tensor(&sg, &[si, h])?,
+                up: tensor(&su, &[si, h])?,
+                down: tensor(&sd, &[h, si])?,
+            })
         } else {
             None
         },
@@ -679,7 +701,13 @@ pub fn moe_ffn_case(device: &Device, case: &MoeFfnCase) -> Result<CaseResult> {
     let got = out.to_f64_vec()?;
     let stages = ffn.stages()?;
     let dev_logits = stages.logits.to_f64_vec()?;
-    let gm = reference::ExpertMatrix { data: &gate_d, layout: c.layout, experts: e, k: h, n: if c.packed { 2 * i } else { i } };
+    let gm = reference::ExpertMatrix {
+        data: &gate_d,
+        layout: c.layout,
+        experts: e,
+        k: h,
+        n: if c.packed { 2 * i } else { i },
+    };
     let um = reference::ExpertMatrix { data: &up_d, layout: c.layout, experts: e, k: h, n: i };
     let dm = reference::ExpertMatrix { data: &down_d, layout: c.layout, experts: e, k: i, n: h };
     let rw = reference::FfnWeights {
@@ -759,7 +787,9 @@ pub fn moe_cases(device: &Device, quick: bool) -> Vec<super::Outcome> {
             push(&mut out, c, moe_route_case(device, &c));
         }
     }
-    for (tokens, experts, k, block_m) in [(257, 60, 2, 64), (if quick { 3000 } else { 65536 }, 128, 8, 64), (5, 16, 1, 16)] {
+    for (tokens, experts, k, block_m) in
+        [(257, 60, 2, 64), (if quick { 3000 } else { 65536 }, 128, 8, 64), (5, 16, 1, 16)]
+    {
         let c = MoeAlignCase { tokens, experts, top_k: k, block_m, ids: IdPattern::Random, seed: 1 };
         push(&mut out, c, moe_align_case(device, &c));
     }
@@ -777,7 +807,17 @@ pub fn moe_cases(device: &Device, quick: bool) -> Vec<super::Outcome> {
             (c.layout, c.weights, c.block_m) = (layout, weights, block_m);
             push(&mut out, c, moe_gemm_case(device, &c));
         }
-        let c = MoeCombineCase { dtype, tokens: gt, experts: 16, top_k: 2, hidden, weighted: true, shared: true, residual: 1, seed: 1 };
+        let c = MoeCombineCase {
+            dtype,
+            tokens: gt,
+            experts: 16,
+            top_k: 2,
+            hidden,
+            weighted: true,
+            shared: true,
+            residual: 1,
+            seed: 1,
+        };
         push(&mut out, c, moe_combine_case(device, &c));
         for c in [MoeFfnCase::llama4_scout(dtype, gt), MoeFfnCase::mixtral(dtype, gt), MoeFfnCase::grouped(dtype, gt)] {
             push(&mut out, c, moe_ffn_case(device, &c));
