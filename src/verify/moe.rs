@@ -389,6 +389,7 @@ impl MoeGemmCase {
 
 /// Stacked random weights with `out` outputs per expert in `layout`, optionally padded rows;
 /// returns (the view, the contiguous f64 values).
+#[allow(clippy::too_many_arguments)]
 fn expert_weights(
     device: &Device,
     dtype: DType,
@@ -470,10 +471,11 @@ pub fn moe_gemm_case(device: &Device, case: &MoeGemmCase) -> Result<CaseResult> 
     let parts = vec![(compare(&g, &e, moe_tolerance(dtype, &e, 2.0)), vec![g.len()])];
     let form = match weights {
         GemmWeights::Plain => "plain",
-        GemmWeights::SwiGluPacked => "swiglu-packed",
-        GemmWeights::SwiGluSeparate => "swiglu-separate",
+        GemmWeights::SwiGluPacked => "swiglu",
+        GemmWeights::SwiGluSeparate => "swiglu-sep",
     };
-    let groups = if dense { "dense".to_string() } else { format!("E{experts} k{top_k} m{block_m} {pattern:?}") };
+    let pattern = if pattern == IdPattern::Random { String::new() } else { format!(" {pattern:?}") };
+    let groups = if dense { "dense".to_string() } else { format!("E{experts} k{top_k} m{block_m}{pattern}") };
     Ok(result(
         "moe_grouped_gemm",
         dtype,
