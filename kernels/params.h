@@ -118,6 +118,7 @@ typedef enum LlkDeviceError {
   LLK_DEVICE_OK = 0,
   LLK_DEVICE_BAD_SEQLENS = 1,  // cu_seqlens not from 0, not non-decreasing, or not ending at the totals
   LLK_DEVICE_BAD_PAGE = 2,     // a block-table entry outside [0, num_pages)
+  LLK_DEVICE_BAD_EXPERT_ID = 4,  // an expert id outside [0, experts) (MoE align; the slot is dropped)
 } LlkDeviceError;
 
 // Where the prefill kernel reads K and V from.
@@ -297,6 +298,160 @@ typedef struct Fp8ConvertParams {
                      // across pairs (ldmatrix.trans order); packed paths scaled back by 2^8
   int64_t n;
 } Fp8ConvertParams;
+// ---------------------------------------------------------------------------- MoE
+// The feed-forward of a mixture-of-experts layer, in five kernels (see kernels/moe.cu):
+//   route -> align (counts, padded offsets, row of every (token, slot), block -> expert map)
+//   -> gather (expert-contiguous rows) -> grouped GEMM (gate_up + SwiGLU, then down) -> combine.
+// A "slot" is one (token, j) pair, j < top_k, numbered s = token * top_k + j.
+#define LLK_MOE_MAX_EXPERTS 512
+#define LLK_MOE_MAX_TOP_K 8           // Llama 4 and softmax routing
+#define LLK_MOE_MAX_TOP_K_GROUPED 16  // grouped (DeepSeek-V3) routing
+#define LLK_MOE_MAX_GROUPS 32         // grouped routing: n_group
+#define LLK_MOE_ROUTE_WARPS 4         // tokens per route block (one warp each)
+#define LLK_MOE_ROUTE_SMALL_EXPERTS 128  // the `_e128` route kernels take up to this many experts
+// Align: a chunk is LLK_MOE_ALIGN_WARPS warps x 32 lanes x `iters` slots, iters a multiple of 4.
+#define LLK_MOE_ALIGN_THREADS 256
+#define LLK_MOE_ALIGN_WARPS 8
+#define LLK_MOE_ALIGN_MIN_CHUNK 1024  // slots per chunk (per align block) at least
+#define LLK_MOE_ALIGN_MAX_CHUNKS 128  // the chunk grows so that there are at most this many
+// Grouped GEMM, tensor-core path (bf16, f16): blocks of BLOCK_M rows x BLOCK_N weight columns
+// (SwiGLU: BLOCK_N / 2 gate and BLOCK_N / 2 up columns -> BLOCK_N / 2 outputs), BLOCK_K deep,
+// through a STAGES-deep cp.async pipeline. Prefill: 64 rows x 128 columns; decode: 16 rows x 64
+// columns (more blocks over the same weights: decode streams weights and needs every SM).
+#define LLK_MOE_GEMM_THREADS 128
+#define LLK_MOE_GEMM_BLOCK_M 64
+#define LLK_MOE_GEMM_BLOCK_M_DECODE 16
+#define LLK_MOE_GEMM_BLOCK_N 128
+#define LLK_MOE_GEMM_BLOCK_N_DECODE 64
+#define LLK_MOE_GEMM_BLOCK_K 64
+#define LLK_MOE_GEMM_STAGES 3
+#define LLK_MOE_GEMM_STAGES_DECODE 4
+#define LLK_MOE_GEMM_SMEM_BYTES \
+  (LLK_MOE_GEMM_STAGES * (LLK_MOE_GEMM_BLOCK_M + LLK_MOE_GEMM_BLOCK_N) * LLK_MOE_GEMM_BLOCK_K * 2)
+#define LLK_MOE_GEMM_SMEM_BYTES_DECODE \
+  (LLK_MOE_GEMM_STAGES_DECODE * (LLK_MOE_GEMM_BLOCK_M_DECODE + LLK_MOE_GEMM_BLOCK_N_DECODE) * LLK_MOE_GEMM_BLOCK_K * 2)
+// Grouped GEMM, SIMT path (f32): BLOCK_M rows x 64 weight columns, 256 threads, static shared memory.
+#define LLK_MOE_SIMT_THREADS 256
+#define LLK_MOE_SIMT_BLOCK_N 64
+// Gather and combine: threads per block (each moves 16-byte vectors along a row).
+#define LLK_MOE_ROW_THREADS 256
+
+typedef enum LlkMoeRouting {
+  LLK_MOE_ROUTE_LLAMA4 = 0,   // top-k of the logits; weight = sigmoid(logit)
+  LLK_MOE_ROUTE_SOFTMAX = 1,  // softmax over all experts (f32), top-k; optionally renormalized
+  LLK_MOE_ROUTE_GROUPED = 2,  // DeepSeek-V3: sigmoid + bias, best groups, top-k inside them
+} LlkMoeRouting;
+
+typedef enum LlkMoeRenormalize {
+  LLK_MOE_KEEP_WEIGHTS = 0,
+  LLK_MOE_RENORMALIZE = 1,  // divide the k weights by their sum (grouped: sum + 1e-20)
+} LlkMoeRenormalize;
+
+typedef struct MoeRouteParams {
+  uint64_t logits;   // [tokens, experts] f32/f16/bf16, rows `logits_row_stride` apart
+  uint64_t bias;     // [experts] f32 selection bias (grouped: e_score_correction_bias), or 0
+  uint64_t ids;      // [tokens, top_k] i32, best first
+  uint64_t weights;  // [tokens, top_k] f32
+  int64_t tokens;
+  int64_t experts;
+  int64_t top_k;
+  int64_t logits_row_stride;
+  int64_t n_group;     // grouped only
+  int64_t topk_group;  // grouped only
+  LlkMoeRouting mode;
+  LlkMoeRenormalize renormalize;  // softmax and grouped
+  float routed_scaling_factor;    // grouped: multiplies the final weights
+} MoeRouteParams;
+
+// Three kernels share these parameters: moe_align_histogram (grid: chunks), moe_align_scan (one
+// block), moe_align_scatter (grid: chunks).
+typedef struct MoeAlignParams {
+  uint64_t ids;           // [slots] i32 expert ids (the route output, [tokens, top_k] flat)
+  uint64_t chunk_counts;  // [chunks, experts] i32 scratch: counts per chunk, then each chunk's base
+  uint64_t counts;        // [experts] i32 rows routed to each expert
+  uint64_t offsets;       // [experts + 1] i32 start of each expert's padded segment; [experts] = padded total
+  uint64_t rows;          // [slots] i32 row of each slot in the padded buffer (-1: invalid id, dropped)
+  uint64_t block_expert;  // [max_blocks] i32 expert of each BLOCK_M-row block below the padded total
+  uint64_t error_flag;    // [1] i32, LlkDeviceError bits OR-ed in
+  int64_t slots;
+  int64_t experts;
+  int64_t chunks;
+  int64_t chunk_slots;  // slots per chunk: a multiple of LLK_MOE_ALIGN_MIN_CHUNK
+  int64_t block_m;      // rows per GEMM block: segments are padded to a multiple of it
+} MoeAlignParams;
+
+typedef enum LlkMoeScale {
+  LLK_MOE_UNSCALED = 0,
+  LLK_MOE_SCALED = 1,  // multiply by the slot's routing weight
+} LlkMoeScale;
+
+typedef struct MoeGatherParams {
+  uint64_t x;        // [tokens, hidden]
+  uint64_t rows;     // [tokens * top_k] i32 padded row of each slot (-1: skipped)
+  uint64_t weights;  // [tokens * top_k] f32 (LLK_MOE_SCALED only)
+  uint64_t out;      // [out_rows, hidden] expert-contiguous rows; padding rows are not written
+  int64_t tokens;
+  int64_t top_k;
+  int64_t hidden;
+  int64_t x_row_stride;
+  int64_t out_row_stride;
+  int64_t out_rows;  // rows of `out`: a slot whose row is not below it is skipped
+  LlkMoeScale scale;
+} MoeGatherParams;
+
+typedef enum LlkMoeWeightLayout {
+  LLK_MOE_WEIGHT_KN = 0,  // W[e] is [k, n], n contiguous: y = x @ W[e] (Hugging Face Llama 4 experts)
+  LLK_MOE_WEIGHT_NK = 1,  // W[e] is [n, k], k contiguous: y = x @ W[e]^T (nn.Linear per expert)
+} LlkMoeWeightLayout;
+
+typedef enum LlkMoeEpilogue {
+  LLK_MOE_EPILOGUE_PLAIN = 0,
+  LLK_MOE_EPILOGUE_SWIGLU = 1,  // y = silu(x @ gate) * (x @ up), gate and up both n columns
+} LlkMoeEpilogue;
+
+typedef enum LlkMoeSchedule {
+  LLK_MOE_GROUPED = 0,  // row blocks from the align output (offsets, counts, block_expert)
+  LLK_MOE_DENSE = 1,    // one group: `rows` rows, expert 0 (a dense layer, e.g. the shared expert)
+} LlkMoeSchedule;
+
+typedef struct MoeGemmParams {
+  uint64_t x;             // [rows, k] activations
+  uint64_t w;             // [experts, k, n] (KN) or [experts, n, k] (NK); SwiGLU: the gate columns
+  uint64_t w_up;          // SwiGLU: the up columns, with w's strides; else 0
+  uint64_t y;             // [rows, n]
+  uint64_t offsets;       // [experts + 1] i32 (grouped)
+  uint64_t counts;        // [experts] i32 (grouped)
+  uint64_t block_expert;  // [blocks] i32 (grouped)
+  int64_t rows;           // dense: rows; grouped: rows of x and y (blocks past them are skipped)
+  int64_t n;              // output columns (SwiGLU: the intermediate size)
+  int64_t k;
+  int64_t experts;
+  int64_t x_row_stride;
+  int64_t y_row_stride;
+  int64_t w_expert_stride;  // elements between W[e] and W[e + 1]
+  int64_t w_row_stride;     // KN: between rows of k; NK: between rows of n
+  LlkMoeWeightLayout layout;
+  LlkMoeEpilogue epilogue;
+  LlkMoeSchedule schedule;
+} MoeGemmParams;
+
+typedef struct MoeCombineParams {
+  uint64_t y;         // [y_rows, hidden] expert outputs, expert-contiguous
+  uint64_t rows;      // [tokens * top_k] i32 row of each slot (-1: skipped)
+  uint64_t weights;   // [tokens * top_k] f32 (LLK_MOE_SCALED only)
+  uint64_t shared;    // [tokens, hidden] shared-expert output, or 0
+  uint64_t residual;  // [tokens, hidden] or 0; may be `out` itself
+  uint64_t out;       // [tokens, hidden]
+  int64_t tokens;
+  int64_t top_k;
+  int64_t hidden;
+  int64_t y_rows;
+  int64_t y_row_stride;
+  int64_t shared_row_stride;
+  int64_t residual_row_stride;
+  int64_t out_row_stride;
+  LlkMoeScale scale;  // SCALED: out = sum w y (softmax routing); UNSCALED: sum y (Llama 4)
+} MoeCombineParams;
 
 // ---------------------------------------------------------------------------- Self-tests
 // Small kernels that exercise the emulation runtime (and, on a GPU, check that the emulated PTX

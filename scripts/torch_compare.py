@@ -310,12 +310,82 @@ def decode_section(torch, compiler):
     return rows
 
 
+def moe_section(torch, compiler):
+    """Hugging Face's Llama4TextMoe (router top-k + sigmoid, input scaled, bmm over every expert,
+    shared expert) and Mixtral's sparse MoE block (softmax top-2, a loop over the hit experts with
+    index_add_), written out here from transformers' modeling code so that no transformers
+    install is needed, on the shapes of benches/moe.rs (`moe_ffn bf16 <tokens>x<hidden> <layer>`)."""
+    F = torch.nn.functional
+    dt = torch.bfloat16
+    rows = []
+
+    def llama4(x, router, gate_up, down, sg, su, sd, k):
+        e = router.shape[0]
+        h = x.shape[-1]
+        logits = x @ router.t()
+        top_value, top_index = torch.topk(logits, k, dim=1)
+        scores = torch.full_like(logits, float("-inf")).scatter_(1, top_index, top_value).transpose(0, 1)
+        scores = torch.sigmoid(scores.float()).to(scores.dtype)
+        routed_in = x.repeat(e, 1) * scores.reshape(-1, 1)
+        hs = routed_in.view(e, -1, h)
+        g, u = torch.bmm(hs, gate_up).chunk(2, dim=-1)
+        routed_out = torch.bmm(u * F.silu(g), down).view(-1, h)
+        out = (F.silu(x @ sg.t()) * (x @ su.t())) @ sd.t()
+        return out + routed_out.reshape(e, -1, h).sum(dim=0)
+
+    def mixtral(x, gate, w1, w3, w2, k):
+        e = gate.shape[0]
+        t, h = x.shape
+        logits = x @ gate.t()
+        rw = F.softmax(logits, dim=1, dtype=torch.float)
+        rw, sel = torch.topk(rw, k, dim=-1)
+        rw = (rw / rw.sum(dim=-1, keepdim=True)).to(x.dtype)
+        final = torch.zeros((t, h), dtype=x.dtype, device=x.device)
+        mask = F.one_hot(sel, num_classes=e).permute(2, 1, 0)
+        for ei in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero():
+            idx, top_x = torch.where(mask[ei].squeeze(0))
+            cur = x[None, top_x].reshape(-1, h)
+            y = ((F.silu(cur @ w1[ei].squeeze(0).t()) * (cur @ w3[ei].squeeze(0).t())) @ w2[ei].squeeze(0).t()) * rw[top_x, idx, None]
+            final.index_add_(0, top_x, y.to(x.dtype))
+        return final
+
+    layers = [("scout", 5120, 8192, 16, 1, 8192), ("mixtral", 4096, 14336, 8, 2, 0)]
+    for name, h, i, e, k, si in layers:
+        if SMOKE:
+            h, i, si = 64, 128, (128 if si else 0)
+        std = h ** -0.5
+        r = lambda *shape: torch.randn(*shape, device=DEVICE, dtype=dt) * std
+        try:
+            if name == "scout":
+                w = (r(e, h), r(e, h, 2 * i), r(e, i, h), r(si, h), r(si, h), r(h, si))
+                fn = lambda x, w=w, k=k: llama4(x, *w, k)
+            else:
+                w = (r(e, h), r(e, i, h), r(e, i, h), r(e, h, i))
+                fn = lambda x, w=w, k=k: mixtral(x, *w, k)
+            for tokens in [1, 8, 512, 4096]:
+                if skip(tokens):
+                    continue
+                x = torch.randn(tokens, h, device=DEVICE, dtype=dt)
+                theirs = {"torch eager (HF)": cuda_time_us(torch, lambda: fn(x), iters=10)}
+                if tokens >= 4096:
+                    c = compiler.time(fn, x)
+                    if c is not None:
+                        theirs["torch.compile (HF)"] = c
+                rows.append((f"moe_ffn bf16 {tokens}x{h} {name}", theirs))
+                del x
+            del w
+        except Exception as ex:  # noqa: BLE001 - out of memory or a torch version without an op
+            print(f"note: moe {name} not compared: {str(ex).splitlines()[0][:120]}")
+    return rows
+
+
 SECTIONS = {
     "rms_norm": rms_norm_section,
     "rope": rope_section,
     "swiglu": swiglu_section,
     "attention": attention_section,
     "decode": decode_section,
+    "moe": moe_section,
 }
 ROW = re.compile(r"^(\S+ (?:bf16|f16|f32) \S+(?: \S+)*?)\s{2,}([0-9.]+)\s")
 

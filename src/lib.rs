@@ -16,6 +16,11 @@
 //! | [`ops::PagedDecodeWorkspace::forward`] | bf16, f16 q with same-dtype or fp8 pages (tensor cores), f32 (SIMT) | split-KV decode, q_len 1..=8 (causal among them); GQA heads share the mma rows; head_dim 32..256; chunked, temperature, LSE; planned once per batch shape |
 //! | [`ops::merge_attention_states()`] | f32, f16, bf16 (f32 LSE) | merge two attention states by their LSE (cascade attention) |
 //! | [`ops::swiglu()`] | f32, f16, bf16 | separate, packed `[gate \| up]`, or interleaved gate/up; in place over the gate |
+//! | [`ops::moe_route()`] | logits f32, f16, bf16 | Llama 4, softmax (renormalized or not), DeepSeek-V3 grouped top-k; experts <= 512, k <= 8 (16 grouped) |
+//! | [`ops::MoeAlign`] | ids i32 | device-side counts, padded offsets, rows ordered by token inside each expert, block -> expert map |
+//! | [`ops::moe_gather()`], [`ops::moe_combine()`] | f32, f16, bf16 | expert-contiguous rows (optionally scaled); f32 combine in slot order + shared expert + residual |
+//! | [`ops::moe_grouped_gemm()`] | bf16, f16 (tensor cores), f32 (SIMT) | all experts in one launch; `[E, in, out]` or `[E, out, in]` weights; plain or SwiGLU epilogue |
+//! | [`ops::MoeFfn`] | f32, f16, bf16 | the whole MoE layer with shared expert, planned once, no host sync |
 //!
 //! Every op exists at two levels: on [`Tensor`]s (a convenience), and on borrowed
 //! [`TensorView`]/[`TensorViewMut`] views of memory the caller owns (cudarc buffers, or host

@@ -21,6 +21,8 @@ use crate::testing::{Comparison, Rng, Tolerance, compare};
 #[path = "verify_paged.rs"]
 mod paged;
 pub use paged::*;
+mod moe;
+pub use moe::*;
 
 /// One checked case: a row of the `verify` table.
 #[derive(Clone, Debug)]
@@ -230,6 +232,7 @@ pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
     let (append, decode) = paged_cases(quick);
     out.extend(append.into_iter().map(|c| kv_append_case(device, &c).map_err(|e| (format!("{c:?}"), e))));
     out.extend(decode.into_iter().map(|c| paged_decode_case(device, &c).map_err(|e| (format!("{c:?}"), e))));
+    out.extend(moe_cases(device, quick));
     out
 }
 

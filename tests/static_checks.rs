@@ -239,3 +239,48 @@ fn per_function_lines(sass: &str) -> Vec<(String, Vec<String>)> {
     }
     v
 }
+
+#[test]
+fn moe_grouped_gemm_runs_on_tensor_cores_with_8_hmma_per_3_ldsm() {
+    // bf16/f16: HMMA.16816 (mma.sync), LDSM (ldmatrix x4; .trans for the [k, n] weight layout),
+    // 16-byte LDGSTS (cp.async), 128-bit output stores, no local memory. Only the main loop holds
+    // HMMA and LDSM, so their counts over the function are the main loop's: per 64-deep stage a
+    // prefill warp (32 x 64) issues 4 x (2 A + 4 B) ldmatrix.x4 for 4 x 16 mma (8:3), a decode
+    // warp (16 x 16) 4 x (1 + 1) for 4 x 2 (1:1). f32 kernels stay on the SIMT path.
+    let funcs: Vec<_> =
+        per_function(&sass("moe")).into_iter().filter(|f| f.0.starts_with("moe_grouped_gemm_")).collect();
+    assert_eq!(funcs.len(), 24, "{:?}", funcs.iter().map(|f| &f.0).collect::<Vec<_>>());
+    for (name, ops) in &funcs {
+        let count = |prefix: &str| ops.iter().filter(|o| o.starts_with(prefix)).count();
+        let has = |prefix: &str| count(prefix) > 0;
+        assert!(!has("LDL") && !has("STL"), "{name} uses local memory");
+        if name.ends_with("_f32") {
+            assert!(!has("HMMA") && !has("LDSM"), "{name} should not use tensor cores");
+            continue;
+        }
+        let hmma = if name.ends_with("_bf16") { "HMMA.16816.F32.BF16" } else { "HMMA.16816.F32" };
+        assert!(has(hmma), "{name}: no {hmma}");
+        assert!(has("LDSM.16.M88.4"), "{name}: no ldmatrix.x4");
+        if name.contains("_kn_") {
+            assert!(has("LDSM.16.MT88.4"), "{name}: no ldmatrix.x4.trans for [k, n] weights");
+        }
+        assert!(has("LDGSTS.E.BYPASS.128"), "{name}: no 16-byte cp.async");
+        assert!(has("STG.E.128"), "{name}: no 128-bit output store");
+        let (h, l) = (count("HMMA"), count("LDSM"));
+        let (want_h, want_l) = if name.contains("_m64_") { (64, 24) } else { (8, 8) };
+        assert_eq!((h, l), (want_h, want_l), "{name}: HMMA:LDSM {h}:{l}, expected {want_h}:{want_l}");
+    }
+}
+
+#[test]
+fn moe_gather_and_combine_move_rows_with_128_bit_accesses() {
+    // Row data moves in 128-bit loads and stores; the only narrower global accesses are the
+    // 32-bit row index and routing weight of each slot.
+    for (name, global) in vector_kernels("moe", 6) {
+        assert!(global.iter().any(|o| o == "LDG.E.128"), "{name}: no 128-bit load: {global:?}");
+        for o in &global {
+            assert!(o == "LDG.E.128" || o == "STG.E.128" || o == "LDG.E", "{name}: {o}: {global:?}");
+        }
+        assert!(global.iter().filter(|o| o.starts_with("STG")).all(|o| o == "STG.E.128"), "{name}: {global:?}");
+    }
+}

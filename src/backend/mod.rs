@@ -147,6 +147,11 @@ kernel_params!(
     crate::params::PagedDecodeParams,
     crate::params::MergeStatesParams,
     crate::params::Fp8ConvertParams,
+    crate::params::MoeRouteParams,
+    crate::params::MoeAlignParams,
+    crate::params::MoeGatherParams,
+    crate::params::MoeGemmParams,
+    crate::params::MoeCombineParams,
     crate::params::SelftestParams,
 );
 

@@ -14,6 +14,7 @@
 
 pub mod attention;
 pub mod paged_attention;
+pub mod moe;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
@@ -25,6 +26,10 @@ pub use paged_attention::{
     DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKv, PagedKvCache,
     PagedKvConfig, kv_append_on, merge_attention_states, merge_attention_states_on,
 };
+pub use moe::{
+    GemmGroups, MoeAlign, MoeFfn, MoeFfnConfig, MoeFfnWeights, MoeResidual, MoeRouting, WeightLayout, moe_combine,
+    moe_combine_on, moe_gather, moe_gather_on, moe_grouped_gemm, moe_grouped_gemm_on, moe_route, moe_route_on,
+};
 pub use rms_norm::{fused_add_rms_norm, fused_add_rms_norm_on, rms_norm, rms_norm_on};
 pub use rope::{Llama3Scaling, Rope, RopeConfig, RopeLayout};
 pub use swiglu::{GateUp, GateUpView, swiglu, swiglu_on};
@@ -33,7 +38,7 @@ pub use swiglu::{GateUp, GateUpView, swiglu, swiglu_on};
 /// one exists in the PTX of both architectures and in the emulated registry.
 pub fn kernel_symbols() -> Vec<crate::KernelRef> {
     let v = rms_norm::kernel_symbols().chain(rope::kernel_symbols()).chain(swiglu::kernel_symbols());
-    let v = v.chain(attention::kernel_symbols()).chain(paged_attention::kernel_symbols());
+    let v = v.chain(attention::kernel_symbols()).chain(paged_attention::kernel_symbols()).chain(moe::kernel_symbols());
     #[cfg(feature = "dev")]
     let v = v.chain(crate::selftest::kernel_symbols());
     v.collect()

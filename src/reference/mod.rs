@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod paged_attention;
+pub mod moe;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;

@@ -253,7 +253,7 @@ mod tests {
     #[test]
     fn paged_decode_is_attention_on_the_gathered_cache() {
         let pool = PoolShape { num_pages: 7, page_size: 4, kv_heads: 2, head_dim: 3 };
-        let val = |i: usize, salt: f64| ((i as f64 * 0.37 + salt).sin() * 1.5);
+        let val = |i: usize, salt: f64| (i as f64 * 0.37 + salt).sin() * 1.5;
         let k: Vec<f64> = (0..pool.len()).map(|i| val(i, 0.1)).collect();
         let v: Vec<f64> = (0..pool.len()).map(|i| val(i, 0.7)).collect();
         let (q_heads, q_len) = (4, 2);
