@@ -62,6 +62,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod backend;
+pub mod block;
 pub mod dtype;
 pub mod error;
 #[cfg(feature = "dev")]
@@ -77,6 +78,8 @@ pub mod tensor;
 pub mod testing;
 #[cfg(feature = "dev")]
 pub mod verify;
+#[cfg(feature = "dev")]
+pub mod verify_block;
 
 pub use backend::{CpAsyncTiming, Device, DeviceCounters, EmuOptions, KernelRef, Queue, Schedule, Selection, Target};
 pub use dtype::{DType, Element};

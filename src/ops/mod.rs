@@ -13,6 +13,7 @@
 //! memory or waits on the host ([`Device::counters`](crate::Device::counters) proves it).
 
 pub mod attention;
+pub mod linear;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
@@ -20,6 +21,7 @@ pub mod swiglu;
 pub use attention::{
     AttentionMask, AttentionOptions, AttentionWorkspace, CuSeqlens, Llama4Temperature, gqa_attention, gqa_attention_on,
 };
+pub use linear::{linear, linear_add, linear_add_on, linear_on};
 pub use rms_norm::{fused_add_rms_norm, fused_add_rms_norm_on, rms_norm, rms_norm_on};
 pub use rope::{Llama3Scaling, Rope, RopeConfig, RopeLayout};
 pub use swiglu::{GateUp, GateUpView, swiglu, swiglu_on};

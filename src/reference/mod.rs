@@ -5,6 +5,8 @@
 //! and they are written for clarity, not speed.
 
 pub mod attention;
+pub mod block;
+pub mod linear;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
