@@ -78,7 +78,7 @@ pub enum Error {
     WrongTarget { what: &'static str, expected: crate::Target, got: crate::Target },
 
     /// The buffer behind a tensor is borrowed mutably (for example through
-    /// [`Tensor::cuda_slice_mut`](crate::Tensor::cuda_slice_mut)) on this thread while an op
+    /// [`Tensor::cuda_buffer`](crate::Tensor::cuda_buffer)) on this thread while an op
     /// tries to use it.
     #[error("{op}: the buffer of {what} is borrowed mutably elsewhere on this thread")]
     StorageBusy { op: &'static str, what: &'static str },

@@ -272,12 +272,15 @@ pub fn check_layer(
 pub fn builtin_layers(quick: bool) -> Vec<(&'static str, usize, DType)> {
     let mut v = vec![
         (LLAMA3_SMALL, 0, DType::BF16),
+        (LLAMA3_SMALL, 0, DType::F32),
         (LLAMA4_SMALL, 0, DType::BF16),
         (LLAMA4_SMALL, 1, DType::BF16),
         (LLAMA4_SMALL, 2, DType::BF16),
+        (LLAMA4_SMALL, 3, DType::BF16),
     ];
     if !quick {
-        v.push((LLAMA3_SMALL, 0, DType::F32));
+        v.push((LLAMA3_SMALL, 0, DType::F16));
+        v.push((LLAMA4_SMALL, 0, DType::F32));
         v.push((LLAMA4_SMALL, 2, DType::F16));
     }
     v

@@ -8,7 +8,7 @@
 //! MoE:    the MoE ops (issue 7); until they land, a named Error::Unsupported before any launch
 //! ```
 //!
-//! Every stage is one op of this crate: matrix products are [`ops::linear`](crate::ops::linear)
+//! Every stage is one op of this crate: matrix products are [`ops::linear`](mod@crate::ops::linear)
 //! (cuBLAS / the CPU GEMM), the rest are the hand-written kernels. The residual add after the
 //! feed-forward is fused into the down projection (cuBLAS `beta = 1`: one rounding of the sum).
 //!
@@ -146,6 +146,21 @@ impl KvCache {
             Error::invalid(OP, "cache layer", layer, format!("the cache has {} layers", self.layers.len()))
         })
     }
+    /// Marks `len` tokens of `slot` as cached without computing them (their keys and values are
+    /// whatever the cache holds): for benchmarks that need a long context quickly.
+    pub fn assume_cached(&mut self, slot: usize, len: usize) -> Result<()> {
+        if slot >= self.slots || len > self.max_len {
+            return Err(Error::invalid(
+                "KvCache::assume_cached",
+                "slot or len",
+                format!("{slot}, {len}"),
+                "outside the cache",
+            ));
+        }
+        self.lens[slot] = len;
+        Ok(())
+    }
+
     /// Records a step's tokens as cached, once every layer has run it.
     pub fn commit(&mut self, step: &Step) -> Result<()> {
         for s in &step.seqs {
@@ -423,6 +438,13 @@ impl Trace {
     }
 }
 
+/// What a forward does after each stage: nothing, download it, or call a mark.
+enum Probe<'a> {
+    None,
+    Trace(&'a mut Trace),
+    Mark(&'a mut dyn FnMut(&'static str) -> Result<()>),
+}
+
 /// One decoder layer on a device.
 #[derive(Debug)]
 pub struct DecoderLayer {
@@ -473,7 +495,24 @@ impl DecoderLayer {
         if self.spec.is_moe() {
             return Err(Error::Unsupported { what: MOE_UNSUPPORTED.into() });
         }
-        self.run(ws, cache, cache_layer, step, hidden, None)
+        self.run(ws, cache, cache_layer, step, hidden, Probe::None)
+    }
+
+    /// [`DecoderLayer::forward`], calling `mark(stage)` after each stage is queued (for
+    /// benchmarks: record a CUDA event there to time the stages).
+    pub fn forward_with_marks(
+        &self,
+        ws: &mut LayerWorkspace,
+        cache: &KvCache,
+        cache_layer: usize,
+        step: &Step,
+        hidden: &Tensor,
+        mark: &mut dyn FnMut(&'static str) -> Result<()>,
+    ) -> Result<()> {
+        if self.spec.is_moe() {
+            return Err(Error::Unsupported { what: MOE_UNSUPPORTED.into() });
+        }
+        self.run(ws, cache, cache_layer, step, hidden, Probe::Mark(mark))
     }
 
     /// [`DecoderLayer::forward`], downloading every intermediate (waits for the device after
@@ -488,7 +527,7 @@ impl DecoderLayer {
         hidden: &Tensor,
     ) -> Result<Trace> {
         let mut trace = Trace::default();
-        match self.run(ws, cache, cache_layer, step, hidden, Some(&mut trace)) {
+        match self.run(ws, cache, cache_layer, step, hidden, Probe::Trace(&mut trace)) {
             Ok(()) => Ok(trace),
             Err(e @ Error::Unsupported { .. }) => {
                 trace.ffn_error = Some(e);
@@ -505,7 +544,7 @@ impl DecoderLayer {
         cache_layer: usize,
         step: &Step,
         hidden: &Tensor,
-        mut trace: Option<&mut Trace>,
+        mut probe: Probe<'_>,
     ) -> Result<()> {
         let s = &self.spec;
         ws.check_step(step)?;
@@ -546,11 +585,15 @@ impl DecoderLayer {
             ));
         }
         let (k_cache, v_cache) = cache.layer(cache_layer)?;
-        let snap = |trace: &mut Option<&mut Trace>, stage: &'static str, tensor: &Tensor| -> Result<()> {
-            if let Some(tr) = trace.as_deref_mut() {
-                tr.stages.push((stage, tensor.to_f64_vec()?));
+        let snap = |probe: &mut Probe<'_>, stage: &'static str, tensor: &Tensor| -> Result<()> {
+            match probe {
+                Probe::None => Ok(()),
+                Probe::Trace(tr) => {
+                    tr.stages.push((stage, tensor.to_f64_vec()?));
+                    Ok(())
+                }
+                Probe::Mark(mark) => mark(stage),
             }
-            Ok(())
         };
         let w = &self.weights;
         let (d, qh, kvh) = (s.head_dim, s.q_heads, s.kv_heads);
@@ -562,14 +605,14 @@ impl DecoderLayer {
 
         // Attention half.
         ops::rms_norm(hidden, &w.input_norm, s.rms_norm_eps, &normed)?;
-        snap(&mut trace, "norm", &normed)?;
+        snap(&mut probe, "norm", &normed)?;
         linear::linear(&normed, &w.qkv, w.qkv_bias.as_ref(), &qkv)?;
-        snap(&mut trace, "qkv", &qkv)?;
+        snap(&mut probe, "qkv", &qkv)?;
         let heads = qkv.reshape(&[t, qh + 2 * kvh, d])?;
         if let Some(rope) = &self.rope {
             // q and k heads are adjacent in the fused buffer: one view rotates (and qk-norms) both.
             rope.apply(&heads.narrow(1, 0, qh + kvh)?, None, &positions)?;
-            snap(&mut trace, "rope", &qkv)?;
+            snap(&mut probe, "rope", &qkv)?;
         }
         append_kv(&heads, k_cache, v_cache, step, cache.max_len, qh, kvh)?;
         let opts = AttentionOptions { mask: s.mask, temperature: s.temperature, scale: None, gqa_pack: None };
@@ -584,24 +627,24 @@ impl DecoderLayer {
             None,
             &opts,
         )?;
-        snap(&mut trace, "attention", &attn)?;
+        snap(&mut probe, "attention", &attn)?;
         linear::linear(&attn, &w.o, w.o_bias.as_ref(), &proj)?;
-        snap(&mut trace, "o_proj", &proj)?;
+        snap(&mut probe, "o_proj", &proj)?;
         ops::fused_add_rms_norm(&proj, hidden, &w.post_norm, s.rms_norm_eps, &normed)?;
-        snap(&mut trace, "residual", hidden)?;
-        snap(&mut trace, "post_norm", &normed)?;
+        snap(&mut probe, "residual", hidden)?;
+        snap(&mut probe, "post_norm", &normed)?;
 
         // Feed-forward half; the residual add is fused into the down projection.
         match (&w.ffn, s.ffn) {
             (FfnWeights::Dense { gate_up, gate_up_bias, down, down_bias }, FfnSpec::Dense { intermediate: i, .. }) => {
                 let gu = ws.gate_up.narrow(0, 0, t)?.narrow(1, 0, 2 * i)?;
                 linear::linear(&normed, gate_up, gate_up_bias.as_ref(), &gu)?;
-                snap(&mut trace, "gate_up", &gu)?;
+                snap(&mut probe, "gate_up", &gu)?;
                 let act = gu.narrow(1, 0, i)?;
                 ops::swiglu(GateUp::GateThenUp(&gu), &act)?;
-                snap(&mut trace, "swiglu", &act)?;
+                snap(&mut probe, "swiglu", &act)?;
                 linear::linear_add(&act, down, down_bias.as_ref(), hidden)?;
-                snap(&mut trace, "output", hidden)?;
+                snap(&mut probe, "output", hidden)?;
                 Ok(())
             }
             (FfnWeights::Moe { .. }, FfnSpec::Moe { .. }) => self.moe_feed_forward(),

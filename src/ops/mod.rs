@@ -4,7 +4,7 @@
 //!   [`TensorViewMut`](crate::TensorViewMut) outputs over memory the caller owns (cudarc buffers,
 //!   host slices for the emulated target, or tensors), queued on an explicit [`Queue`](crate::Queue):
 //!   a [`Device`](crate::Device) or an engine's `Arc<CudaStream>`.
-//! * The tensor level (`rms_norm`, `Rope::apply`, ...): the same ops on [`Tensor`]s, a
+//! * The tensor level (`rms_norm`, `Rope::apply`, ...): the same ops on [`Tensor`](crate::Tensor)s, a
 //!   convenience that builds views and calls the view level.
 //!
 //! Each call validates its arguments (dtypes, shapes, layouts, overlaps, scalar domains) and

@@ -284,6 +284,9 @@ pub fn top_k(logits: &[f64], k: usize) -> Vec<usize> {
     idx
 }
 
+/// The MoE stages: (router logits, routed sum, shared expert, combined).
+pub type MoeStages = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
+
 /// Llama 4's MoE (`Llama4TextMoe`): `(router logits [t, E], routed sum [t, H], shared expert
 /// [t, H], combined [t, H])`.
 ///
@@ -291,7 +294,7 @@ pub fn top_k(logits: &[f64], k: usize) -> Vec<usize> {
 /// computes `down_e(silu(gate_e(w x)) * up_e(w x))` (the weight scales the expert's input), with
 /// `gate_up_proj[e]` `[H, 2I]` used as `x @ W` (gate columns first) and `down_proj[e]` `[I, H]`;
 /// the routed outputs are summed; the shared expert is a dense MLP of the same size.
-pub fn moe(layer: &RefLayer, x: &[f64]) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> {
+pub fn moe(layer: &RefLayer, x: &[f64]) -> Result<MoeStages> {
     let (
         FfnSpec::Moe { experts: e, top_k: k, intermediate: i },
         RefFfn::Moe { router, gate_up, down, shared_gate, shared_up, shared_down },

@@ -7,7 +7,7 @@ use crate::error::Result;
 /// `x` `[tokens, d_in]`, `w` `[d_out, d_in]`, `bias` `[d_out]`: returns `[tokens, d_out]`.
 pub fn linear(x: &[f64], w: &[f64], bias: Option<&[f64]>, d_in: usize, d_out: usize) -> Result<Vec<f64>> {
     check_len("w", w.len(), d_out * d_in)?;
-    let tokens = if d_in == 0 { 0 } else { x.len() / d_in };
+    let tokens = x.len().checked_div(d_in).unwrap_or(0);
     check_len("x", x.len(), tokens * d_in)?;
     if let Some(b) = bias {
         check_len("bias", b.len(), d_out)?;
