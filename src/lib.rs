@@ -13,6 +13,11 @@
 //! | [`ops::Rope::apply`] | f32, f16, bf16 | q and k in place in one launch; interleaved or half-split; i32/i64 positions; Llama 3.1 scaling; partial rotary (even, <= 512); Llama 4 qk-norm |
 //! | [`ops::AttentionWorkspace::forward`] | bf16, f16 (tensor cores), f32 (SIMT) | flash-style GQA prefill; head_dim 64, 96, 128; varlen (host or device offsets); causal (bottom-right), chunked (Llama 4), temperature (Llama 4); LSE |
 //! | [`ops::swiglu()`] | f32, f16, bf16 | separate, packed `[gate \| up]`, or interleaved gate/up; in place over the gate |
+//! | [`ops::linear()`] / [`ops::linear_add()`] | f32, f16, bf16 (f32 accumulation, one rounding) | `y (+)= x W^T + bias`, W `[out, in]`; cuBLAS on CUDA, a CPU GEMM on the emulated target |
+//!
+//! [`block`] composes them into Llama 3 and Llama 4 decoder layers loaded from Hugging Face
+//! checkpoints (prefill and decode, planned workspaces), checked against
+//! [`reference::block`].
 //!
 //! Every op exists at two levels: on [`Tensor`]s (a convenience), and on borrowed
 //! [`TensorView`]/[`TensorViewMut`] views of memory the caller owns (cudarc buffers, or host
