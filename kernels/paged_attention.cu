@@ -548,8 +548,8 @@ constexpr int kSimtKeys = 16;
 template <int D>
 __device__ void paged_decode_simt_kernel(const PagedDecodeParams& p) {
   constexpr int kPer = D / 4;  // dims per lane: sub, sub + 4, ...
-  __shared__ float sK[kSimtKeys][D];
-  __shared__ float sV[kSimtKeys][D];
+  __shared__ __align__(16) float sK[kSimtKeys][D];  // float4 stores below: 16-byte aligned
+  __shared__ __align__(16) float sV[kSimtKeys][D];
   __shared__ unsigned char sOk[kSimtKeys];
   const int tid = int(threadIdx.x), r = tid / 4, sub = tid % 4;
   const DecodeSeq s = decode_seq(p);

@@ -27,6 +27,16 @@ print(":".join(sorted(dirs)))
 PY
 )
 export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cudarc (CUDA 13.0 bindings) looks for libcublas.so or libcublas.so.13. If the torch wheels only
+# ship cuBLAS 12 (libcublas.so.12; cublasGemmEx has the same ABI), expose it under the plain name.
+if ! ls ${libs//:/\/libcublas.so.13 }/libcublas.so.13 >/dev/null 2>&1; then
+  cublas12=$(ls ${libs//:/\/libcublas.so.12 }/libcublas.so.12 2>/dev/null | head -n 1 || true)
+  if [[ -n "$cublas12" ]]; then
+    shim=$(mktemp -d); ln -s "$cublas12" "$shim/libcublas.so"
+    export LD_LIBRARY_PATH="$shim:$LD_LIBRARY_PATH"
+    echo "note: cuBLAS 13 not found; using $cublas12 as libcublas.so"
+  fi
+fi
 
 status=0
 echo; echo "== tests (CUDA runs automatically next to the emulated target)"

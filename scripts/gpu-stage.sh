@@ -13,7 +13,7 @@ mkdir -p "$stage/bin"
 
 # Test binaries that exercise kernels (static checks and the params mirror read this checkout's
 # build folders and sources, and run in CI instead).
-gpu_tests="rms_norm emulator rope swiglu attention paged_attention moe ptx_wrappers devices_and_tensors interop gpu_graph"
+gpu_tests="rms_norm emulator rope swiglu attention paged_attention moe ptx_wrappers devices_and_tensors interop gpu_graph linear block"
 cargo build --release --bin llama-kernels
 cp target/release/llama-kernels "$stage/bin/"
 cargo test --release --no-run --message-format=json 2>/dev/null |

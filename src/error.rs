@@ -78,7 +78,7 @@ pub enum Error {
     WrongTarget { what: &'static str, expected: crate::Target, got: crate::Target },
 
     /// The buffer behind a tensor is borrowed mutably (for example through
-    /// [`Tensor::cuda_slice_mut`](crate::Tensor::cuda_slice_mut)) on this thread while an op
+    /// [`Tensor::cuda_buffer`](crate::Tensor::cuda_buffer)) on this thread while an op
     /// tries to use it.
     #[error("{op}: the buffer of {what} is borrowed mutably elsewhere on this thread")]
     StorageBusy { op: &'static str, what: &'static str },
@@ -91,6 +91,28 @@ pub enum Error {
     /// offsets) and raised the workspace's error flag; see the op's docs for what it skipped.
     #[error("{op}: the device reported invalid input: {what}")]
     DeviceReported { op: &'static str, what: String },
+
+    /// A cuBLAS call failed (dense matrix products on the CUDA target).
+    #[error("cuBLAS error: {0}")]
+    Cublas(#[from] cudarc::cublas::result::CublasError),
+
+    /// Something this build cannot do yet, named (`MoE feed-forward on the device (needs the MoE
+    /// ops)`): returned before anything is launched, never a silent stub.
+    #[error("unsupported: {what}")]
+    Unsupported { what: String },
+
+    /// A Hugging Face `config.json` field is missing, malformed or has an unsupported value.
+    #[error("config field `{field}`: {why}")]
+    Config { field: String, why: String },
+
+    /// A checkpoint tensor is missing, has a shape that disagrees with the config, or a dtype
+    /// that cannot be converted to the run dtype.
+    #[error("checkpoint tensor `{tensor}`: {why}")]
+    Checkpoint { tensor: String, why: String },
+
+    /// A file could not be read (a checkpoint's config, index or safetensors file).
+    #[error("{path}: {why}")]
+    Io { path: String, why: String },
 
     /// The f64 reference was given inconsistent inputs (a bug in the caller of the reference).
     #[error("reference {what}: {why}")]

@@ -21,6 +21,11 @@
 //! | [`ops::moe_gather()`], [`ops::moe_combine()`] | f32, f16, bf16 | expert-contiguous rows (optionally scaled); f32 combine in slot order + shared expert + residual |
 //! | [`ops::moe_grouped_gemm()`] | bf16, f16 (tensor cores), f32 (SIMT) | all experts in one launch; `[E, in, out]` or `[E, out, in]` weights; plain or SwiGLU epilogue |
 //! | [`ops::MoeFfn`] | f32, f16, bf16 | the whole MoE layer with shared expert, planned once, no host sync |
+//! | [`ops::linear()`] / [`ops::linear_add()`] | f32, f16, bf16 (f32 accumulation, one rounding) | `y (+)= x W^T + bias`, W `[out, in]`; cuBLAS on CUDA, a CPU GEMM on the emulated target |
+//!
+//! [`block`] composes them into Llama 3 and Llama 4 decoder layers loaded from Hugging Face
+//! checkpoints (prefill and decode, planned workspaces), checked against
+//! [`reference::block`].
 //!
 //! Every op exists at two levels: on [`Tensor`]s (a convenience), and on borrowed
 //! [`TensorView`]/[`TensorViewMut`] views of memory the caller owns (cudarc buffers, or host
@@ -71,6 +76,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod backend;
+pub mod block;
 pub mod dtype;
 pub mod error;
 #[cfg(feature = "dev")]
@@ -86,6 +92,8 @@ pub mod tensor;
 pub mod testing;
 #[cfg(feature = "dev")]
 pub mod verify;
+#[cfg(feature = "dev")]
+pub mod verify_block;
 
 pub use backend::{CpAsyncTiming, Device, DeviceCounters, EmuOptions, KernelRef, Queue, Schedule, Selection, Target};
 pub use dtype::{DType, Element, F8E4M3};

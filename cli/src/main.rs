@@ -2,20 +2,23 @@
 //!
 //! ```text
 //! llama-kernels verify [--target cuda|emulated] [--quick|--full]
+//!                      [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]]
 //! llama-kernels info
 //! ```
 //!
-//! `verify` runs every op on the best target present (CUDA, else emulated) against the f64
-//! reference and prints a table; it exits non-zero if any case fails. `info` prints the target,
-//! the device, the PTX architecture, where the device code came from (compiled by nvcc, or the
-//! prebuilt copy) and each kernel's registers and spills.
+//! `verify` runs decoder layers (built-in Llama 3 and Llama 4 configs with seeded random
+//! weights, or the layers of a Hugging Face checkpoint directory) through the block composer on
+//! the best target present (CUDA, else emulated) and prints a stage-by-stage table against the
+//! f64 reference composer, then runs every op against its reference and prints the per-op table;
+//! it exits non-zero if any row fails. `info` prints the target, the device, the PTX
+//! architecture, where the device code came from (compiled by nvcc, or the prebuilt copy) and
+//! each kernel's registers and spills; `info --perf` prints the static performance report.
 
 use std::process::ExitCode;
 
-use llama_kernels::{Device, Target, inspect, verify};
+use llama_kernels::{DType, Device, Target, inspect, verify, verify_block};
 
-const USAGE: &str =
-    "usage: llama-kernels verify [--target cuda|emulated] [--quick|--full]\n       llama-kernels info [--perf]";
+const USAGE: &str = "usage: llama-kernels verify [--target cuda|emulated] [--quick|--full] [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]]\n       llama-kernels info [--perf]";
 
 fn pick_device(target: Option<&str>) -> Result<Device, String> {
     match target {
@@ -48,9 +51,43 @@ fn main() -> ExitCode {
             if let Some(reason) = Device::cuda_unavailable_reason().filter(|_| device.target() == Target::Emulated) {
                 println!("note: {reason}");
             }
+            // The block stage table: built-in layers, or a checkpoint's.
+            let blocks = match flag_value("--checkpoint") {
+                Some(dir) => {
+                    let layers: Result<Vec<usize>, _> = flag_value("--layers")
+                        .map(|l| l.split(',').filter(|s| !s.is_empty()).map(|s| s.trim().parse::<usize>()).collect())
+                        .unwrap_or(Ok(Vec::new()));
+                    let Ok(layers) = layers else {
+                        eprintln!("verify: --layers takes comma-separated layer indices (0,3)");
+                        return ExitCode::FAILURE;
+                    };
+                    let dtype = match flag_value("--dtype").unwrap_or("bf16") {
+                        "bf16" => DType::BF16,
+                        "f16" => DType::F16,
+                        "f32" => DType::F32,
+                        other => {
+                            eprintln!("verify: unknown dtype `{other}` (bf16, f16, f32)");
+                            return ExitCode::FAILURE;
+                        }
+                    };
+                    println!("\nblocks: checkpoint {dir}, layers {layers:?} (all when empty), {dtype}");
+                    verify_block::run_checkpoint(&device, std::path::Path::new(dir), &layers, dtype)
+                }
+                None => {
+                    println!(
+                        "\nblocks: built-in Llama 3 and Llama 4 layers, seeded random weights; a varlen prefill, a chunked prefill after a cached prefix, decode steps"
+                    );
+                    verify_block::run_blocks(&device, quick)
+                }
+            };
+            print!("{}", verify_block::stage_table(&blocks));
+            let (block_total, block_passed) = verify_block::counts(&blocks);
+            println!("{block_passed} of {block_total} stage rows passed");
+
+            println!("\nops:");
             let results = verify::run_all(&device, quick);
             print!("{}", verify::table(&results));
-            let failed: Vec<String> = results
+            let mut failed: Vec<String> = results
                 .iter()
                 .filter_map(|r| match r {
                     Ok(c) if c.pass => None,
@@ -59,6 +96,7 @@ fn main() -> ExitCode {
                 })
                 .collect();
             println!("{} of {} cases passed", results.len() - failed.len(), results.len());
+            failed.extend(verify_block::failures(&blocks));
             for f in &failed {
                 println!("FAILED: {f}");
             }

@@ -278,12 +278,23 @@ inline void on_segv(int sig, siginfo_t* info, void* uctx) {
     const bool stack = w->stacks != nullptr && addr + Worker::kGuard >= stacks && addr < stacks + w->nstacks * w->slot;
     if (w->status == LLK_EMU_OK) {
       w->status = stack ? LLK_EMU_KERNEL_TRAP : LLK_EMU_MEMORY_FAULT;
+      // A general-protection fault (si_code SI_KERNEL) carries no address: on x86-64 it comes from
+      // a misaligned 16-byte SSE access (say, a float4 store to a __shared__ array that is not
+      // __align__(16)) or a non-canonical pointer. Say so rather than report address 0.
+      const bool gp = !stack && addr == 0 && info->si_code == SI_KERNEL;
       // Async-signal-safe enough: snprintf of integers into a preallocated buffer, no allocation.
-      snprintf(w->message, sizeof w->message,
-               stack ? "fiber stack overflow (fault address 0x%lx) in block (%u,%u,%u), thread (%u,%u,%u): raise "
-                       "EmuOptions::stack_bytes"
-                     : "invalid memory access, fault address 0x%lx, in block (%u,%u,%u), thread (%u,%u,%u)",
-               static_cast<unsigned long>(addr), blockIdx.x, blockIdx.y, blockIdx.z, f->tid.x, f->tid.y, f->tid.z);
+      if (gp) {
+        snprintf(w->message, sizeof w->message,
+                 "invalid memory access: general-protection fault (misaligned 16-byte vector access or "
+                 "non-canonical pointer; no fault address) in block (%u,%u,%u), thread (%u,%u,%u)",
+                 blockIdx.x, blockIdx.y, blockIdx.z, f->tid.x, f->tid.y, f->tid.z);
+      } else {
+        snprintf(w->message, sizeof w->message,
+                 stack ? "fiber stack overflow (fault address 0x%lx) in block (%u,%u,%u), thread (%u,%u,%u): "
+                         "raise EmuOptions::stack_bytes"
+                       : "invalid memory access, fault address 0x%lx, in block (%u,%u,%u), thread (%u,%u,%u)",
+                 static_cast<unsigned long>(addr), blockIdx.x, blockIdx.y, blockIdx.z, f->tid.x, f->tid.y, f->tid.z);
+      }
     }
     f->state = FAILED;
     w->in_fiber = false;

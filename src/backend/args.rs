@@ -128,6 +128,36 @@ impl<'a> KernelArgs<'a> {
     /// Queues the kernel. Buffers are locked and their guards dropped only after the launch call
     /// returned. On the emulated target, the guard zones of every buffer are checked afterwards.
     pub fn launch<P: KernelParams>(self, kernel: KernelRef, dims: LaunchDims, params: &P) -> Result<()> {
+        self.dispatch(kernel.symbol, |c| c.launch(kernel, dims, params), |e| e.launch(kernel, dims, params))
+    }
+
+    /// Queues a library call instead of one of our kernels: cuBLAS on the CUDA target (`cuda` gets
+    /// the launching stream; the registered addresses are device addresses of its context), a
+    /// host function on the emulated target (`host` runs under the device's stream lock, where the
+    /// registered addresses are host memory). The same locking, stream ordering and guard-zone
+    /// checks as [`KernelArgs::launch`]; counted as one launch.
+    pub fn call(
+        self,
+        name: &'static str,
+        cuda: impl FnOnce(&std::sync::Arc<cudarc::driver::CudaStream>) -> Result<()>,
+        host: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.dispatch(
+            name,
+            |c| cuda(&c.stream),
+            |e| {
+                let _stream = e.stream.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                host()
+            },
+        )
+    }
+
+    fn dispatch(
+        self,
+        symbol: &'static str,
+        cuda: impl FnOnce(&super::cuda::CudaDevice) -> Result<()>,
+        emulated: impl FnOnce(&super::emulated::EmuBackend) -> Result<()>,
+    ) -> Result<()> {
         let KernelArgs { op, device, mut storages, guards } = self;
         // Lock in address order, so that two launches sharing buffers cannot deadlock.
         storages.sort_by_key(|(s, _, _)| s.address());
@@ -146,14 +176,14 @@ impl<'a> KernelArgs<'a> {
                     let g = if *write { lock.ptr_mut(&c.stream).1 } else { lock.ptr(&c.stream).1 };
                     storage_guards.push(g);
                 }
-                let result = c.launch(kernel, dims, params);
+                let result = cuda(c);
                 drop(storage_guards);
                 drop(locks);
                 drop(guards);
                 result
             }
             DeviceInner::Emulated(e) => {
-                let result = e.launch(kernel, dims, params);
+                let result = emulated(e);
                 drop(guards);
                 // A write into a buffer's guard zone (the bytes between the end of the data and
                 // the guard page) is an out-of-bounds write the guard page could not catch.
@@ -161,7 +191,7 @@ impl<'a> KernelArgs<'a> {
                     for (s, what, _) in &storages {
                         if let Some(detail) = s.check_guard_zone() {
                             return Err(Error::Emulation {
-                                kernel: kernel.symbol,
+                                kernel: symbol,
                                 status: "memory fault",
                                 message: format!("out-of-bounds write next to {what}: {detail}"),
                             });

@@ -4,7 +4,7 @@
 //!   [`TensorViewMut`](crate::TensorViewMut) outputs over memory the caller owns (cudarc buffers,
 //!   host slices for the emulated target, or tensors), queued on an explicit [`Queue`](crate::Queue):
 //!   a [`Device`](crate::Device) or an engine's `Arc<CudaStream>`.
-//! * The tensor level (`rms_norm`, `Rope::apply`, ...): the same ops on [`Tensor`]s, a
+//! * The tensor level (`rms_norm`, `Rope::apply`, ...): the same ops on [`Tensor`](crate::Tensor)s, a
 //!   convenience that builds views and calls the view level.
 //!
 //! Each call validates its arguments (dtypes, shapes, layouts, overlaps, scalar domains) and
@@ -15,6 +15,7 @@
 pub mod attention;
 pub mod paged_attention;
 pub mod moe;
+pub mod linear;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
@@ -30,6 +31,7 @@ pub use moe::{
     GemmGroups, MoeAlign, MoeFfn, MoeFfnConfig, MoeFfnWeights, MoeResidual, MoeRouting, WeightLayout, moe_combine,
     moe_combine_on, moe_gather, moe_gather_on, moe_grouped_gemm, moe_grouped_gemm_on, moe_route, moe_route_on,
 };
+pub use linear::{linear, linear_add, linear_add_on, linear_on};
 pub use rms_norm::{fused_add_rms_norm, fused_add_rms_norm_on, rms_norm, rms_norm_on};
 pub use rope::{Llama3Scaling, Rope, RopeConfig, RopeLayout};
 pub use swiglu::{GateUp, GateUpView, swiglu, swiglu_on};

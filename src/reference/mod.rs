@@ -7,6 +7,8 @@
 pub mod attention;
 pub mod paged_attention;
 pub mod moe;
+pub mod block;
+pub mod linear;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;

@@ -558,6 +558,99 @@ impl Storage {
     }
 }
 
+impl Storage {
+    /// Device-to-device copy of `height` rows of `width` bytes: row r goes from `src` at
+    /// `src_start + r * src_pitch` to `self` at `start + r * pitch` (one `cuMemcpy2DAsync` on the
+    /// stream, never waiting; a row-by-row `memcpy` under the stream lock on the emulated
+    /// target). The two ranges must not overlap.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn copy_2d(
+        &self,
+        start: usize,
+        pitch: usize,
+        src: &Storage,
+        src_start: usize,
+        src_pitch: usize,
+        width: usize,
+        height: usize,
+    ) -> Result<()> {
+        if width == 0 || height == 0 {
+            return Ok(());
+        }
+        let span =
+            |s: usize, p: usize| (height - 1).checked_mul(p).and_then(|x| x.checked_add(width)).map(|len| (s, len));
+        let bad = || Error::InvalidView { what: "copy_2d", why: format!("{height} rows of {width} bytes overflow") };
+        if pitch < width || src_pitch < width {
+            return Err(Error::InvalidView {
+                what: "copy_2d",
+                why: format!("pitches {pitch}/{src_pitch} below the row width {width}"),
+            });
+        }
+        let (d0, dlen) = span(start, pitch).ok_or_else(bad)?;
+        let (s0, slen) = span(src_start, src_pitch).ok_or_else(bad)?;
+        self.check_range(d0, dlen)?;
+        src.check_range(s0, slen)?;
+        match (&self.mem, &src.mem, &*self.device.0) {
+            (Memory::Cuda(_), Memory::Cuda(_), DeviceInner::Cuda(c)) => {
+                let copy = |d: u64, s: u64| {
+                    let desc = cudarc::driver::sys::CUDA_MEMCPY2D {
+                        srcXInBytes: 0,
+                        srcY: 0,
+                        srcMemoryType: cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                        srcHost: std::ptr::null(),
+                        srcDevice: s + src_start as u64,
+                        srcArray: std::ptr::null_mut(),
+                        srcPitch: src_pitch,
+                        dstXInBytes: 0,
+                        dstY: 0,
+                        dstMemoryType: cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                        dstHost: std::ptr::null_mut(),
+                        dstDevice: d + start as u64,
+                        dstArray: std::ptr::null_mut(),
+                        dstPitch: pitch,
+                        WidthInBytes: width,
+                        Height: height,
+                    };
+                    // SAFETY: both row sets lie inside live allocations of this context (checked
+                    // above); the descriptor lives until the call returns (the driver copies it);
+                    // the copy is queued on the stream that the callers' guards order.
+                    unsafe { cudarc::driver::sys::cuMemcpy2DAsync_v2(&desc, c.stream.cu_stream()) }.result()
+                };
+                if std::ptr::eq(self, src) {
+                    let mut lock = self.lock_cuda("copy_2d", "dst")?;
+                    let (base, guard) = lock.ptr_mut(&c.stream);
+                    copy(base, base)?;
+                    drop(guard);
+                } else {
+                    let (mut dst_lock, src_lock) = if self.addr < src.addr {
+                        let d = self.lock_cuda("copy_2d", "dst")?;
+                        (d, src.lock_cuda("copy_2d", "src")?)
+                    } else {
+                        let s = src.lock_cuda("copy_2d", "src")?;
+                        (self.lock_cuda("copy_2d", "dst")?, s)
+                    };
+                    let (d, dg) = dst_lock.ptr_mut(&c.stream);
+                    let (s, sg) = src_lock.ptr(&c.stream);
+                    copy(d, s)?;
+                    drop((dg, sg));
+                }
+            }
+            (Memory::Host(d), Memory::Host(s), DeviceInner::Emulated(_)) => {
+                let _stream = self.emu_lock();
+                for r in 0..height {
+                    // SAFETY: every row lies inside its allocation (checked above); `copy`
+                    // tolerates overlap; the stream lock excludes concurrent kernel access.
+                    unsafe {
+                        std::ptr::copy(s.data().add(src_start + r * src_pitch), d.data().add(start + r * pitch), width)
+                    };
+                }
+            }
+            _ => return Err(mismatch()),
+        }
+        Ok(())
+    }
+}
+
 fn mismatch() -> Error {
     Error::DeviceMismatch { op: "storage", what: "memory of another target" }
 }

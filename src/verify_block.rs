@@ -1,0 +1,396 @@
+//! The main job's block half: whole decoder layers on a device, checked stage by stage against
+//! the f64 reference composer ([`crate::reference::block`]).
+//!
+//! For each layer, a schedule of steps runs through the composer with one cache: a varlen
+//! prefill, a step mixing a decode, a chunked prefill after a cached prefix and a fresh
+//! sequence, then decode steps. Every step is traced (every intermediate downloaded), and each
+//! stage is compared two ways:
+//!
+//! * **stage-local**: the reference stage computed from the device's own input to that stage
+//!   (the device's normed input for the QKV projection, its roped q/k/v and its cached K/V for
+//!   attention, ...), so each stage is held to the tolerance of its op;
+//! * **end to end**: the device's last stage against the reference chain run from the layer
+//!   input alone (row `output e2e`), with a tolerance for the roundings the dtype adds on the way.
+//!
+//! Rows report the worst element over all steps. MoE layers run their attention half; their
+//! router/experts/shared/combine stages are computed by the reference and reported as skipped
+//! until the device MoE exists (issue 7).
+
+use std::time::Instant;
+
+use crate::backend::Device;
+use crate::block::Checkpoint;
+use crate::block::config::{FfnSpec, LayerSpec, ModelConfig};
+use crate::block::layer::{DecoderLayer, KvCache, LayerWorkspace};
+use crate::block::weights::HostLayerWeights;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::reference::block as rb;
+use crate::tensor::Tensor;
+use crate::testing::{Comparison, Rng, Tolerance, compare};
+
+/// One row of the stage table.
+#[derive(Clone, Debug)]
+pub struct StageRow {
+    /// `llama3 L0`, `llama4 L2`.
+    pub model: String,
+    /// The layer's description (`llama4 layer 2 (NoPE, dense)`).
+    pub layer: String,
+    pub stage: String,
+    pub dtype: DType,
+    /// The worst comparison over the steps; `None` for a skipped stage.
+    pub comparison: Option<Comparison>,
+    pub tolerance: Tolerance,
+    pub pass: bool,
+    /// Why a stage was skipped, or other context.
+    pub note: String,
+    pub millis: f64,
+}
+
+/// A layer's check: its rows, or the error that stopped it.
+pub type BlockOutcome = std::result::Result<Vec<StageRow>, (String, crate::Error)>;
+
+/// The built-in Llama 3 config: model-shaped (GQA 4/2, head_dim 64, Llama 3.1 RoPE scaling) but
+/// small enough for the emulated target.
+pub const LLAMA3_SMALL: &str = r#"{
+  "model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+  "head_dim": 64, "intermediate_size": 512, "num_hidden_layers": 1, "rms_norm_eps": 1e-5,
+  "rope_theta": 500000.0,
+  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+}"#;
+
+/// The built-in Llama 4 config (multimodal form, text model nested): layer 0 RoPE + dense,
+/// layer 1 RoPE + MoE, layer 2 NoPE + dense, layer 3 NoPE + MoE; chunked attention with chunk
+/// 16 and temperature tuning with floor_scale 8, so both matter at verify's short lengths.
+pub const LLAMA4_SMALL: &str = r#"{
+  "model_type": "llama4",
+  "text_config": {
+    "model_type": "llama4_text", "hidden_size": 256, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 256,
+    "intermediate_size_mlp": 512, "num_hidden_layers": 4, "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 1.0, "original_max_position_embeddings": 8192},
+    "no_rope_layers": [1, 1, 0, 0], "attention_chunk_size": 16, "use_qk_norm": true,
+    "attn_temperature_tuning": true, "floor_scale": 8, "attn_scale": 0.1,
+    "num_local_experts": 4, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2
+  }
+}"#;
+
+/// The steps every layer runs: `(slot, new tokens)` per sequence. A varlen prefill; a decode
+/// (slot 0), a chunked prefill after 17 cached tokens (slot 1) and a fresh prefill (slot 3);
+/// then `decodes` decode steps of all four sequences.
+pub fn schedule(decodes: usize) -> Vec<Vec<(usize, usize)>> {
+    let mut v = vec![vec![(0, 9), (1, 17), (2, 5)], vec![(0, 1), (1, 12), (3, 7)]];
+    for _ in 0..decodes {
+        v.push(vec![(0, 1), (1, 1), (2, 1), (3, 1)]);
+    }
+    v
+}
+
+/// Cache slots and tokens per slot the schedule needs.
+const SLOTS: usize = 4;
+
+/// Tolerance of a matrix product's output: the output rounding plus f32 accumulation over `k`
+/// terms of size up to `scale` (max |x| x max |w|).
+pub fn linear_tolerance(dtype: DType, k: usize, scale: f64) -> Tolerance {
+    let base = crate::testing::Tolerance::rounded_output(dtype);
+    let acc = 2.0 * (k as f64).sqrt() * (k as f64) * scale * 5.960464477539063e-8;
+    Tolerance { atol: base.atol + acc, rtol: base.rtol }
+}
+
+/// Tolerance of the end-to-end comparison: every stage's rounding to `dtype` propagated
+/// through the layer, relative to the output's size.
+pub fn e2e_tolerance(dtype: DType, rms: f64) -> Tolerance {
+    match dtype {
+        DType::F32 => Tolerance { atol: 2e-5 * rms.max(1.0), rtol: 2e-5 },
+        _ => Tolerance { atol: 24.0 * dtype.unit_roundoff() * rms, rtol: 8.0 * dtype.unit_roundoff() },
+    }
+}
+
+fn max_abs(v: &[f64]) -> f64 {
+    v.iter().fold(0.0f64, |m, x| m.max(x.abs()))
+}
+fn rms(v: &[f64]) -> f64 {
+    (v.iter().map(|x| x * x).sum::<f64>() / v.len().max(1) as f64).sqrt()
+}
+
+/// Accumulates the worst comparison of each stage over the steps.
+#[derive(Default)]
+struct Stages {
+    rows: Vec<(String, Option<Comparison>, Tolerance, String)>,
+}
+
+impl Stages {
+    fn add(&mut self, stage: &str, got: &[f64], expected: &[f64], tol: Tolerance) {
+        let c = compare(got, expected, tol);
+        match self.rows.iter_mut().find(|r| r.0 == stage) {
+            Some(r) => {
+                let keep_old = r.1.as_ref().is_some_and(|old| old.worst_ratio >= c.worst_ratio);
+                let pass = r.1.as_ref().is_none_or(|o| o.pass) && c.pass;
+                let (max_abs, max_rel) = r.1.as_ref().map_or((0.0, 0.0), |o| (o.max_abs, o.max_rel));
+                if !keep_old {
+                    r.1 = Some(c.clone());
+                    r.2 = tol;
+                }
+                if let Some(o) = r.1.as_mut() {
+                    o.pass = pass;
+                    o.max_abs = o.max_abs.max(max_abs).max(c.max_abs);
+                    o.max_rel = o.max_rel.max(max_rel).max(c.max_rel);
+                }
+            }
+            None => self.rows.push((stage.to_string(), Some(c), tol, String::new())),
+        }
+    }
+    fn skip(&mut self, stage: &str, why: &str) {
+        if !self.rows.iter().any(|r| r.0 == stage) {
+            self.rows.push((stage.to_string(), None, Tolerance { atol: 0.0, rtol: 0.0 }, why.to_string()));
+        }
+    }
+}
+
+/// Runs one layer through the schedule on `device` and compares every stage. `seed` picks the
+/// inputs.
+pub fn check_layer(
+    device: &Device,
+    dtype: DType,
+    spec: LayerSpec,
+    host: &HostLayerWeights,
+    steps: &[Vec<(usize, usize)>],
+    seed: u64,
+) -> Result<Vec<StageRow>> {
+    let started = Instant::now();
+    let max_len = steps.iter().map(|s| s.iter().map(|x| x.1).max().unwrap_or(0)).sum::<usize>().max(1);
+    let max_tokens = steps.iter().map(|s| s.iter().map(|x| x.1).sum::<usize>()).max().unwrap_or(1);
+    let layer = DecoderLayer::new(device, dtype, spec, host)?;
+    let mut cache = KvCache::for_layers(device, dtype, &[spec], SLOTS, max_len)?;
+    let mut ws = LayerWorkspace::new(device, dtype, &[spec], max_tokens, SLOTS)?;
+    let rl = rb::RefLayer::new(spec, host)?;
+    let (mut e2e_cache, mut mirror) = (rb::RefCache::new(SLOTS), rb::RefCache::new(SLOTS));
+    let mut rng = Rng::new(seed ^ (spec.index as u64) << 24);
+    let mut st = Stages::default();
+    let h = spec.hidden;
+    let wmax = |w: &[f32]| w.iter().fold(0.0f64, |m, &x| m.max(f64::from(x).abs()));
+    let (qkv_w, o_w) =
+        (wmax(&host.q_proj.data).max(wmax(&host.k_proj.data)).max(wmax(&host.v_proj.data)), wmax(&host.o_proj.data));
+    let (rope_tol, attn_tol, round_tol) = (
+        crate::verify::rope_tolerance(dtype),
+        crate::verify::attention_tolerance(dtype),
+        Tolerance::rounded_output(dtype),
+    );
+    for batch in steps {
+        let tokens: usize = batch.iter().map(|b| b.1).sum();
+        let x = rng.normal_vec(tokens * h, 1.0, dtype);
+        let step = ws.begin_step(&cache, batch)?;
+        let hidden = Tensor::from_f64(device, dtype, &x, &[tokens, h])?;
+        let tr = layer.forward_traced(&mut ws, &cache, 0, &step, &hidden)?;
+        cache.commit(&step)?;
+        let get = |stage: &str| {
+            tr.get(stage).ok_or_else(|| crate::Error::Reference {
+                what: "verify",
+                why: format!("device trace has no `{stage}`"),
+            })
+        };
+        let pos = rb::positions(&spec, &mirror, batch);
+        // Stage-local checks.
+        let normed = get("norm")?;
+        st.add("norm", normed, &rb::norm(&rl, &x, false)?, round_tol);
+        let qkv = get("qkv")?;
+        st.add("qkv", qkv, &rb::qkv(&rl, normed)?, linear_tolerance(dtype, h, max_abs(normed) * qkv_w));
+        let roped = if spec.rope.is_some() {
+            let r = get("rope")?;
+            st.add("rope", r, &rb::rope(&rl, qkv, &pos)?, rope_tol);
+            r
+        } else {
+            qkv
+        };
+        let attn = get("attention")?;
+        st.add("attention", attn, &rb::attention(&rl, roped, &mirror, batch)?, attn_tol);
+        rb::append(&spec, &mut mirror, roped, batch)?;
+        let o = get("o_proj")?;
+        let qd = spec.q_heads * spec.head_dim;
+        st.add("o_proj", o, &rb::o_proj(&rl, attn)?, linear_tolerance(dtype, qd, max_abs(attn) * o_w));
+        let residual = get("residual")?;
+        st.add("residual", residual, &rb::add(&x, o)?, round_tol);
+        let post = get("post_norm")?;
+        st.add("post_norm", post, &rb::norm(&rl, residual, true)?, round_tol);
+        // The end-to-end reference.
+        let full = rb::forward(&rl, &mut e2e_cache, batch, &x)?;
+        match spec.ffn {
+            FfnSpec::Dense { intermediate: i, .. } => {
+                let gu = get("gate_up")?;
+                let (gate_up_ref, _, _) = rb::dense_mlp(&rl, post)?;
+                let (g_w, d_w) = match &host.ffn {
+                    crate::block::HostFfn::Dense { gate, up, down, .. } => {
+                        (wmax(&gate.data).max(wmax(&up.data)), wmax(&down.data))
+                    }
+                    crate::block::HostFfn::Moe { .. } => (0.0, 0.0),
+                };
+                st.add("gate_up", gu, &gate_up_ref, linear_tolerance(dtype, h, max_abs(post) * g_w));
+                let act = get("swiglu")?;
+                st.add("swiglu", act, &rb::dense_down(&rl, gu)?.0, round_tol);
+                let out = get("output")?;
+                let down = rb::dense_down_from_act(&rl, act)?;
+                st.add("output", out, &rb::add(residual, &down)?, linear_tolerance(dtype, i, max_abs(act) * d_w));
+                let expected = full.get("output").unwrap_or(&[]);
+                st.add("output e2e", out, expected, e2e_tolerance(dtype, rms(expected)));
+            }
+            FfnSpec::Moe { .. } => {
+                let why = tr.ffn_error.as_ref().map_or_else(|| "not run".to_string(), |e| e.to_string());
+                // The reference MoE runs (on the device's post-norm output) so that its stages
+                // exist; the device half waits for the MoE ops.
+                let _ = rb::moe(&rl, post)?;
+                for stage in ["router", "experts", "shared", "combine", "output"] {
+                    st.skip(stage, &format!("skipped: {why}"));
+                }
+                let expected = full.get("post_norm").unwrap_or(&[]);
+                st.add("post_norm e2e", post, expected, e2e_tolerance(dtype, rms(expected)));
+            }
+        }
+    }
+    let millis = started.elapsed().as_secs_f64() * 1e3;
+    let model = format!("{} L{}", spec.model.name(), spec.index);
+    Ok(st
+        .rows
+        .into_iter()
+        .map(|(stage, c, tol, note)| StageRow {
+            model: model.clone(),
+            layer: spec.describe(),
+            stage,
+            dtype,
+            pass: c.as_ref().is_none_or(|c| c.pass),
+            comparison: c,
+            tolerance: tol,
+            note,
+            millis,
+        })
+        .collect())
+}
+
+/// The built-in layers `verify` checks: `(model config, layer index, dtype)`.
+pub fn builtin_layers(quick: bool) -> Vec<(&'static str, usize, DType)> {
+    let mut v = vec![
+        (LLAMA3_SMALL, 0, DType::BF16),
+        (LLAMA3_SMALL, 0, DType::F32),
+        (LLAMA4_SMALL, 0, DType::BF16),
+        (LLAMA4_SMALL, 1, DType::BF16),
+        (LLAMA4_SMALL, 2, DType::BF16),
+        (LLAMA4_SMALL, 3, DType::BF16),
+    ];
+    if !quick {
+        v.push((LLAMA3_SMALL, 0, DType::F16));
+        v.push((LLAMA4_SMALL, 0, DType::F32));
+        v.push((LLAMA4_SMALL, 2, DType::F16));
+    }
+    v
+}
+
+/// Checks the built-in layers (random weights, seeded) on `device`.
+pub fn run_blocks(device: &Device, quick: bool) -> Vec<BlockOutcome> {
+    let steps = schedule(3);
+    builtin_layers(quick)
+        .into_iter()
+        .map(|(json, index, dtype)| {
+            let what =
+                format!("built-in {} layer {index} {dtype}", if json == LLAMA3_SMALL { "llama3" } else { "llama4" });
+            let run = || -> Result<Vec<StageRow>> {
+                let spec = ModelConfig::from_json(json)?.layer(index)?;
+                let host = HostLayerWeights::random(&spec, dtype, 0x5eed);
+                check_layer(device, dtype, spec, &host, &steps, 7)
+            };
+            run().map_err(|e| (what, e))
+        })
+        .collect()
+}
+
+/// Checks layers `layers` of the checkpoint in `dir` (all layers when empty) in `dtype`.
+pub fn run_checkpoint(device: &Device, dir: &std::path::Path, layers: &[usize], dtype: DType) -> Vec<BlockOutcome> {
+    let ckpt = match Checkpoint::open(dir) {
+        Ok(c) => c,
+        Err(e) => return vec![Err((format!("checkpoint {}", dir.display()), e))],
+    };
+    let all: Vec<usize> = if layers.is_empty() { (0..ckpt.config().num_layers()).collect() } else { layers.to_vec() };
+    let steps = schedule(2);
+    all.into_iter()
+        .map(|index| {
+            let run = || -> Result<Vec<StageRow>> {
+                let (spec, host) = ckpt.layer(index, dtype)?;
+                check_layer(device, dtype, spec, &host, &steps, 7)
+            };
+            run().map_err(|e| (format!("checkpoint layer {index}"), e))
+        })
+        .collect()
+}
+
+/// Formats the stage table.
+pub fn stage_table(outcomes: &[BlockOutcome]) -> String {
+    let mut s = format!(
+        "{:<10} {:<14} {:<5} {:>11} {:>11} {:>19} {:>6}\n",
+        "model", "stage", "dtype", "max abs", "max rel", "tolerance (a, r)", "result"
+    );
+    for o in outcomes {
+        match o {
+            Ok(rows) => {
+                if let Some(first) = rows.first() {
+                    s.push_str(&format!("# {} ({:.0} ms)\n", first.layer, first.millis));
+                }
+                for r in rows {
+                    match &r.comparison {
+                        Some(c) => s.push_str(&format!(
+                            "{:<10} {:<14} {:<5} {:>11.3e} {:>11.3e} {:>9.1e},{:>9.1e} {:>6}\n",
+                            r.model,
+                            r.stage,
+                            r.dtype.name(),
+                            c.max_abs,
+                            c.max_rel,
+                            r.tolerance.atol,
+                            r.tolerance.rtol,
+                            if r.pass { "pass" } else { "FAIL" }
+                        )),
+                        None => {
+                            s.push_str(&format!("{:<10} {:<14} {:<5} {}\n", r.model, r.stage, r.dtype.name(), r.note))
+                        }
+                    }
+                }
+            }
+            Err((what, e)) => s.push_str(&format!("ERROR {what}: {e}\n")),
+        }
+    }
+    s
+}
+
+/// Failures of the stage table, described.
+pub fn failures(outcomes: &[BlockOutcome]) -> Vec<String> {
+    let mut v = Vec::new();
+    for o in outcomes {
+        match o {
+            Ok(rows) => {
+                for r in rows.iter().filter(|r| !r.pass) {
+                    let detail = r.comparison.as_ref().map_or(String::new(), |c| c.describe(&[c.count]));
+                    v.push(format!("{} {} {}: {detail}", r.model, r.stage, r.dtype));
+                }
+            }
+            Err((what, e)) => v.push(format!("{what}: {e}")),
+        }
+    }
+    v
+}
+
+/// Rows checked and rows passed (skipped rows count as neither).
+pub fn counts(outcomes: &[BlockOutcome]) -> (usize, usize) {
+    let mut total = 0;
+    let mut passed = 0;
+    for o in outcomes {
+        match o {
+            Ok(rows) => {
+                for r in rows.iter().filter(|r| r.comparison.is_some()) {
+                    total += 1;
+                    passed += usize::from(r.pass);
+                }
+            }
+            Err(_) => total += 1,
+        }
+    }
+    (total, passed)
+}
