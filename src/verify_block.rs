@@ -12,22 +12,26 @@
 //! * **end to end**: the device's last stage against the reference chain run from the layer
 //!   input alone (row `output e2e`), with a tolerance for the roundings the dtype adds on the way.
 //!
-//! Rows report the worst element over all steps. MoE layers run their attention half; their
-//! router/experts/shared/combine stages are computed by the reference and reported as skipped
-//! until the device MoE exists (issue 7).
+//! Rows report the worst element over all steps. MoE layers report their router logits, chosen
+//! experts (exactly), routing weights, shared expert and output; the stages after the router
+//! follow the device's rounded logits, so a near-tie the rounding flips is not a failure.
 
 use std::time::Instant;
 
 use crate::backend::Device;
 use crate::block::Checkpoint;
+use crate::block::HostFfn;
 use crate::block::config::{FfnSpec, LayerSpec, ModelConfig};
 use crate::block::layer::{DecoderLayer, KvCache, LayerWorkspace};
 use crate::block::weights::HostLayerWeights;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::ops::moe::{MoeRouting, WeightLayout};
 use crate::reference::block as rb;
+use crate::reference::moe as rm;
 use crate::tensor::Tensor;
 use crate::testing::{Comparison, Rng, Tolerance, compare};
+use crate::verify as vm;
 
 /// One row of the stage table.
 #[derive(Clone, Debug)]
@@ -143,11 +147,6 @@ impl Stages {
             None => self.rows.push((stage.to_string(), Some(c), tol, String::new())),
         }
     }
-    fn skip(&mut self, stage: &str, why: &str) {
-        if !self.rows.iter().any(|r| r.0 == stage) {
-            self.rows.push((stage.to_string(), None, Tolerance { atol: 0.0, rtol: 0.0 }, why.to_string()));
-        }
-    }
 }
 
 /// Runs one layer through the schedule on `device` and compares every stage. `seed` picks the
@@ -167,6 +166,7 @@ pub fn check_layer(
     let mut cache = KvCache::for_layers(device, dtype, &[spec], SLOTS, max_len)?;
     let mut ws = LayerWorkspace::new(device, dtype, &[spec], max_tokens, SLOTS)?;
     let rl = rb::RefLayer::new(spec, host)?;
+    let moe_weights = MoeRefWeights::new(&spec, host);
     let (mut e2e_cache, mut mirror) = (rb::RefCache::new(SLOTS), rb::RefCache::new(SLOTS));
     let mut rng = Rng::new(seed ^ (spec.index as u64) << 24);
     let mut st = Stages::default();
@@ -237,15 +237,30 @@ pub fn check_layer(
                 st.add("output e2e", out, expected, e2e_tolerance(dtype, rms(expected)));
             }
             FfnSpec::Moe { .. } => {
-                let why = tr.ffn_error.as_ref().map_or_else(|| "not run".to_string(), |e| e.to_string());
-                // The reference MoE runs (on the device's post-norm output) so that its stages
-                // exist; the device half waits for the MoE ops.
-                let _ = rb::moe(&rl, post)?;
-                for stage in ["router", "experts", "shared", "combine", "output"] {
-                    st.skip(stage, &format!("skipped: {why}"));
+                let moe_w = moe_weights.as_ref().ok_or_else(|| crate::Error::Reference {
+                    what: "verify",
+                    why: "an MoE layer without MoE weights".into(),
+                })?;
+                let (rspec, rw) = moe_w.reference();
+                // The router against the reference's own logits; the later stages route the
+                // device's logits (rounded to the dtype), so that a near-tie the rounding flips
+                // does not change the experts under comparison.
+                let logits = get("router")?;
+                let own = rm::moe_ffn(post, tokens, &rspec, &rw, Some(residual), None, None)?;
+                st.add("router", logits, &own.logits, vm::moe_tolerance(dtype, &own.logits, 2.0));
+                let ids = get("routing")?;
+                let dev_ids: Vec<i32> = ids.iter().map(|&v| v as i32).collect();
+                let staged = rm::moe_ffn(post, tokens, &rspec, &rw, Some(residual), Some(logits), Some(&dev_ids))?;
+                let want_ids: Vec<f64> = staged.ids.iter().map(|&v| f64::from(v)).collect();
+                st.add("routing", ids, &want_ids, Tolerance { atol: 0.0, rtol: 0.0 });
+                st.add("route_weights", get("route_weights")?, &staged.weights, vm::ROUTE_WEIGHT_TOLERANCE);
+                if let Some(want) = &staged.shared {
+                    st.add("shared", get("shared")?, want, vm::moe_tolerance(dtype, want, 4.0));
                 }
-                let expected = full.get("post_norm").unwrap_or(&[]);
-                st.add("post_norm e2e", post, expected, e2e_tolerance(dtype, rms(expected)));
+                let out = get("output")?;
+                st.add("output", out, &staged.out, vm::moe_tolerance(dtype, &staged.out, 8.0));
+                let expected = full.get("output").unwrap_or(&[]);
+                st.add("output e2e", out, expected, e2e_tolerance(dtype, rms(expected)));
             }
         }
     }
@@ -266,6 +281,58 @@ pub fn check_layer(
             millis,
         })
         .collect())
+}
+
+/// An MoE layer's weights in f64, for [`rm::moe_ffn`] (Hugging Face Llama 4 layouts).
+struct MoeRefWeights {
+    spec: rm::FfnSpec,
+    router: Vec<f64>,
+    gate_up: Vec<f64>,
+    down: Vec<f64>,
+    shared: [Vec<f64>; 3],
+}
+
+impl MoeRefWeights {
+    fn new(spec: &LayerSpec, host: &HostLayerWeights) -> Option<MoeRefWeights> {
+        let (
+            FfnSpec::Moe { experts, top_k, intermediate },
+            HostFfn::Moe { router, experts_gate_up, experts_down, shared_gate, shared_up, shared_down },
+        ) = (spec.ffn, &host.ffn)
+        else {
+            return None;
+        };
+        let f = |t: &crate::block::HostTensor| t.data.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
+        Some(MoeRefWeights {
+            spec: rm::FfnSpec {
+                hidden: spec.hidden,
+                intermediate,
+                experts,
+                top_k,
+                routing: MoeRouting::Llama4,
+                weights_on_input: true,
+            },
+            router: f(router),
+            gate_up: f(experts_gate_up),
+            down: f(experts_down),
+            shared: [f(shared_gate), f(shared_up), f(shared_down)],
+        })
+    }
+
+    fn reference(&self) -> (rm::FfnSpec, rm::FfnWeights<'_>) {
+        let s = self.spec;
+        let m = |data, k, n| rm::ExpertMatrix { data, layout: WeightLayout::InOut, experts: s.experts, k, n };
+        (
+            s,
+            rm::FfnWeights {
+                router: &self.router,
+                router_bias: None,
+                gate: m(&self.gate_up[..], s.hidden, 2 * s.intermediate),
+                up: None,
+                down: m(&self.down[..], s.intermediate, s.hidden),
+                shared: Some((&self.shared[0][..], &self.shared[1][..], &self.shared[2][..])),
+            },
+        )
+    }
 }
 
 /// The built-in layers `verify` checks: `(model config, layer index, dtype)`.

@@ -274,7 +274,9 @@ fn layers_match_the_reference_stage_by_stage() {
             (LLAMA3_SMALL, 0, DType::F32),
             (LLAMA3_SMALL, 0, DType::F16),
             (LLAMA4_SMALL, 0, DType::BF16),
+            (LLAMA4_SMALL, 1, DType::BF16),
             (LLAMA4_SMALL, 2, DType::F32),
+            (LLAMA4_SMALL, 3, DType::F32),
         ] {
             let (spec, w) = built_in(json, index, dtype);
             let rows = check_layer(&device, dtype, spec, &w, &schedule(2), 1).unwrap();
@@ -282,6 +284,12 @@ fn layers_match_the_reference_stage_by_stage() {
                 assert!(r.pass, "{} {} {}: {:?}", r.model, r.stage, dtype, r.comparison);
             }
             assert!(rows.iter().any(|r| r.stage.ends_with("e2e")));
+            // An MoE layer checks its device MoE stages too (nothing is skipped).
+            if spec.is_moe() {
+                for stage in ["router", "routing", "route_weights", "shared", "output"] {
+                    assert!(rows.iter().any(|r| r.stage == stage && r.comparison.is_some()), "{stage} not checked");
+                }
+            }
         }
     }
 }
@@ -319,19 +327,23 @@ fn the_stage_checks_catch_a_wrong_layer() {
 #[test]
 fn a_planned_step_allocates_nothing_and_never_waits() {
     for d in common::devices() {
-        let (spec, w) = built_in(LLAMA3_SMALL, 0, DType::BF16);
-        let (spec2, w2) = built_in(LLAMA4_SMALL, 0, DType::BF16);
-        let layers = [DecoderLayer::new(&d, DType::BF16, spec, &w).unwrap()];
-        let layers4 = [DecoderLayer::new(&d, DType::BF16, spec2, &w2).unwrap()];
-        for (layers, spec) in [(&layers, spec), (&layers4, spec2)] {
-            let mut cache = KvCache::for_layers(&d, DType::BF16, &[spec, spec], 4, 32).unwrap();
-            let mut ws = LayerWorkspace::new(&d, DType::BF16, &[spec], 32, 4).unwrap();
+        // Llama 3 (dense, dense); Llama 4 (dense + RoPE, MoE + RoPE, dense + NoPE, MoE + NoPE).
+        let stack = |json: &str, indices: &[usize]| {
+            let specs: Vec<_> = indices.iter().map(|&i| built_in(json, i, DType::BF16)).collect();
+            let layers: Vec<_> =
+                specs.iter().map(|(s, w)| DecoderLayer::new(&d, DType::BF16, *s, w).unwrap()).collect();
+            (specs.into_iter().map(|x| x.0).collect::<Vec<_>>(), layers)
+        };
+        for (specs, layers) in [stack(LLAMA3_SMALL, &[0, 0]), stack(LLAMA4_SMALL, &[0, 1, 2, 3])] {
+            let spec = specs[0];
+            let mut cache = KvCache::for_layers(&d, DType::BF16, &specs, 4, 32).unwrap();
+            let mut ws = LayerWorkspace::new(&d, DType::BF16, &specs, 32, 4).unwrap();
             let hidden = Tensor::zeros(&d, DType::BF16, &[32, spec.hidden]).unwrap();
             let before = d.counters();
             for batch in [vec![(0, 9), (2, 5)], vec![(0, 1), (1, 12), (2, 1)], vec![(0, 1), (1, 1), (2, 1)]] {
                 let step = ws.begin_step(&cache, &batch).unwrap();
                 let h = hidden.narrow(0, 0, step.tokens).unwrap();
-                for (i, layer) in layers.iter().chain(layers.iter()).enumerate() {
+                for (i, layer) in layers.iter().enumerate() {
                     layer.forward(&mut ws, &cache, i, &step, &h).unwrap();
                 }
                 cache.commit(&step).unwrap();
@@ -349,7 +361,8 @@ fn a_planned_step_allocates_nothing_and_never_waits() {
 
 #[test]
 fn layer_outputs_do_not_depend_on_the_schedule() {
-    let (spec, w) = built_in(LLAMA4_SMALL, 0, DType::BF16);
+    // An MoE layer: attention, routing, the permutation and the grouped GEMMs all run.
+    let (spec, w) = built_in(LLAMA4_SMALL, 1, DType::BF16);
     let mut outputs = Vec::new();
     for d in common::schedule_devices().iter().take(2) {
         let layer = DecoderLayer::new(d, DType::BF16, spec, &w).unwrap();
@@ -370,20 +383,31 @@ fn layer_outputs_do_not_depend_on_the_schedule() {
 }
 
 #[test]
-fn moe_layers_return_a_named_error_before_launching() {
+fn a_workspace_not_planned_for_a_layers_moe_is_a_named_error_before_launching() {
     let d = Device::emulated();
+    let (dense, _) = built_in(LLAMA4_SMALL, 0, DType::BF16);
     let (spec, w) = built_in(LLAMA4_SMALL, 1, DType::BF16);
     let layer = DecoderLayer::new(&d, DType::BF16, spec, &w).unwrap();
     let cache = KvCache::for_layers(&d, DType::BF16, &[spec], 1, 8).unwrap();
-    let mut ws = LayerWorkspace::new(&d, DType::BF16, &[spec], 8, 1).unwrap();
+    // Planned for the dense layer only: no MoE buffers.
+    let mut ws = LayerWorkspace::new(&d, DType::BF16, &[dense], 8, 1).unwrap();
     let step = ws.begin_step(&cache, &[(0, 3)]).unwrap();
     let hidden = Tensor::zeros(&d, DType::BF16, &[3, spec.hidden]).unwrap();
     let before = d.counters().launches;
     match layer.forward(&mut ws, &cache, 0, &step, &hidden) {
-        Err(Error::Unsupported { what }) => assert!(what.contains("MoE"), "{what}"),
-        other => panic!("expected Unsupported, got {other:?}"),
+        Err(Error::InvalidArgument { name, .. }) => assert_eq!(name, "workspace"),
+        other => panic!("expected InvalidArgument(workspace), got {other:?}"),
     }
     assert_eq!(d.counters().launches, before);
+    // MoE layers of one workspace must agree on their shape.
+    let mut other = spec;
+    if let llama_kernels::block::FfnSpec::Moe { experts, top_k, intermediate } = spec.ffn {
+        other.ffn = llama_kernels::block::FfnSpec::Moe { experts: experts * 2, top_k, intermediate };
+    }
+    match LayerWorkspace::new(&d, DType::BF16, &[spec, other], 8, 1) {
+        Err(Error::InvalidArgument { name, .. }) => assert_eq!(name, "specs"),
+        other => panic!("expected InvalidArgument(specs), got {other:?}"),
+    }
 }
 
 #[test]

@@ -1,8 +1,7 @@
 //! The independent reference: layers built and run by Hugging Face transformers itself
 //! (`scripts/make_hf_fixtures.sh`, pinned torch and transformers, f32, eager attention), loaded
 //! through the same checkpoint loader as any model, and compared with the f64 reference
-//! composer (every layer, MoE included) and with the block composer on the device (dense layers;
-//! MoE layers are skipped, with the reason printed, until the device MoE ops exist).
+//! composer and with the block composer on the device (every layer, dense and MoE).
 //!
 //! The device runs each fixture batch (two sequences of 12 tokens from position 0) as a varlen
 //! prefill of 7 and 12 tokens, a chunked prefill of 3 tokens after sequence 0's cached prefix,
@@ -15,7 +14,7 @@ use std::path::{Path, PathBuf};
 use llama_kernels::block::{Checkpoint, DecoderLayer, KvCache, LayerWorkspace};
 use llama_kernels::reference::block as rb;
 use llama_kernels::testing::{Tolerance, compare};
-use llama_kernels::{DType, Error, Tensor};
+use llama_kernels::{DType, Tensor};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf").join(name)
@@ -78,7 +77,6 @@ fn check_model(name: &str, expect_layers: usize) {
             let mut cache = KvCache::for_layers(&device, DType::F32, &[spec], 2, seq).expect("cache");
             let mut ws = LayerWorkspace::new(&device, DType::F32, &[spec], 2 * seq, 2).expect("workspace");
             let mut got = vec![f64::NAN; batch * seq * h];
-            let mut skipped = None;
             for batch_steps in STEPS {
                 let step = ws.begin_step(&cache, batch_steps).expect("step");
                 let mut input = Vec::new();
@@ -88,14 +86,9 @@ fn check_model(name: &str, expect_layers: usize) {
                     }
                 }
                 let hidden = Tensor::from_f64(&device, DType::F32, &input, &[step.tokens, h]).expect("hidden");
-                match layer.forward(&mut ws, &cache, 0, &step, &hidden) {
-                    Ok(()) => {}
-                    Err(e @ Error::Unsupported { .. }) => {
-                        skipped = Some(e);
-                        break;
-                    }
-                    Err(e) => panic!("{name} layer {index}: {e}"),
-                }
+                layer
+                    .forward(&mut ws, &cache, 0, &step, &hidden)
+                    .unwrap_or_else(|e| panic!("{name} layer {index}: {e}"));
                 cache.commit(&step).expect("commit");
                 let out = hidden.to_f64_vec().expect("download");
                 for s in &step.seqs {
@@ -104,14 +97,6 @@ fn check_model(name: &str, expect_layers: usize) {
                         got[dst..dst + h].copy_from_slice(&out[(s.offset + i) * h..(s.offset + i + 1) * h]);
                     }
                 }
-            }
-            if let Some(e) = skipped {
-                eprintln!(
-                    "note: {name} layer {index} ({}) on {:?}: device check skipped: {e}",
-                    spec.describe(),
-                    device
-                );
-                continue;
             }
             let c = compare(&got, &y, tolerance(&y));
             assert!(

@@ -5,7 +5,8 @@
 //!        └──────────────────────────────────────────── fused_add_rms_norm ◄─────────────────┘
 //!                                          (hidden += o; normed = norm(hidden))
 //! dense:  linear(gate|up) ─ swiglu (in place over the gate half) ─ linear_add(down) into hidden
-//! MoE:    the MoE ops (issue 7); until they land, a named Error::Unsupported before any launch
+//! MoE:    MoeWorkspace::forward: router ─ route ─ align ─ gather (x w) ─ grouped gate_up + swiglu
+//!         ─ grouped down, shared expert (two one-group GEMMs) ─ combine + residual into hidden
 //! ```
 //!
 //! Every stage is one op of this crate: matrix products are [`ops::linear`](mod@crate::ops::linear)
@@ -38,16 +39,13 @@ use crate::backend::{Device, PinnedStaging};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::attention::{AttentionOptions, AttentionWorkspace};
+use crate::ops::moe::{MoeFfnConfig, MoeWorkspace};
 use crate::ops::rope::Rope;
 use crate::ops::swiglu::GateUp;
 use crate::ops::{self, linear};
 use crate::tensor::Tensor;
 
 const OP: &str = "DecoderLayer::forward";
-
-/// What the device MoE feed-forward is waiting for.
-pub const MOE_UNSUPPORTED: &str = "MoE feed-forward on the device (needs the MoE ops of issue 7: routing, \
-                                   permutation, grouped expert GEMM and combine)";
 
 /// The KV cache of a stack of layers: per layer, contiguous K and V of
 /// `[slots * max_len, kv_heads, head_dim]`, and per slot the number of cached tokens (host-side:
@@ -235,6 +233,19 @@ pub struct LayerWorkspace {
     host_meta: Vec<i32>,
     staging: Option<PinnedStaging>,
     attention: AttentionWorkspace,
+    /// The MoE feed-forward's buffers, shared by every MoE layer (none without MoE layers).
+    moe: Option<MoeWorkspace>,
+}
+
+/// The MoE configuration of a layer (Llama 4: top-k of the logits, sigmoid weights scaling the
+/// expert input, a shared expert of the same intermediate size), or none for a dense layer.
+fn moe_config(spec: &LayerSpec) -> Option<MoeFfnConfig> {
+    match spec.ffn {
+        FfnSpec::Moe { experts, top_k, intermediate } => {
+            Some(MoeFfnConfig::llama4(spec.hidden, intermediate, experts, top_k))
+        }
+        FfnSpec::Dense { .. } => None,
+    }
 }
 
 impl LayerWorkspace {
@@ -267,7 +278,21 @@ impl LayerWorkspace {
             return Err(Error::UnsupportedDType { op, what: "run dtype", dtype, supported: "f32, f16, bf16" });
         }
         let (h, t) = (first.hidden, max_tokens);
-        let intermediate = specs.iter().map(LayerSpec::intermediate).max().unwrap_or(0);
+        // The dense MLP's gate|up buffer (MoE layers use the MoE workspace instead).
+        let intermediate = specs.iter().filter(|s| !s.is_moe()).map(LayerSpec::intermediate).max().unwrap_or(0);
+        let moe_specs: Vec<MoeFfnConfig> = specs.iter().filter_map(moe_config).collect();
+        if let Some(c) = moe_specs.iter().find(|c| **c != moe_specs[0]) {
+            return Err(Error::invalid(
+                op,
+                "specs",
+                format!("{} experts x top-{}, intermediate {}", c.experts, c.top_k, c.intermediate),
+                "MoE layers differ in experts, top-k or intermediate size",
+            ));
+        }
+        let moe = match moe_specs.first() {
+            Some(&c) => Some(MoeWorkspace::new(device, c, dtype, c.intermediate, max_tokens)?),
+            None => None,
+        };
         let cu = 2 * max_slots + 1;
         let meta_len = max_tokens + 2 * cu;
         static NEXT_ID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
@@ -293,6 +318,7 @@ impl LayerWorkspace {
             host_meta: vec![0; meta_len],
             staging: PinnedStaging::new(device, meta_len * 4)?,
             attention: AttentionWorkspace::with_capacity(device, 2 * max_slots)?,
+            moe,
         })
     }
 
@@ -428,8 +454,6 @@ impl LayerWorkspace {
 #[derive(Debug, Default)]
 pub struct Trace {
     pub stages: Vec<(&'static str, Vec<f64>)>,
-    /// Why the feed-forward did not run (an MoE layer until the MoE ops land).
-    pub ffn_error: Option<Error>,
 }
 
 impl Trace {
@@ -480,10 +504,8 @@ impl DecoderLayer {
 
     /// Runs the layer on a step's hidden states `[step.tokens, hidden]` (contiguous, the run
     /// dtype), in place: on return `hidden` holds the layer's output. Appends the step's k/v to
-    /// layer `cache_layer` of `cache`. Allocates nothing and does not wait on the host.
-    ///
-    /// An MoE layer returns [`Error::Unsupported`] before launching anything until the MoE ops
-    /// exist.
+    /// layer `cache_layer` of `cache`. Allocates nothing and does not wait on the host (dense and
+    /// MoE layers alike: the MoE's expert counts stay on the device).
     pub fn forward(
         &self,
         ws: &mut LayerWorkspace,
@@ -492,9 +514,6 @@ impl DecoderLayer {
         step: &Step,
         hidden: &Tensor,
     ) -> Result<()> {
-        if self.spec.is_moe() {
-            return Err(Error::Unsupported { what: MOE_UNSUPPORTED.into() });
-        }
         self.run(ws, cache, cache_layer, step, hidden, Probe::None)
     }
 
@@ -509,15 +528,13 @@ impl DecoderLayer {
         hidden: &Tensor,
         mark: &mut dyn FnMut(&'static str) -> Result<()>,
     ) -> Result<()> {
-        if self.spec.is_moe() {
-            return Err(Error::Unsupported { what: MOE_UNSUPPORTED.into() });
-        }
         self.run(ws, cache, cache_layer, step, hidden, Probe::Mark(mark))
     }
 
     /// [`DecoderLayer::forward`], downloading every intermediate (waits for the device after
-    /// each stage: for verification only). An MoE layer runs its attention half and records
-    /// why its feed-forward did not run.
+    /// each stage: for verification only). An MoE layer also records its router logits
+    /// (`router`), chosen experts (`routing`, as f64), routing weights (`route_weights`) and
+    /// shared expert output (`shared`).
     pub fn forward_traced(
         &self,
         ws: &mut LayerWorkspace,
@@ -527,14 +544,8 @@ impl DecoderLayer {
         hidden: &Tensor,
     ) -> Result<Trace> {
         let mut trace = Trace::default();
-        match self.run(ws, cache, cache_layer, step, hidden, Probe::Trace(&mut trace)) {
-            Ok(()) => Ok(trace),
-            Err(e @ Error::Unsupported { .. }) => {
-                trace.ffn_error = Some(e);
-                Ok(trace)
-            }
-            Err(e) => Err(e),
-        }
+        self.run(ws, cache, cache_layer, step, hidden, Probe::Trace(&mut trace))?;
+        Ok(trace)
     }
 
     fn run(
@@ -568,8 +579,12 @@ impl DecoderLayer {
                 expected: format!("contiguous [{t}, {}] (the step's tokens x hidden)", s.hidden),
             });
         }
+        let ffn_planned = match moe_config(s) {
+            Some(c) => ws.moe.as_ref().map(MoeWorkspace::config) == Some(&c),
+            None => ws.intermediate >= s.intermediate(),
+        };
         if (ws.hidden, ws.q_heads, ws.kv_heads, ws.head_dim) != (s.hidden, s.q_heads, s.kv_heads, s.head_dim)
-            || ws.intermediate < s.intermediate()
+            || !ffn_planned
         {
             return Err(Error::invalid(OP, "workspace", ws.id, format!("was not planned for {}", s.describe())));
         }
@@ -647,15 +662,28 @@ impl DecoderLayer {
                 snap(&mut probe, "output", hidden)?;
                 Ok(())
             }
-            (FfnWeights::Moe { .. }, FfnSpec::Moe { .. }) => self.moe_feed_forward(),
+            (FfnWeights::Moe(weights), FfnSpec::Moe { .. }) => {
+                // (Checked above: the workspace was planned for this MoE.)
+                let moe = ws.moe.as_mut().ok_or_else(|| {
+                    Error::invalid(OP, "workspace", s.index, "was planned without MoE layers (LayerWorkspace::new)")
+                })?;
+                // hidden += moe(normed): combine adds the routed experts and the shared expert to
+                // the residual in place.
+                moe.forward(weights, &normed, Some(hidden), hidden)?;
+                if let Probe::Trace(tr) = &mut probe {
+                    let st = moe.stages()?;
+                    tr.stages.push(("router", st.logits.to_f64_vec()?));
+                    tr.stages.push(("routing", st.ids.to_f64_vec()?));
+                    tr.stages.push(("route_weights", st.weights.to_f64_vec()?));
+                    if let Some(shared) = &st.shared {
+                        tr.stages.push(("shared", shared.to_f64_vec()?));
+                    }
+                }
+                snap(&mut probe, "output", hidden)?;
+                Ok(())
+            }
             _ => Err(Error::invalid(OP, "weights", s.index, "feed-forward weights do not match the spec")),
         }
-    }
-
-    /// The MoE feed-forward plugs in here as one call (routing, permutation, grouped GEMMs,
-    /// combine with the shared expert, residual add) once the MoE ops exist.
-    fn moe_feed_forward(&self) -> Result<()> {
-        Err(Error::Unsupported { what: MOE_UNSUPPORTED.into() })
     }
 }
 

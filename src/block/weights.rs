@@ -12,6 +12,7 @@ use super::config::{FfnSpec, LayerSpec};
 use crate::backend::Device;
 use crate::dtype::{DType, round_to};
 use crate::error::{Error, Result};
+use crate::ops::moe::{GateUpTensors, MoeFfnWeights, SharedExpertTensors, WeightLayout};
 use crate::tensor::Tensor;
 
 /// A host tensor: row-major f32 values (rounded to the run dtype) and a shape.
@@ -220,10 +221,11 @@ pub enum FfnWeights {
         down: Tensor,
         down_bias: Option<Tensor>,
     },
-    /// Kept in Hugging Face layouts for the MoE ops (router `[E, hidden]`, experts' gate_up
-    /// `[E, hidden, 2I]` and down `[E, I, hidden]`), and the shared expert fused like a dense
-    /// MLP.
-    Moe { router: Tensor, experts_gate_up: Tensor, experts_down: Tensor, shared_gate_up: Tensor, shared_down: Tensor },
+    /// Kept in Hugging Face layouts, which the MoE ops read in place: router `[E, hidden]`,
+    /// experts' packed gate_up `[E, hidden, 2I]` and down `[E, I, hidden]`
+    /// ([`WeightLayout::InOut`](crate::ops::moe::WeightLayout::InOut)), and the shared expert's
+    /// `nn.Linear` gate, up `[I, hidden]` and down `[hidden, I]`.
+    Moe(MoeFfnWeights),
 }
 
 /// One decoder layer's weights on the device, in the run dtype.
@@ -288,14 +290,19 @@ impl LayerWeights {
                 }
             }
             HostFfn::Moe { router, experts_gate_up, experts_down, shared_gate, shared_up, shared_down } => {
-                let i = shared_gate.shape[0];
-                FfnWeights::Moe {
-                    router: up(&router.data, &router.shape)?,
-                    experts_gate_up: up(&experts_gate_up.data, &experts_gate_up.shape)?,
-                    experts_down: up(&experts_down.data, &experts_down.shape)?,
-                    shared_gate_up: up(&concat(&[shared_gate, shared_up]), &[2 * i, h])?,
-                    shared_down: up(&shared_down.data, &[h, i])?,
-                }
+                let t = |x: &HostTensor| up(&x.data, &x.shape);
+                FfnWeights::Moe(MoeFfnWeights {
+                    router: t(router)?,
+                    router_bias: None,
+                    layout: WeightLayout::InOut,
+                    gate_up: GateUpTensors::Packed(t(experts_gate_up)?),
+                    down: t(experts_down)?,
+                    shared: Some(SharedExpertTensors {
+                        gate: t(shared_gate)?,
+                        up: t(shared_up)?,
+                        down: t(shared_down)?,
+                    }),
+                })
             }
         };
         Ok(LayerWeights {

@@ -5,10 +5,10 @@
 //! and they are written for clarity, not speed.
 
 pub mod attention;
-pub mod paged_attention;
-pub mod moe;
 pub mod block;
 pub mod linear;
+pub mod moe;
+pub mod paged_attention;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
