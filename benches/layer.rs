@@ -63,7 +63,7 @@ fn setup(device: &Device, c: &Case) -> Result<(DecoderLayer, KvCache, LayerWorks
     let layer = DecoderLayer::new(device, DType::BF16, c.spec, &host)?;
     let slots = c.decode.unwrap_or(1);
     let mut cache = KvCache::for_layers(device, DType::BF16, &[c.spec], slots, c.context + c.tokens.max(1))?;
-    let mut ws = LayerWorkspace::new(device, DType::BF16, &[c.spec], c.tokens, slots)?;
+    let mut ws = LayerWorkspace::new(device, DType::BF16, &[c.spec], c.tokens, &cache)?;
     let batch: Vec<(usize, usize)> = match c.decode {
         Some(b) => {
             for s in 0..b {
@@ -73,7 +73,7 @@ fn setup(device: &Device, c: &Case) -> Result<(DecoderLayer, KvCache, LayerWorks
         }
         None => vec![(0, c.tokens)],
     };
-    let step = ws.begin_step(&cache, &batch)?;
+    let step = ws.begin_step(&mut cache, &batch)?;
     let hidden = Tensor::zeros(device, DType::BF16, &[c.tokens, c.spec.hidden])?;
     Ok((layer, cache, ws, step, hidden))
 }

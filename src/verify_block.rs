@@ -164,7 +164,7 @@ pub fn check_layer(
     let max_tokens = steps.iter().map(|s| s.iter().map(|x| x.1).sum::<usize>()).max().unwrap_or(1);
     let layer = DecoderLayer::new(device, dtype, spec, host)?;
     let mut cache = KvCache::for_layers(device, dtype, &[spec], SLOTS, max_len)?;
-    let mut ws = LayerWorkspace::new(device, dtype, &[spec], max_tokens, SLOTS)?;
+    let mut ws = LayerWorkspace::new(device, dtype, &[spec], max_tokens, &cache)?;
     let rl = rb::RefLayer::new(spec, host)?;
     let moe_weights = MoeRefWeights::new(&spec, host);
     let (mut e2e_cache, mut mirror) = (rb::RefCache::new(SLOTS), rb::RefCache::new(SLOTS));
@@ -182,7 +182,7 @@ pub fn check_layer(
     for batch in steps {
         let tokens: usize = batch.iter().map(|b| b.1).sum();
         let x = rng.normal_vec(tokens * h, 1.0, dtype);
-        let step = ws.begin_step(&cache, batch)?;
+        let step = ws.begin_step(&mut cache, batch)?;
         let hidden = Tensor::from_f64(device, dtype, &x, &[tokens, h])?;
         let tr = layer.forward_traced(&mut ws, &cache, 0, &step, &hidden)?;
         cache.commit(&step)?;

@@ -1,7 +1,8 @@
 //! The block composer: configs (flat, nested, both rope forms, named errors), checkpoints (one
 //! file, sharded, partial directories, named errors), layers against the f64 reference composer
 //! stage by stage (prefill, chunked prefill, decode), planned steps that allocate nothing and
-//! never wait, schedule independence, and the MoE layer's named error.
+//! never wait, schedule independence, the paged cache (a shared pool, page reuse, exhaustion and
+//! stale steps by name), and MoE workspace errors.
 
 mod common;
 
@@ -9,7 +10,9 @@ use std::path::PathBuf;
 
 use llama_kernels::block::checkpoint::write_safetensors;
 use llama_kernels::block::config::{FfnSpec, ModelConfig};
-use llama_kernels::block::{Checkpoint, DecoderLayer, HostLayerWeights, HostTensor, KvCache, LayerWorkspace};
+use llama_kernels::block::{
+    Checkpoint, DecoderLayer, HostLayerWeights, HostTensor, KvCache, KvCacheConfig, LayerWorkspace,
+};
 use llama_kernels::ops::attention::AttentionMask;
 use llama_kernels::ops::rope::RopeLayout;
 use llama_kernels::verify_block::{LLAMA3_SMALL, LLAMA4_SMALL, check_layer, schedule};
@@ -307,8 +310,8 @@ fn the_stage_checks_catch_a_wrong_layer() {
         // a wrong device layer by comparing a forward of `wrong` with the reference of `w`.
         let layer = DecoderLayer::new(&d, DType::BF16, spec, &wrong).unwrap();
         let mut cache = KvCache::for_layers(&d, DType::BF16, &[spec], 1, 8).unwrap();
-        let mut ws = LayerWorkspace::new(&d, DType::BF16, &[spec], 8, 1).unwrap();
-        let step = ws.begin_step(&cache, &[(0, 4)]).unwrap();
+        let mut ws = LayerWorkspace::new(&d, DType::BF16, &[spec], 8, &cache).unwrap();
+        let step = ws.begin_step(&mut cache, &[(0, 4)]).unwrap();
         let x: Vec<f64> = (0..4 * spec.hidden).map(|i| ((i * 7919) % 13) as f64 / 13.0 - 0.5).collect();
         let hidden = Tensor::from_f64(&d, DType::BF16, &x, &[4, spec.hidden]).unwrap();
         let tr = layer.forward_traced(&mut ws, &cache, 0, &step, &hidden).unwrap();
@@ -337,11 +340,11 @@ fn a_planned_step_allocates_nothing_and_never_waits() {
         for (specs, layers) in [stack(LLAMA3_SMALL, &[0, 0]), stack(LLAMA4_SMALL, &[0, 1, 2, 3])] {
             let spec = specs[0];
             let mut cache = KvCache::for_layers(&d, DType::BF16, &specs, 4, 32).unwrap();
-            let mut ws = LayerWorkspace::new(&d, DType::BF16, &specs, 32, 4).unwrap();
+            let mut ws = LayerWorkspace::new(&d, DType::BF16, &specs, 32, &cache).unwrap();
             let hidden = Tensor::zeros(&d, DType::BF16, &[32, spec.hidden]).unwrap();
             let before = d.counters();
             for batch in [vec![(0, 9), (2, 5)], vec![(0, 1), (1, 12), (2, 1)], vec![(0, 1), (1, 1), (2, 1)]] {
-                let step = ws.begin_step(&cache, &batch).unwrap();
+                let step = ws.begin_step(&mut cache, &batch).unwrap();
                 let h = hidden.narrow(0, 0, step.tokens).unwrap();
                 for (i, layer) in layers.iter().enumerate() {
                     layer.forward(&mut ws, &cache, i, &step, &h).unwrap();
@@ -367,10 +370,10 @@ fn layer_outputs_do_not_depend_on_the_schedule() {
     for d in common::schedule_devices().iter().take(2) {
         let layer = DecoderLayer::new(d, DType::BF16, spec, &w).unwrap();
         let mut cache = KvCache::for_layers(d, DType::BF16, &[spec], 2, 24).unwrap();
-        let mut ws = LayerWorkspace::new(d, DType::BF16, &[spec], 24, 2).unwrap();
+        let mut ws = LayerWorkspace::new(d, DType::BF16, &[spec], 24, &cache).unwrap();
         let mut out = Vec::new();
         for batch in [vec![(0, 17), (1, 5)], vec![(0, 1), (1, 1)]] {
-            let step = ws.begin_step(&cache, &batch).unwrap();
+            let step = ws.begin_step(&mut cache, &batch).unwrap();
             let x: Vec<f64> = (0..step.tokens * spec.hidden).map(|i| ((i * 37) % 101) as f64 / 50.0 - 1.0).collect();
             let hidden = Tensor::from_f64(d, DType::BF16, &x, &[step.tokens, spec.hidden]).unwrap();
             layer.forward(&mut ws, &cache, 0, &step, &hidden).unwrap();
@@ -388,10 +391,10 @@ fn a_workspace_not_planned_for_a_layers_moe_is_a_named_error_before_launching() 
     let (dense, _) = built_in(LLAMA4_SMALL, 0, DType::BF16);
     let (spec, w) = built_in(LLAMA4_SMALL, 1, DType::BF16);
     let layer = DecoderLayer::new(&d, DType::BF16, spec, &w).unwrap();
-    let cache = KvCache::for_layers(&d, DType::BF16, &[spec], 1, 8).unwrap();
+    let mut cache = KvCache::for_layers(&d, DType::BF16, &[spec], 1, 8).unwrap();
     // Planned for the dense layer only: no MoE buffers.
-    let mut ws = LayerWorkspace::new(&d, DType::BF16, &[dense], 8, 1).unwrap();
-    let step = ws.begin_step(&cache, &[(0, 3)]).unwrap();
+    let mut ws = LayerWorkspace::new(&d, DType::BF16, &[dense], 8, &cache).unwrap();
+    let step = ws.begin_step(&mut cache, &[(0, 3)]).unwrap();
     let hidden = Tensor::zeros(&d, DType::BF16, &[3, spec.hidden]).unwrap();
     let before = d.counters().launches;
     match layer.forward(&mut ws, &cache, 0, &step, &hidden) {
@@ -404,7 +407,7 @@ fn a_workspace_not_planned_for_a_layers_moe_is_a_named_error_before_launching() 
     if let llama_kernels::block::FfnSpec::Moe { experts, top_k, intermediate } = spec.ffn {
         other.ffn = llama_kernels::block::FfnSpec::Moe { experts: experts * 2, top_k, intermediate };
     }
-    match LayerWorkspace::new(&d, DType::BF16, &[spec, other], 8, 1) {
+    match LayerWorkspace::new(&d, DType::BF16, &[spec, other], 8, &cache) {
         Err(Error::InvalidArgument { name, .. }) => assert_eq!(name, "specs"),
         other => panic!("expected InvalidArgument(specs), got {other:?}"),
     }
@@ -416,7 +419,7 @@ fn step_validation_errors_are_named() {
     let (spec, w) = built_in(LLAMA3_SMALL, 0, DType::BF16);
     let layer = DecoderLayer::new(&d, DType::BF16, spec, &w).unwrap();
     let mut cache = KvCache::for_layers(&d, DType::BF16, &[spec], 2, 8).unwrap();
-    let mut ws = LayerWorkspace::new(&d, DType::BF16, &[spec], 8, 2).unwrap();
+    let mut ws = LayerWorkspace::new(&d, DType::BF16, &[spec], 8, &cache).unwrap();
     fn name<T>(r: llama_kernels::Result<T>) -> &'static str {
         match r {
             Err(Error::InvalidArgument { name, .. }) => name,
@@ -424,15 +427,15 @@ fn step_validation_errors_are_named() {
             Ok(_) => panic!("accepted"),
         }
     }
-    assert_eq!(name(ws.begin_step(&cache, &[(2, 1)])), "slot");
-    assert_eq!(name(ws.begin_step(&cache, &[(1, 1), (0, 1)])), "slot");
-    assert_eq!(name(ws.begin_step(&cache, &[(0, 0)])), "new tokens");
-    assert_eq!(name(ws.begin_step(&cache, &[(0, 9)])), "new tokens");
-    assert_eq!(name(ws.begin_step(&cache, &[(0, 5), (1, 5)])), "tokens");
-    assert_eq!(name(ws.begin_step(&cache, &[])), "batch");
+    assert_eq!(name(ws.begin_step(&mut cache, &[(2, 1)])), "slot");
+    assert_eq!(name(ws.begin_step(&mut cache, &[(1, 1), (0, 1)])), "slot");
+    assert_eq!(name(ws.begin_step(&mut cache, &[(0, 0)])), "new tokens");
+    assert_eq!(name(ws.begin_step(&mut cache, &[(0, 9)])), "new tokens");
+    assert_eq!(name(ws.begin_step(&mut cache, &[(0, 5), (1, 5)])), "tokens");
+    assert_eq!(name(ws.begin_step(&mut cache, &[])), "batch");
     // A stale step, a committed step, a hidden tensor of the wrong shape.
-    let old = ws.begin_step(&cache, &[(0, 2)]).unwrap();
-    let step = ws.begin_step(&cache, &[(0, 2)]).unwrap();
+    let old = ws.begin_step(&mut cache, &[(0, 2)]).unwrap();
+    let step = ws.begin_step(&mut cache, &[(0, 2)]).unwrap();
     let hidden = Tensor::zeros(&d, DType::BF16, &[2, spec.hidden]).unwrap();
     assert_eq!(name(layer.forward(&mut ws, &cache, 0, &old, &hidden)), "step");
     let wrong = Tensor::zeros(&d, DType::BF16, &[3, spec.hidden]).unwrap();
@@ -446,6 +449,62 @@ fn step_validation_errors_are_named() {
     assert_eq!(name(cache.commit(&step)), "step");
     assert_eq!(name(layer.forward(&mut ws, &cache, 0, &step, &hidden)), "step");
     // A cache of another dtype.
-    let c32 = KvCache::for_layers(&d, DType::F32, &[spec], 2, 8).unwrap();
-    assert!(matches!(ws.begin_step(&c32, &[(0, 1)]), Err(Error::DTypeMismatch { .. })));
+    let mut c32 = KvCache::for_layers(&d, DType::F32, &[spec], 2, 8).unwrap();
+    assert!(matches!(ws.begin_step(&mut c32, &[(0, 1)]), Err(Error::DTypeMismatch { .. })));
+}
+
+#[test]
+fn a_small_page_pool_is_shared_reused_and_exhausted_by_name() {
+    // 3 slots of up to 64 tokens share 5 pages of 16 (a full-size cache would hold 12).
+    let d = Device::emulated();
+    let (spec, w) = built_in(LLAMA4_SMALL, 0, DType::BF16);
+    let layer = DecoderLayer::new(&d, DType::BF16, spec, &w).unwrap();
+    let config = KvCacheConfig { slots: 3, max_len: 64, page_size: 16, num_pages: Some(5) };
+    let mut cache = KvCache::for_layers_with(&d, DType::BF16, &[spec], &config).unwrap();
+    let mut ws = LayerWorkspace::new(&d, DType::BF16, &[spec], 40, &cache).unwrap();
+    let input = |tokens: usize, seed: usize| -> Tensor {
+        let x: Vec<f64> = (0..tokens * spec.hidden).map(|i| (((i + seed) * 7919) % 29) as f64 / 29.0 - 0.5).collect();
+        Tensor::from_f64(&d, DType::BF16, &x, &[tokens, spec.hidden]).unwrap()
+    };
+    let step = ws.begin_step(&mut cache, &[(0, 20), (1, 17)]).unwrap();
+    layer.forward(&mut ws, &cache, 0, &step, &input(37, 1)).unwrap();
+    cache.commit(&step).unwrap();
+    assert_eq!((cache.pages(0), cache.pages(1), cache.free_pages()), (&[0, 1][..], &[2, 3][..], 1));
+
+    // Slot 2 needs 3 pages, 1 is free: a named error, and nothing changes.
+    match ws.begin_step(&mut cache, &[(2, 33)]) {
+        Err(Error::InvalidArgument { name, why, .. }) => assert_eq!(name, "num_pages", "{why}"),
+        other => panic!("expected an exhausted pool, got {other:?}"),
+    }
+    assert_eq!((cache.free_pages(), cache.lens()), (1, &[20, 17, 0][..]));
+
+    // A step planned before a clear is stale.
+    let stale = ws.begin_step(&mut cache, &[(1, 1)]).unwrap();
+    cache.clear(0);
+    match layer.forward(&mut ws, &cache, 0, &stale, &input(1, 2)) {
+        Err(Error::InvalidArgument { name, .. }) => assert_eq!(name, "step"),
+        other => panic!("expected a stale step, got {other:?}"),
+    }
+
+    // Clearing slot 0 returned its pages: slot 2 now gets pages 0, 1 and 4 (not contiguous),
+    // and computes exactly what it computes on a fresh cache with pages 0, 1, 2.
+    let step = ws.begin_step(&mut cache, &[(2, 33)]).unwrap();
+    let x = input(33, 3);
+    layer.forward(&mut ws, &cache, 0, &step, &x).unwrap();
+    cache.commit(&step).unwrap();
+    assert_eq!(cache.pages(2), &[0, 1, 4]);
+    let mut fresh = KvCache::for_layers(&d, DType::BF16, &[spec], 3, 64).unwrap();
+    let mut ws2 = LayerWorkspace::new(&d, DType::BF16, &[spec], 40, &fresh).unwrap();
+    let step2 = ws2.begin_step(&mut fresh, &[(2, 33)]).unwrap();
+    let x2 = input(33, 3);
+    layer.forward(&mut ws2, &fresh, 0, &step2, &x2).unwrap();
+    assert!(common::bitwise_equal(&[x.to_f64_vec().unwrap()], &[x2.to_f64_vec().unwrap()]));
+    // And a decode step on the scattered pages (the split-KV decode kernel) agrees too.
+    fresh.commit(&step2).unwrap();
+    let (y, y2) = (input(1, 4), input(1, 4));
+    let s = ws.begin_step(&mut cache, &[(2, 1)]).unwrap();
+    layer.forward(&mut ws, &cache, 0, &s, &y).unwrap();
+    let s2 = ws2.begin_step(&mut fresh, &[(2, 1)]).unwrap();
+    layer.forward(&mut ws2, &fresh, 0, &s2, &y2).unwrap();
+    assert!(common::bitwise_equal(&[y.to_f64_vec().unwrap()], &[y2.to_f64_vec().unwrap()]));
 }

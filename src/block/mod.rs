@@ -11,10 +11,10 @@
 //! let spec = *layer.spec();
 //! // Plan once: a cache of 8 sequences x 4096 tokens, and steps of up to 512 tokens.
 //! let mut cache = KvCache::for_layers(&device, DType::BF16, &[spec], 8, 4096)?;
-//! let mut ws = LayerWorkspace::new(&device, DType::BF16, &[spec], 512, 8)?;
+//! let mut ws = LayerWorkspace::new(&device, DType::BF16, &[spec], 512, &cache)?;
 //! // Prefill two sequences (slots 0 and 1) of 5 and 3 tokens, then decode one token each.
 //! for batch in [vec![(0, 5), (1, 3)], vec![(0, 1), (1, 1)]] {
-//!     let step = ws.begin_step(&cache, &batch)?;
+//!     let step = ws.begin_step(&mut cache, &batch)?;
 //!     let hidden = Tensor::zeros(&device, DType::BF16, &[step.tokens, spec.hidden])?; // the embeddings
 //!     layer.forward(&mut ws, &cache, 0, &step, &hidden)?; // in place: hidden is the layer output
 //!     cache.commit(&step)?;
@@ -28,7 +28,8 @@
 //! * [`checkpoint`]: safetensors weights by Hugging Face name, memory-mapped, one file or
 //!   sharded, converted once to the run dtype.
 //! * [`weights`]: host weights (HF layouts) and device weights (q/k/v and gate/up fused).
-//! * [`layer`]: the forward, its planned workspace and the KV cache.
+//! * [`layer`]: the forward (dense and MoE feed-forwards), its planned workspace and the paged KV
+//!   cache.
 //!
 //! The f64 reference of the same layers is [`crate::reference::block`]. Semantics matched to
 //! Hugging Face transformers (`LlamaDecoderLayer`, `Llama4TextDecoderLayer`), and where this
@@ -60,5 +61,5 @@ pub mod weights;
 
 pub use checkpoint::Checkpoint;
 pub use config::{FfnSpec, LayerSpec, Llama4TextConfig, LlamaConfig, ModelConfig, ModelKind};
-pub use layer::{DecoderLayer, KvCache, LayerWorkspace, Step, StepSeq, Trace};
+pub use layer::{DEFAULT_PAGE_SIZE, DecoderLayer, KvCache, KvCacheConfig, LayerWorkspace, Step, StepSeq, Trace};
 pub use weights::{HostFfn, HostLayerWeights, HostTensor, LayerWeights};

@@ -184,6 +184,22 @@ impl Tensor {
         Ok(Tensor { storage: self.storage.clone(), dtype: self.dtype, dims })
     }
 
+    /// A contiguous `dtype` view of `shape` starting `byte_offset` bytes into the storage (a
+    /// multiple of the dtype's size): one planned buffer holding arrays of several integer types.
+    pub(crate) fn reinterpret(&self, dtype: DType, byte_offset: usize, shape: &[usize]) -> Result<Tensor> {
+        if byte_offset % dtype.size() != 0 {
+            return Err(Error::InvalidView {
+                what: "reinterpret",
+                why: format!("byte offset {byte_offset} is not a multiple of {dtype}'s size"),
+            });
+        }
+        let strides =
+            contiguous_strides(shape).ok_or_else(|| Error::TooLarge { what: "reinterpret", shape: shape.to_vec() })?;
+        let dims = Dims::new("reinterpret", shape, &strides, byte_offset / dtype.size())?;
+        dims.check_fits("reinterpret", dtype, self.storage.bytes())?;
+        Ok(Tensor { storage: self.storage.clone(), dtype, dims })
+    }
+
     /// The view of `len` entries of dimension `dim` starting at `start`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Tensor> {
         let size = *self.shape().get(dim).ok_or_else(|| Error::InvalidView {
