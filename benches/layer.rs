@@ -6,8 +6,8 @@
 //!
 //! Llama 4 shapes: hidden 5120, 40 q / 8 kv heads, head_dim 128; a RoPE layer (chunked
 //! attention, qk-norm) and a NoPE layer (temperature tuning), each with a dense MLP of 16384
-//! (Maverick's dense layers). Scout's layers are all MoE, which runs on the device once the MoE
-//! ops land (issue 7); until then they are not timed.
+//! (Maverick's dense layers), and a Scout MoE layer (16 experts of 8192, top-1, a shared expert;
+//! its decode bandwidth counts the experts a step can touch, at most min(16, batch)).
 //!
 //! Without a GPU this prints why and exits 0.
 
@@ -15,7 +15,7 @@ mod common;
 
 use criterion::{BenchmarkId, Throughput};
 use cudarc::driver::sys::CUevent_flags;
-use llama_kernels::block::config::{LayerSpec, ModelConfig};
+use llama_kernels::block::config::{FfnSpec, LayerSpec, ModelConfig};
 use llama_kernels::block::{DecoderLayer, HostLayerWeights, KvCache, LayerWorkspace, Step};
 use llama_kernels::{DType, Device, Result, Tensor};
 
@@ -23,6 +23,14 @@ const LLAMA3_8B: &str = r#"{"model_type": "llama", "hidden_size": 4096, "num_att
   "num_key_value_heads": 8, "intermediate_size": 14336, "num_hidden_layers": 32, "rms_norm_eps": 1e-5,
   "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}"#;
+
+const LLAMA4_SCOUT: &str = r#"{"model_type": "llama4_text", "hidden_size": 5120, "num_attention_heads": 40,
+  "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+  "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
+  "num_hidden_layers": 4, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "attention_chunk_size": 8192,
+  "no_rope_layers": [1, 1, 1, 0], "use_qk_norm": true, "attn_temperature_tuning": true,
+  "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+  "original_max_position_embeddings": 8192}}"#;
 
 const LLAMA4: &str = r#"{"model_type": "llama4_text", "hidden_size": 5120, "num_attention_heads": 40,
   "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
@@ -40,16 +48,32 @@ struct Case {
     context: usize,
 }
 
-fn weight_bytes(s: &LayerSpec) -> f64 {
-    let (h, i) = (s.hidden as f64, s.intermediate() as f64);
-    2.0 * (h * s.qkv_dim() as f64 + (s.q_heads * s.head_dim) as f64 * h + 3.0 * h * i + 2.0 * h)
+/// Weight bytes (bf16) one forward reads: attention, and the dense MLP or the router, the
+/// shared expert and the experts the step's tokens can touch (at most min(E, tokens * k)).
+fn weight_bytes(c: &Case) -> f64 {
+    let s = &c.spec;
+    let h = s.hidden as f64;
+    let attn = h * s.qkv_dim() as f64 + (s.q_heads * s.head_dim) as f64 * h + 2.0 * h;
+    let ffn = match s.ffn {
+        FfnSpec::Dense { intermediate: i, .. } => 3.0 * h * i as f64,
+        FfnSpec::Moe { experts, top_k, intermediate: i } => {
+            let touched = experts.min(c.tokens * top_k) as f64;
+            h * experts as f64 + 3.0 * h * i as f64 * (1.0 + touched)
+        }
+    };
+    2.0 * (attn + ffn)
 }
 
 fn flops(c: &Case) -> f64 {
     let s = &c.spec;
     let (h, i, qd) = (s.hidden as f64, s.intermediate() as f64, (s.q_heads * s.head_dim) as f64);
     let t = c.tokens as f64;
-    let gemm = 2.0 * t * (h * s.qkv_dim() as f64 + qd * h + 3.0 * h * i);
+    // Per token: the dense MLP, or the router + k experts + the shared expert.
+    let ffn = match s.ffn {
+        FfnSpec::Dense { .. } => 3.0 * h * i,
+        FfnSpec::Moe { experts, top_k, .. } => h * experts as f64 + 3.0 * h * i * (top_k + 1) as f64,
+    };
+    let gemm = 2.0 * t * (h * s.qkv_dim() as f64 + qd * h + ffn);
     let attn = match c.decode {
         Some(_) => 4.0 * t * (c.context + 1) as f64 * qd,
         None => 2.0 * t * t * qd, // causal: half of 4 t^2 qd
@@ -118,6 +142,7 @@ fn main() {
         ("llama3-8b", llama3.layer(0).expect("layer")),
         ("llama4 rope", llama4.layer(0).expect("layer")),
         ("llama4 nope", llama4.layer(3).expect("layer")),
+        ("llama4-scout moe", ModelConfig::from_json(LLAMA4_SCOUT).expect("config").layer(0).expect("layer")),
     ];
     let mut cases = Vec::new();
     for (name, spec) in &specs {
@@ -162,7 +187,7 @@ fn main() {
         let kv_bytes = case
             .decode
             .map_or(0.0, |b| (b * (case.context + 1) * 2 * case.spec.kv_heads * case.spec.head_dim * 2) as f64);
-        rows.push((case.name.clone(), us, case.tokens, flops(case), weight_bytes(&case.spec) + kv_bytes));
+        rows.push((case.name.clone(), us, case.tokens, flops(case), weight_bytes(case) + kv_bytes));
         if let Ok(st) = stage_times(&device, case, 5) {
             shares.push((case.name.clone(), st));
         }
