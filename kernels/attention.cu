@@ -362,11 +362,17 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m[h], mx * scale[h]);
         const float base = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row so far stays at 0
-        const float corr = llk::fast_exp2(m[h] - base);
+        const float corr = m_new == m[h] ? 1.f : llk::fast_exp2(m[h] - base);
         m[h] = m_new;
         l[h] *= corr;
+        // Rescale O only when some row maximum of the warp moved (after the first tiles it
+        // rarely does): at head_dim >= 128 a warp-uniform branch around the kChunks x 2
+        // multiplies (smaller head dims have few to skip, and the vote's registers made sm_80
+        // spill). Skipping a multiply by exactly 1 changes no bit.
+        if (D < 128 || __any_sync(0xffffffffu, corr != 1.f)) {
 #pragma unroll
-        for (int n = 0; n < kChunks; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
+          for (int n = 0; n < kChunks; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
+        }
 #pragma unroll
         for (int j = 0; j < kSubN; ++j) {
           sc[j][2 * h] = llk::fast_exp2(fmaf(sc[j][2 * h], scale[h], -base));

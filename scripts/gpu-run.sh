@@ -66,6 +66,8 @@ fi
 
 echo; echo "== verify at full size"
 "$stage/bin/llama-kernels" info || status=1
+# The static model next to the driver's occupancy of the same kernels (two attention blocks per SM?).
+"$stage/bin/llama-kernels" info --perf || status=1
 "$stage/bin/llama-kernels" verify --target cuda --full || status=1
 
 echo; echo "== benches"

@@ -5,12 +5,18 @@ Run by scripts/gpu-run.sh on the GPU machine, after the benches wrote their summ
 
     python3 torch_compare.py --ours out/bench-*.txt
 
-Our times come from the benches' summary rows ("<op> <dtype> <shape>  <time us> ..."); theirs are
-measured here with CUDA events (mean over many launches after a warm-up), the same way. A ratio
-above 1 means we are faster. torch.compile is timed only on the large shapes that the speed
+Our times come from the benches' summary rows ("<op> <dtype> <shape>  <time us> ..."; for
+benches/layer.rs "<model> prefill <tokens>" and "<model> decode b<batch> ctx<context>"); theirs
+are measured here with CUDA events (mean over many launches after a warm-up), the same way. A
+ratio above 1 means we are faster. torch.compile is timed only on the large shapes that the speed
 targets name, and skipped (with a note) when it fails or exceeds its time budget.
+
+Sections (--only): rms_norm, rope, swiglu, attention, decode, moe, and layer (Hugging Face
+transformers' LlamaDecoderLayer / Llama4TextDecoderLayer; skipped with a note where transformers
+is not installed).
 """
 import argparse
+import inspect
 import re
 import sys
 import time
@@ -379,6 +385,214 @@ def moe_section(torch, compiler):
     return rows
 
 
+def layer_section(torch, compiler):
+    """One Hugging Face decoder layer (transformers' LlamaDecoderLayer and Llama4TextDecoderLayer,
+    random weights, bf16, sdpa attention) on the cases of benches/layer.rs: a prefill of one
+    sequence of T tokens from position 0 (no cache, attention_mask None = causal; Llama 4's 8192
+    chunk is longer than every sequence here, so chunked = causal), and one decode step of B
+    sequences that each have 4096 cached tokens. The rotary embedding (cos/sin or freqs_cis) is
+    computed once outside the timing, as HF computes it once per model forward for all layers.
+
+    Decode is timed with two caches: "torch eager (HF)" uses transformers' DynamicCache, whose
+    update concatenates the new token to the cached K/V (a copy of the whole cache per step, as
+    HF's default decode does); the layer's K/V are reset to the 4096 cached tokens after every
+    call, so the context stays 4096 + 1 (no growth). "torch eager static kv" passes a cache that
+    writes the new token in place into a preallocated [B, kv_heads, 4096 + 1, head_dim] buffer,
+    like ours. torch.compile is timed on the prefill of 4096 (the large shape, as in the other
+    sections)."""
+    try:
+        import transformers
+        from transformers import LlamaConfig
+        from transformers.models.llama import modeling_llama
+        from transformers.models.llama4 import modeling_llama4
+        from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
+    except Exception as e:  # noqa: BLE001 - not installed, or a version without Llama 4
+        print(f"note: transformers not usable ({str(e).splitlines()[0][:100]}); layer not compared")
+        return []
+    try:
+        from transformers import DynamicCache
+    except ImportError:
+        DynamicCache = None
+    print(f"layer: transformers {transformers.__version__}")
+    dt = torch.bfloat16
+
+    class StaticKV:
+        """A one-layer cache of `ctx` tokens and a slot for the new one, written in place; the
+        methods the HF attention calls (update, get_seq_length)."""
+
+        def __init__(self, k, v):
+            self.ctx = k.shape[2]
+            self.k = torch.cat([k, k[:, :, :1]], dim=2)
+            self.v = torch.cat([v, v[:, :, :1]], dim=2)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            self.k[:, :, self.ctx:].copy_(key_states)
+            self.v[:, :, self.ctx:].copy_(value_states)
+            return self.k, self.v
+
+        def get_seq_length(self, *args, **kwargs):
+            return self.ctx
+
+    def dynamic_cache(k, v):
+        """A DynamicCache holding k/v for layer 0, and a function that drops what a step added."""
+        if DynamicCache is None:
+            raise RuntimeError("transformers has no DynamicCache")
+        cache = DynamicCache()
+        cache.update(k, v, 0)
+        layers = getattr(cache, "layers", None)
+        if layers and hasattr(layers[0], "keys"):
+            lay = layers[0]
+            k0, v0 = lay.keys, lay.values
+
+            def reset():
+                lay.keys, lay.values = k0, v0
+        elif hasattr(cache, "key_cache"):  # older transformers: lists of tensors per layer
+            k0, v0 = cache.key_cache[0], cache.value_cache[0]
+
+            def reset():
+                cache.key_cache[0], cache.value_cache[0] = k0, v0
+        else:
+            raise RuntimeError("DynamicCache keeps its tensors where this script does not look")
+        return cache, reset
+
+    def config(cls, attn, **kw):
+        try:
+            return cls(attn_implementation=attn, **kw)
+        except Exception:  # noqa: BLE001 - a version that does not take it in the constructor
+            c = cls(**kw)
+            c._attn_implementation = attn
+            return c
+
+    if SMOKE:
+        dims3 = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=512)
+        dims4 = dict(dims3, intermediate_size_mlp=512, num_local_experts=4)
+    else:
+        dims3 = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=14336)
+        dims4 = dict(
+            hidden_size=5120, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+            intermediate_size=8192, intermediate_size_mlp=16384, num_local_experts=16,
+        )
+    llama3 = dict(
+        dims3, num_hidden_layers=1, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192},
+    )
+    # benches/layer.rs's Llama 4 config: layer 0 of [1, 1, 1, 0] uses RoPE, layer 3 is NoPE. Here a
+    # one-layer config whose no_rope_layers entry (1 = RoPE, 0 = NoPE) and moe_layers pick the kind.
+    llama4 = dict(
+        dims4, num_hidden_layers=1, num_experts_per_tok=1, interleave_moe_layer_step=1, rms_norm_eps=1e-5,
+        rope_theta=500000.0, attention_chunk_size=8192, use_qk_norm=True, attn_temperature_tuning=True,
+        rope_scaling={"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                      "original_max_position_embeddings": 8192},
+    )
+    models = [
+        ("llama3-8b", LlamaConfig, llama3, modeling_llama.LlamaDecoderLayer, modeling_llama.LlamaRotaryEmbedding),
+        ("llama4 rope", Llama4TextConfig, dict(llama4, no_rope_layers=[1], moe_layers=[]),
+         modeling_llama4.Llama4TextDecoderLayer, modeling_llama4.Llama4TextRotaryEmbedding),
+        ("llama4 nope", Llama4TextConfig, dict(llama4, no_rope_layers=[0], moe_layers=[]),
+         modeling_llama4.Llama4TextDecoderLayer, modeling_llama4.Llama4TextRotaryEmbedding),
+        ("llama4-scout moe", Llama4TextConfig, dict(llama4, no_rope_layers=[1], moe_layers=[0]),
+         modeling_llama4.Llama4TextDecoderLayer, modeling_llama4.Llama4TextRotaryEmbedding),
+    ]
+    context = 64 if SMOKE else 4096
+    rows = []
+    for name, cfg_cls, cfg_kw, layer_cls, rope_cls in models:
+        cases = [(f"{name} prefill {t}", t, None) for t in [512, 4096]]
+        cases += [(f"{name} decode b{b} ctx4096", b, b) for b in [1, 32, 128]]
+        try:
+            cfg = None
+            for attn in ["sdpa", "eager"]:
+                try:
+                    cfg = config(cfg_cls, attn, **cfg_kw)
+                    break
+                except Exception as e:  # noqa: BLE001 - sdpa refused: try eager
+                    print(f"note: layer {name}: attn_implementation {attn} refused ({str(e).splitlines()[0][:100]})")
+            if cfg is None:
+                raise RuntimeError("no attention implementation accepted")
+            torch.manual_seed(0)
+            with torch.device(DEVICE):
+                layer = layer_cls(cfg, 0)
+            layer = layer.to(dt).eval()
+            with torch.no_grad():
+                # Some weights (Llama 4's experts) start as torch.empty/zeros: draw them all.
+                for p in layer.parameters():
+                    if p.dim() >= 2:
+                        p.normal_(0.0, 0.02)
+            rope = rope_cls(cfg).to(DEVICE)
+            params = inspect.signature(layer.forward).parameters
+            cache_arg = "past_key_values" if "past_key_values" in params else "past_key_value"
+        except Exception as ex:  # noqa: BLE001 - out of memory, or a transformers version that differs
+            for case, _, _ in cases:
+                print(f"note: layer {case}: not timed: {str(ex).splitlines()[0][:120]}")
+            continue
+        hq, hk, hd, hidden = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        for case, tokens, batch in cases:
+            try:
+                with torch.no_grad():
+                    if batch is None:
+                        if skip(tokens):
+                            if tokens > 512:
+                                continue
+                            tokens = SMOKE_MAX_TOKENS
+                        h = torch.randn(1, tokens, hidden, device=DEVICE, dtype=dt)
+                        pos = torch.arange(tokens, device=DEVICE)
+                        kw = {"attention_mask": None, "position_embeddings": rope(h, pos[None])}
+                        if "position_ids" in params:
+                            kw["position_ids"] = pos[None]
+                        if "cache_position" in params:  # transformers 4.x (Llama 4 NoPE's temperature tuning)
+                            kw["cache_position"] = pos
+                        if "use_cache" in params:
+                            kw["use_cache"] = False
+
+                        def f(h, kw=kw):
+                            return layer(h, **kw)
+
+                        theirs = {"torch eager (HF)": cuda_time_us(torch, lambda: f(h), iters=20)}
+                        if tokens >= 4096:
+                            c = compiler.time(f, h)
+                            if c is not None:
+                                theirs["torch.compile (HF)"] = c
+                    else:
+                        b = min(batch, 2) if SMOKE else batch
+                        h = torch.randn(b, 1, hidden, device=DEVICE, dtype=dt)
+                        k = torch.randn(b, hk, context, hd, device=DEVICE, dtype=dt)
+                        v = torch.randn(b, hk, context, hd, device=DEVICE, dtype=dt)
+                        pos = torch.full((b, 1), context, device=DEVICE, dtype=torch.long)
+                        base = {"attention_mask": None, "position_embeddings": rope(h, pos)}
+                        if "position_ids" in params:
+                            base["position_ids"] = pos
+                        if "cache_position" in params:
+                            base["cache_position"] = torch.tensor([context], device=DEVICE)
+                        if "use_cache" in params:
+                            base["use_cache"] = True
+                        theirs = {}
+                        try:
+                            cache, reset = dynamic_cache(k, v)
+                            kw = dict(base, **{cache_arg: cache})
+
+                            def step(kw=kw, reset=reset):
+                                out = layer(h, **kw)
+                                reset()
+                                return out
+
+                            theirs["torch eager (HF)"] = cuda_time_us(torch, step, iters=20)
+                            del cache, kw
+                        except Exception as ex:  # noqa: BLE001 - the static cache below may still work
+                            print(f"note: layer {case}: DynamicCache not timed: {str(ex).splitlines()[0][:120]}")
+                        skv = StaticKV(k, v)
+                        del k, v
+                        kw = dict(base, **{cache_arg: skv})
+                        theirs["torch eager static kv"] = cuda_time_us(torch, lambda: layer(h, **kw), iters=20)
+                        del skv, kw
+                rows.append((case, theirs))
+            except Exception as ex:  # noqa: BLE001 - out of memory, or a transformers version that differs
+                print(f"note: layer {case}: not timed: {str(ex).splitlines()[0][:120]}")
+        del layer, rope
+        if not SMOKE:
+            torch.cuda.empty_cache()
+    return rows
+
+
 SECTIONS = {
     "rms_norm": rms_norm_section,
     "rope": rope_section,
@@ -386,8 +600,14 @@ SECTIONS = {
     "attention": attention_section,
     "decode": decode_section,
     "moe": moe_section,
+    "layer": layer_section,
 }
 ROW = re.compile(r"^(\S+ (?:bf16|f16|f32) \S+(?: \S+)*?)\s{2,}([0-9.]+)\s")
+# benches/layer.rs's summary rows ("<model> prefill 512   <us/layer> <tokens/s> ..."), which carry
+# no dtype; its share-of-time rows ("<model> ...  <total> us: ...") are not matched.
+LAYER_ROW = re.compile(
+    r"^((?:llama3-8b|llama4 rope|llama4 nope|llama4-scout moe) (?:prefill \d+|decode b\d+ ctx\d+))\s+([0-9.]+)\s+[0-9]+\s"
+)
 
 
 def parse_ours(paths):
@@ -399,7 +619,7 @@ def parse_ours(paths):
             print(f"note: cannot read {p}: {e}")
             continue
         for line in text.splitlines():
-            m = ROW.match(line)
+            m = ROW.match(line) or LAYER_ROW.match(line)
             if m:
                 ours[m.group(1).strip()] = float(m.group(2))
     return ours

@@ -104,6 +104,9 @@ fn main() -> ExitCode {
         }
         Some("info") if args.iter().any(|a| a == "--perf") => {
             print!("{}", inspect::perf::report());
+            if let Some(occupancy) = inspect::perf::driver_occupancy(&Device::best()) {
+                print!("\n{occupancy}");
+            }
             ExitCode::SUCCESS
         }
         Some("info") => {

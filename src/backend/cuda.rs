@@ -182,6 +182,9 @@ impl CudaShared {
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 dyn_smem as i32,
             )?;
+            // Prefer the largest shared-memory carveout (100%: 228 KB per SM on Hopper), so that
+            // two attention blocks of ~96 KB fit on one SM next to each other.
+            entry.0.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)?;
             entry.1 = dyn_smem;
         }
         Ok(entry.0.clone())
@@ -200,6 +203,14 @@ impl CudaShared {
             static_smem_bytes: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
             max_threads_per_block: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
         })
+    }
+
+    /// Blocks of `threads` threads and `dyn_smem` bytes of dynamic shared memory that fit on one
+    /// SM at once, as the driver computes it (`cuOccupancyMaxActiveBlocksPerMultiprocessor`),
+    /// after the same opt-in and carveout a launch sets.
+    pub fn blocks_per_sm(&self, kernel: KernelRef, threads: u32, dyn_smem: u32) -> Result<u32> {
+        let f = self.function(kernel, dyn_smem)?;
+        Ok(f.occupancy_max_active_blocks_per_multiprocessor(threads, dyn_smem as usize, None)?)
     }
 
     pub fn loaded_kernels(&self) -> Vec<CudaKernelInfo> {

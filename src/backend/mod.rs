@@ -394,6 +394,15 @@ impl Device {
         }
     }
 
+    /// Blocks of `threads` threads with `dyn_smem` bytes of dynamic shared memory that fit on
+    /// one SM, from the driver's occupancy calculator (CUDA only; `None` when emulated).
+    pub fn blocks_per_sm(&self, kernel: KernelRef, threads: u32, dyn_smem: u32) -> Result<Option<u32>> {
+        match &*self.0 {
+            DeviceInner::Cuda(c) => c.shared.blocks_per_sm(kernel, threads, dyn_smem).map(Some),
+            DeviceInner::Emulated(_) => Ok(None),
+        }
+    }
+
     /// GPU timing of `f` with CUDA events (milliseconds), for benchmarks. `None` when emulated.
     pub fn time_with_events(&self, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<Option<f64>> {
         match &*self.0 {

@@ -524,6 +524,30 @@ pub fn report() -> String {
     s
 }
 
+/// On a CUDA device: each kernel's blocks per SM from the driver's occupancy calculator (after
+/// the same shared-memory opt-in and carveout a launch sets) next to the model's; `None` on the
+/// emulated target.
+pub fn driver_occupancy(device: &crate::Device) -> Option<String> {
+    if device.target() != crate::backend::Target::Cuda {
+        return None;
+    }
+    let mut s = String::from("Occupancy on this device (cuOccupancyMaxActiveBlocksPerMultiprocessor) vs the model:\n");
+    for spec in SPECS {
+        let kernel = crate::backend::KernelRef { module: spec.module, symbol: spec.kernel };
+        let driver = match device.blocks_per_sm(kernel, spec.threads, spec.dyn_smem) {
+            Ok(Some(n)) => n.to_string(),
+            Ok(None) => "-".into(),
+            Err(e) => format!("error: {e}"),
+        };
+        let model = analyze(spec).map_or_else(|e| format!("cannot analyze: {e}"), |k| k.blocks_per_sm.to_string());
+        s += &format!(
+            "  {:<36} {} threads, {} B dynamic smem: driver {} blocks/SM, model {}\n",
+            spec.kernel, spec.threads, spec.dyn_smem, driver, model
+        );
+    }
+    Some(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
