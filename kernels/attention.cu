@@ -13,21 +13,29 @@
 // score matrix is never stored: scores live in registers one 64-key tile at a time, with an online
 // softmax (running max m and sum l, rescaled as the max grows), all in f32 and base 2.
 //
-// Grid mapping. A block owns 64 "rows", each a (query token, q head) pair: `pack` q heads of one
-// KV group times 64 / pack consecutive tokens of one sequence (GQA packing: the heads that share
-// a KV head share every K/V tile the block loads). grid.x enumerates the row blocks of all
-// sequences (cu_tiles; within a sequence the last, heaviest causal block runs first);
-// grid.y = kv_heads * (group / pack). K and V are never copied or repeated: kv head = h / group.
+// Grid mapping. A block owns kBlockRows "rows" (128 up to head_dim 128, 64 at head_dim 256),
+// each a (query token, q head) pair: `pack` q heads of one KV group times kBlockRows / pack
+// consecutive tokens of one sequence (GQA packing: the heads that share a KV head share every K/V
+// tile the block loads). grid.x enumerates the row blocks of all sequences (cu_tiles; within a
+// sequence the last, heaviest causal block runs first); grid.y = kv_heads * (group / pack). K and
+// V are never copied or repeated: kv head = h / group.
 //
-// Tensor-core path (bf16, f16; head_dim 32, 64, 96, 128 or 256). 4 warps, 16 rows each. Q (64 x D)
-// is staged in shared memory once and kept in registers as mma A-fragments (head_dim 256: re-read
-// from shared memory at every k-step, so that the registers hold the 128 accumulators). K/V tiles of 64 keys stream
-// through a 2-stage cp.async pipeline (16-byte copies, rows past the sequence zero-filled) into
-// shared memory with an XOR swizzle (16-byte chunk c of row r lives at c ^ (r % 8)), which makes
-// every ldmatrix conflict-free. Per tile and warp: S = Q K^T with mma.m16n8k16 (K B-fragments by
-// ldmatrix.x4), scale, mask (only on tiles that cross a mask or sequence boundary), online
-// softmax with quad shuffles, P converted in registers to A-fragments, O += P V (V B-fragments by
-// ldmatrix.x4.trans). The output is staged through shared memory and written with 16-byte stores.
+// Tensor-core path (bf16, f16; head_dim 32, 64, 96, 128 or 256). 4 warps; each owns two 16-row
+// m-tiles (one at head_dim 256), so that every K or V fragment it loads with ldmatrix.x4 feeds 4
+// mma instead of 2: 256 mma per 80 ldmatrix per 64-key tile at head_dim 128, where shared-memory
+// bandwidth, not the tensor cores, was the limit. Q (kBlockRows x D) is staged in shared memory
+// once; its A-fragments stay in registers up to head_dim 64 and are re-read from shared memory at
+// every k-step above, so that the registers hold the accumulators (2 x 64 of O and 2 x 32 scores
+// per thread at head_dim 128; the few loop-invariant values that do not fit are spilled once to
+// L1). K/V tiles of 64 keys stream through a 2-stage cp.async pipeline (16-byte copies; interior
+// tiles without predicates, rows past the sequence zero-filled) into shared memory with an XOR
+// swizzle (16-byte chunk c of row r lives at c ^ (r % 8)), which makes every ldmatrix
+// conflict-free; each lane's swizzled ldmatrix offsets are computed once (SwizzledRows). Per tile
+// and warp: S = Q K^T with mma.m16n8k16, scale, mask (only on tiles that cross a mask or sequence
+// boundary), online softmax with quad shuffles (O rescaled only when a row maximum of the warp
+// moved), P converted in registers to A-fragments, O += P V. The output is staged through shared
+// memory and written with 16-byte stores. Both K and V of the next tile are in flight during the
+// whole current tile (one commit group per tile, one barrier per tile).
 //
 // SIMT path (f32): 32 rows per block, 4 lanes per row (each owns head_dim / 4 dims of q and of
 // the accumulator), K/V tiles of 32 keys (16 at head_dim 256) in shared memory, dot products
@@ -47,9 +55,9 @@
 
 namespace {
 
-constexpr int kBlockM = 64;   // rows per block (tensor-core path)
 constexpr int kBlockN = 64;   // keys per K/V tile (tensor-core path)
-constexpr int kThreads = 128; // 4 warps
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -170,16 +178,45 @@ __device__ __forceinline__ int swz(int r, int c) {
   return r * kPitch<D> * 8 + ((c ^ (r & 7)) * 8);
 }
 
+// 16-row m-tiles per warp: two up to head_dim 128 (each K/V ldmatrix feeds 4 mma instead of 2),
+// one at head_dim 256 (whose 128 accumulators per m-tile leave no registers for a second).
+template <int D>
+inline constexpr int kMTiles = D <= 128 ? 2 : 1;
+// Rows per block: 4 warps of kMTiles * 16 rows.
+template <int D>
+inline constexpr int kBlockRows = kWarps * 16 * kMTiles<D>;
+
+// ldmatrix row addresses without per-use swizzle arithmetic. A lane addresses row R + (lane & 7)
+// (R a multiple of 8, so the XOR key is lane & 7) and chunk 8 h + 2 u + c (c = 0 or 1, u < 4).
+// The XOR touches only the low 3 bits, so the offset is base[u] + R * kRow + 64 h: four
+// per-lane offsets per operand, everything else an immediate.
+template <int D>
+struct SwizzledRows {
+  int base[4];
+  // row0: the lane's first row (a multiple of 8 plus lane & 7); c: its chunk bit.
+  __device__ SwizzledRows(int row0, int c) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) base[u] = swz<D>(row0, 2 * u + c);
+  }
+  // Element offset of row row0 + R (R % 8 == 0) and chunk 2 kk + c.
+  __device__ __forceinline__ int at(int R, int kk) const { return base[kk & 3] + R * kPitch<D> * 8 + 64 * (kk >> 2); }
+};
+
 template <class T, int D>
 __device__ void attention_mma_kernel(const AttentionParams& p) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr int kRow = kPitch<D> * 8;  // elements per shared-memory row
   static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256, "head_dim 32, 64, 96, 128 or 256");
-  constexpr bool kQInRegs = D <= 128;  // head_dim 256 re-reads Q from shared memory
+  constexpr int kMT = kMTiles<D>;
+  constexpr int kRows = kBlockRows<D>;
+  constexpr int kLaneRows = 2 * kMT;  // rows of this lane: g and g + 8 of each m-tile
+  // Q A-fragments stay in registers while they are few (head_dim <= 64: 32 registers); above,
+  // each k-step re-reads them from shared memory, so that the registers hold the accumulators.
+  constexpr bool kQInRegs = kMT * D <= 128;
   constexpr int kSubN = D <= 128 ? 8 : 2;  // n-tiles of 8 keys per softmax step
   LLK_DYN_SMEM(raw);
-  T* sQ = reinterpret_cast<T*>(raw);    // [kBlockM][kRow], later the output staging tile
-  T* sK = sQ + kBlockM * kRow;          // [2][kBlockN][kRow]
+  T* sQ = reinterpret_cast<T*>(raw);    // [kRows][kRow], later the output staging tile
+  T* sK = sQ + kRows * kRow;            // [2][kBlockN][kRow]
   T* sV = sK + 2 * kBlockN * kRow;      // [2][kBlockN][kRow]
   unsigned char* sOk = reinterpret_cast<unsigned char*>(sV + 2 * kBlockN * kRow);  // [2][kBlockN], paged K/V
   const bool paged = p.kv_source == LLK_KV_PAGED;
@@ -187,10 +224,13 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
   if (past_last_tile(p, blockIdx.x)) return;  // the whole block: before any barrier
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const Sequence s = locate(p, blockIdx.x);
-  const RowMap rows = row_map(p, s, kBlockM);
+  const RowMap rows = row_map(p, s, kRows);
   const int used_rows = rows.tokens_per_block * rows.pack;
   auto row_valid = [&](int r) { return r < used_rows && rows.token(r) < s.q_len; };
   const int64_t kv_head = int(rows.first_head) / int(p.q_heads / p.kv_heads);
+  // Block row of this lane's row i (m-tile i / 2, half i % 2): each warp owns kMT * 16
+  // consecutive rows.
+  auto lane_row = [&](int i) { return (warp * kMT + i / 2) * 16 + g + 8 * (i % 2); };
 
   const T* q = reinterpret_cast<const T*>(p.q);
   // Contiguous K/V: this sequence's rows of this kv head (paged: the pools, addressed per key).
@@ -199,12 +239,16 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
 
   // Query positions of the block, and the key tiles it needs.
   const BlockKeys bk = block_keys(p, s, rows.first_token, rows.tokens_per_block);
-  const int64_t first_tile = bk.begin / kBlockN;
-  const int64_t end_tile = (bk.end + kBlockN - 1) / kBlockN;
-  const int64_t chunk_lo_of_pos_hi = key_interval(p, bk.pos_hi, s.k_len).lo;  // rows below may start later
+  const int first_tile = int(bk.begin / kBlockN);  // key counts are i32
+  const int end_tile = int((bk.end + kBlockN - 1) / kBlockN);
+  // Tiles [free_lo, free_hi) need no mask: all their keys are in the sequence and allowed for
+  // every row of the block (causal: up to the first row's position; chunked: from the last row's
+  // chunk start, since rows below may start later).
+  const int free_hi = int(min(s.k_len / kBlockN, p.mask == LLK_ATTN_NONE ? s.k_len : max(bk.pos_lo + 1, int64_t(0)) / kBlockN));
+  const int free_lo = p.mask == LLK_ATTN_CHUNKED_CAUSAL ? int((key_interval(p, bk.pos_hi, s.k_len).lo + kBlockN - 1) / kBlockN) : 0;
 
   // Q tile: rows outside the sequence are zero-filled.
-  for (int i = tid; i < kBlockM * kChunks; i += kThreads) {
+  for (int i = tid; i < kRows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
     const bool ok = row_valid(r);
     const T* src = ok ? q + (s.q_start + rows.token(r)) * p.q_token_stride + rows.head(r) * p.q_head_stride + c * 8 : q;
@@ -218,12 +262,13 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
   const int ld_c = tid % kPitch<D>, ld_r = tid / kPitch<D>;
   const bool ld_active = ld_c < kChunks;
   const int64_t k_step = kRowStep * p.k_token_stride, v_step = kRowStep * p.v_token_stride;
-  auto load_kv = [&](int64_t tile, int stage) {
+  auto load_kv = [&](int tile, int stage) {
     if (!ld_active) return;
     T* dk = sK + stage * kBlockN * kRow;
     T* dv = sV + stage * kBlockN * kRow;
     const int64_t key0 = tile * kBlockN + ld_r;
     if (paged) {
+      // perf-model: cold { (src/inspect/perf.rs leaves these lines out of the hot path)
       const llk::PageMap pages = seq_pages(p, s, kv_head);  // from the params: no registers held across tiles
 #pragma unroll 2
       for (int i = 0; i < kLoadPasses; ++i) {
@@ -240,10 +285,22 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
         if (ld_c == 0) sOk[stage * kBlockN + r] = ok ? 1 : 0;
       }
       return;
+      // perf-model: cold }
     }
     const T* ks = k + key0 * p.k_token_stride + ld_c * 8;
     const T* vs = v + key0 * p.v_token_stride + ld_c * 8;
-    // head_dim 256: 16 passes; unrolled fully their addresses would stay live in registers.
+    if ((tile + 1) * kBlockN <= s.k_len) {
+      // Every key of the tile is in the sequence: copies without predicates or address selects.
+      // head_dim 256: 16 passes; unrolled fully their addresses would stay live in registers.
+#pragma unroll(D <= 128 ? kLoadPasses : 4)
+      for (int i = 0; i < kLoadPasses; ++i) {
+        const int r = ld_r + i * kRowStep;
+        llk::cp_async_16(dk + swz<D>(r, ld_c), ks + i * k_step, 16);
+        llk::cp_async_16(dv + swz<D>(r, ld_c), vs + i * v_step, 16);
+      }
+      return;
+    }
+    // perf-model: cold { (the sequence's last, partial tile)
 #pragma unroll(D <= 128 ? kLoadPasses : 4)
     for (int i = 0; i < kLoadPasses; ++i) {
       const int r = ld_r + i * kRowStep;
@@ -251,48 +308,57 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
       llk::cp_async_16(dk + swz<D>(r, ld_c), ok ? ks + i * k_step : k, ok ? 16 : 0);
       llk::cp_async_16(dv + swz<D>(r, ld_c), ok ? vs + i * v_step : v, ok ? 16 : 0);
     }
+    // perf-model: cold }
   };
   if (first_tile < end_tile) load_kv(first_tile, 0);
   llk::cp_async_commit();
 
-  // This lane's two rows (g and g + 8 of the warp's 16).
-  KeyInterval keys[2];
-  float scale[2];
-  bool valid[2];
+  // This lane's rows: their key intervals and softmax scales.
+  KeyInterval keys[kLaneRows];
+  float scale[kLaneRows];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = warp * 16 + g + 8 * h;
-    const int64_t pos = s.k_len - s.q_len + rows.token(r);
-    valid[h] = row_valid(r);
-    keys[h] = key_interval(p, pos, s.k_len);
-    scale[h] = row_scale_log2(p, pos);
+  for (int i = 0; i < kLaneRows; ++i) {
+    const int64_t pos = s.k_len - s.q_len + rows.token(lane_row(i));
+    keys[i] = key_interval(p, pos, s.k_len);
+    scale[i] = row_scale_log2(p, pos);
   }
 
-  float o[kChunks][4];
+  // Accumulators: o[mt][n] is the m16n8 tile of m-tile mt and head dims 8n..8n+7; its elements
+  // 0, 1 belong to lane row 2 mt, elements 2, 3 to lane row 2 mt + 1.
+  float o[kMT][kChunks][4];
 #pragma unroll
-  for (int n = 0; n < kChunks; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  auto q_frag = [&](int kk, uint32_t (&a)[4]) {
-    const int mi = lane >> 3, r = warp * 16 + (mi & 1) * 8 + (lane & 7);
-    llk::ldmatrix<4, false>(a, sQ + swz<D>(r, 2 * kk + (mi >> 1)));
-  };
-  uint32_t qf[kQInRegs ? D / 16 : 1][4];
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int n = 0; n < kChunks; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+  float m[kLaneRows], l[kLaneRows];
+#pragma unroll
+  for (int i = 0; i < kLaneRows; ++i) m[i] = -INFINITY, l[i] = 0.f;
+  // ldmatrix addressing, by matrix mi = lane / 8 of each x4. Q (A-fragments): mi & 1 picks rows
+  // +0/+8, mi >> 1 the k-step half. K (B-fragments): mi >> 1 picks the n-tile (rows +0/+8), mi & 1
+  // the k-step half. V (.trans B-fragments): mi & 1 picks the k-step half (rows +0/+8), mi >> 1
+  // the d-tile.
+  const int mi = lane >> 3;
+  const SwizzledRows<D> q_rows((warp * kMT) * 16 + (mi & 1) * 8 + (lane & 7), mi >> 1);
+  const SwizzledRows<D> k_rows((mi >> 1) * 8 + (lane & 7), mi & 1);
+  const SwizzledRows<D> v_rows((mi & 1) * 8 + (lane & 7), mi >> 1);
+  // The A-fragment of m-tile mt for k-step kk (head dims 16 kk .. 16 kk + 15).
+  auto q_frag = [&](int mt, int kk, uint32_t (&a)[4]) { llk::ldmatrix<4, false>(a, sQ + q_rows.at(mt * 16, kk)); };
+  uint32_t qf[kQInRegs ? kMT : 1][kQInRegs ? D / 16 : 1][4];
 
   llk::cp_async_wait<0>();
   __syncthreads();
   if constexpr (kQInRegs) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int mi = lane >> 3, r = warp * 16 + (mi & 1) * 8 + (lane & 7);
-      llk::ldmatrix<4, false>(qf[kk], sQ + swz<D>(r, 2 * kk + (mi >> 1)));
-    }
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) q_frag(mt, kk, qf[mt][kk]);
   }
 
   // One barrier per tile: after it, this tile's copies have landed for every thread, and every
   // warp is done with the other stage, which the copies issued next refill while this tile's
   // math runs.
-  for (int64_t tile = first_tile; tile < end_tile; ++tile) {
-    const int stage = int((tile - first_tile) & 1);
+  for (int tile = first_tile; tile < end_tile; ++tile) {
+    const int stage = (tile - first_tile) & 1;
     if (tile > first_tile) {
       llk::cp_async_wait<0>();
       __syncthreads();
@@ -305,130 +371,168 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
     const T* tv = sV + stage * kBlockN * kRow;
 
     // The tile in sub-steps of kSubN n-tiles of 8 keys: all 64 keys at once, or (head_dim 256,
-    // whose 128 accumulators leave fewer registers) 32 keys at a time, one after the other.
+    // whose 128 accumulators leave fewer registers) 16 keys at a time, one after the other.
     const int n0 = int(tile * kBlockN);
     // Mask, only on tiles that cross a mask or sequence boundary; paged K/V: every tile (a key
     // may sit on a bad page).
-    const bool needs_mask = paged || n0 + kBlockN > s.k_len ||
-                            (p.mask != LLK_ATTN_NONE && n0 + kBlockN - 1 > bk.pos_lo) ||
-                            (p.mask == LLK_ATTN_CHUNKED_CAUSAL && n0 < chunk_lo_of_pos_hi);
+    const bool needs_mask = paged || tile < free_lo || tile >= free_hi;
 #pragma unroll 1
     for (int sub = 0; sub < 8 / kSubN; ++sub) {
       const int j0 = sub * kSubN;  // first n-tile of the sub-step
-      // S = Q K^T for this warp's 16 rows and the sub-step's keys.
-      float sc[kSubN][4];
+      // S = Q K^T for this warp's rows and the sub-step's keys, one k-step (16 head dims) at a
+      // time: an ldmatrix.x4 of K holds two n-tiles, and each feeds every m-tile's mma.
+      float sc[kMT][kSubN][4];
 #pragma unroll
-      for (int j = 0; j < kSubN; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
-#pragma unroll(kQInRegs ? D / 32 : 2)
-      for (int kk = 0; kk < D / 16; kk += 2) {
-        uint32_t a0[4], a1[4];
-        if constexpr (kQInRegs) {
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) a0[i] = qf[kQInRegs ? kk : 0][i], a1[i] = qf[kQInRegs ? kk + 1 : 0][i];
-        } else {
-          q_frag(kk, a0);
-          q_frag(kk + 1, a1);
+        for (int j = 0; j < kSubN; ++j) sc[mt][j][0] = sc[mt][j][1] = sc[mt][j][2] = sc[mt][j][3] = 0.f;
+      // k-steps in groups, so that kk % 4 (SwizzledRows' offset index) is a compile-time constant
+      // even where the outer loop stays rolled (head_dim 256: 4 k-steps per iteration).
+      constexpr int kGroup = (D / 16) % 4 == 0 ? 4 : 2;
+#pragma unroll(D <= 128 ? D / 16 / kGroup : 1)
+      for (int kq = 0; kq < D / 16 / kGroup; ++kq)
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) {
+        const int kk = kq * kGroup + u;
+        uint32_t a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          if constexpr (kQInRegs) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[mt][i] = qf[kQInRegs ? mt : 0][kQInRegs ? kk : 0][i];
+          } else {
+            q_frag(mt, kk, a[mt]);
+          }
         }
 #pragma unroll
-        for (int j = 0; j < kSubN; ++j) {
-          uint32_t b[4];  // b[0], b[1]: k-step kk; b[2], b[3]: k-step kk + 1
-          llk::ldmatrix<4, false>(b, tk + swz<D>(8 * (j0 + j) + (lane & 7), 2 * kk + (lane >> 3)));
+        for (int j = 0; j < kSubN; j += 2) {
+          uint32_t b[4];  // b[0], b[1]: n-tile j0 + j; b[2], b[3]: n-tile j0 + j + 1
+          llk::ldmatrix<4, false>(b, tk + k_rows.at(8 * (j0 + j), kk));
           const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-          llk::mma_m16n8k16<T>(sc[j], a0, b0, sc[j]);
-          llk::mma_m16n8k16<T>(sc[j], a1, b1, sc[j]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            llk::mma_m16n8k16<T>(sc[mt][j], a[mt], b0, sc[mt][j]);
+            llk::mma_m16n8k16<T>(sc[mt][j + 1], a[mt], b1, sc[mt][j + 1]);
+          }
         }
       }
 
       if (needs_mask) {
+        // perf-model: cold { (only tiles that cross the diagonal, a chunk or the sequence end)
         const unsigned char* ok = sOk + stage * kBlockN;
 #pragma unroll
-        for (int j = 0; j < kSubN; ++j)
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int key = 8 * (j0 + j) + 2 * t + (i & 1);
-            if (!keys[i >> 1].contains(n0 + key) || (paged && !ok[key])) sc[j][i] = -INFINITY;
-          }
+          for (int j = 0; j < kSubN; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int key = 8 * (j0 + j) + 2 * t + (i & 1);
+              if (!keys[2 * mt + (i >> 1)].contains(n0 + key) || (paged && !ok[key])) sc[mt][j][i] = -INFINITY;
+            }
+        // perf-model: cold }
       }
 
       // Online softmax in base 2: new row maxima (quad-wide), rescale, exponentiate. The scale
       // is positive, so the maximum of the raw scores scales to the maximum of the scaled ones,
       // and exp2(s * scale - m) is one fma and one ex2.
+      float corr[kLaneRows], base[kLaneRows];
+      bool moved = false;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+      for (int i = 0; i < kLaneRows; ++i) {
+        const int mt = i / 2, h = i % 2;
         float mx = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < kSubN; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
+        for (int j = 0; j < kSubN; ++j) mx = fmaxf(mx, fmaxf(sc[mt][j][2 * h], sc[mt][j][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[h], mx * scale[h]);
-        const float base = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row so far stays at 0
-        const float corr = m_new == m[h] ? 1.f : llk::fast_exp2(m[h] - base);
-        m[h] = m_new;
-        l[h] *= corr;
-        // Rescale O only when some row maximum of the warp moved (after the first tiles it
-        // rarely does): at head_dim >= 128 a warp-uniform branch around the kChunks x 2
-        // multiplies (smaller head dims have few to skip, and the vote's registers made sm_80
-        // spill). Skipping a multiply by exactly 1 changes no bit.
-        if (D < 128 || __any_sync(0xffffffffu, corr != 1.f)) {
+        const float m_new = fmaxf(m[i], mx * scale[i]);
+        base[i] = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row so far stays at 0
+        corr[i] = m_new == m[i] ? 1.f : llk::fast_exp2(m[i] - base[i]);
+        moved = moved || m_new != m[i];
+        m[i] = m_new;
+        l[i] *= corr[i];
+      }
+      // Rescale O only when some row maximum of the warp moved (after the first tiles it rarely
+      // does): one warp-uniform branch around the kMT x kChunks x 4 multiplies. Skipping a
+      // multiply by exactly 1 changes no bit.
+      if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-          for (int n = 0; n < kChunks; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
-        }
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int n = 0; n < kChunks; ++n) {
+            o[mt][n][0] *= corr[2 * mt], o[mt][n][1] *= corr[2 * mt];
+            o[mt][n][2] *= corr[2 * mt + 1], o[mt][n][3] *= corr[2 * mt + 1];
+          }
+      }
+#pragma unroll
+      for (int i = 0; i < kLaneRows; ++i) {
+        const int mt = i / 2, h = i % 2;
 #pragma unroll
         for (int j = 0; j < kSubN; ++j) {
-          sc[j][2 * h] = llk::fast_exp2(fmaf(sc[j][2 * h], scale[h], -base));
-          sc[j][2 * h + 1] = llk::fast_exp2(fmaf(sc[j][2 * h + 1], scale[h], -base));
-          l[h] += sc[j][2 * h] + sc[j][2 * h + 1];
+          sc[mt][j][2 * h] = llk::fast_exp2(fmaf(sc[mt][j][2 * h], scale[i], -base[i]));
+          sc[mt][j][2 * h + 1] = llk::fast_exp2(fmaf(sc[mt][j][2 * h + 1], scale[i], -base[i]));
+          l[i] += sc[mt][j][2 * h] + sc[mt][j][2 * h + 1];
         }
       }
 
-      // O += P V: P's accumulator layout is the A-fragment layout of the next mma.
+      // O += P V: P's accumulator layout is the A-fragment layout of the next mma, and each
+      // ldmatrix.x4.trans of V (two d-tiles of 16 keys) feeds every m-tile's mma.
 #pragma unroll
       for (int kk = 0; kk < kSubN / 2; ++kk) {  // 16 keys per k-step
-        const uint32_t a[4] = {llk::pack_pair<T>(sc[2 * kk][0], sc[2 * kk][1]), llk::pack_pair<T>(sc[2 * kk][2], sc[2 * kk][3]),
-                               llk::pack_pair<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                               llk::pack_pair<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+        uint32_t a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          a[mt][0] = llk::pack_pair<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+          a[mt][1] = llk::pack_pair<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+          a[mt][2] = llk::pack_pair<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+          a[mt][3] = llk::pack_pair<T>(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int n = 0; n < kChunks; n += 2) {
           uint32_t b[4];  // b[0], b[1]: d-tile n; b[2], b[3]: d-tile n + 1
-          const int mi = lane >> 3;
-          llk::ldmatrix<4, true>(b, tv + swz<D>(8 * j0 + 16 * kk + (mi & 1) * 8 + (lane & 7), n + (mi >> 1)));
+          llk::ldmatrix<4, true>(b, tv + v_rows.at(8 * j0 + 16 * kk, n / 2));
           const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-          llk::mma_m16n8k16<T>(o[n], a, b0, o[n]);
-          llk::mma_m16n8k16<T>(o[n + 1], a, b1, o[n + 1]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            llk::mma_m16n8k16<T>(o[mt][n], a[mt], b0, o[mt][n]);
+            llk::mma_m16n8k16<T>(o[mt][n + 1], a[mt], b1, o[mt][n + 1]);
+          }
         }
       }
     }
   }
 
   // Finish the softmax: quad-wide sums, normalize, stage the output tile in shared memory.
-  float inv[2], lse[2];
+  float inv[kLaneRows], lse[kLaneRows];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
+  for (int i = 0; i < kLaneRows; ++i) {
+    float sum = l[i];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     // sum == 0: a fully masked row (zeros, lse = -inf). A NaN sum (a non-finite score) stays NaN.
-    inv[h] = sum == 0.f ? 0.f : 1.f / sum;
-    lse[h] = sum == 0.f ? -INFINITY : (m[h] + log2f(sum)) * kLn2;
+    inv[i] = sum == 0.f ? 0.f : 1.f / sum;
+    lse[i] = sum == 0.f ? -INFINITY : (m[i] + log2f(sum)) * kLn2;
   }
 #pragma unroll
-  for (int n = 0; n < kChunks; ++n)
+  for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = warp * 16 + g + 8 * h;
-      const uint32_t packed = llk::pack_pair<T>(o[n][2 * h] * inv[h], o[n][2 * h + 1] * inv[h]);
-      *reinterpret_cast<uint32_t*>(sQ + swz<D>(r, n) + 2 * t) = packed;
-    }
+    for (int n = 0; n < kChunks; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 2 * mt + h;
+        const uint32_t packed = llk::pack_pair<T>(o[mt][n][2 * h] * inv[i], o[mt][n][2 * h + 1] * inv[i]);
+        *reinterpret_cast<uint32_t*>(sQ + swz<D>(lane_row(i), n) + 2 * t) = packed;
+      }
   if (p.lse != 0 && t == 0) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = warp * 16 + g + 8 * h;
-      if (valid[h]) reinterpret_cast<float*>(p.lse)[rows.head(r) * p.total_q + s.q_start + rows.token(r)] = lse[h];
+    for (int i = 0; i < kLaneRows; ++i) {
+      const int r = lane_row(i);
+      if (row_valid(r)) reinterpret_cast<float*>(p.lse)[rows.head(r) * p.total_q + s.q_start + rows.token(r)] = lse[i];
     }
   }
   __syncthreads();
   T* out = reinterpret_cast<T*>(p.out);
-  for (int i = tid; i < kBlockM * kChunks; i += kThreads) {
+  for (int i = tid; i < kRows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
     if (!row_valid(r)) continue;
     const uint4 val = *reinterpret_cast<const uint4*>(sQ + swz<D>(r, c));

@@ -52,3 +52,26 @@ fn swiglu_costs_at_most_12_issue_slots_per_element() {
     assert!(k.mix.mufu as f64 <= 2.0 * k.elements, "swiglu: {} MUFU for {} elements", k.mix.mufu, k.elements);
     assert_eq!(k.bound, "bandwidth", "{}", k.predicted);
 }
+
+#[test]
+fn attention_feeds_3_hmma_per_ldsm_at_most_4_2_issue_slots_each() {
+    // Two 16-row m-tiles per warp (128-row blocks): each K ldmatrix.x4 feeds 4 HMMA and each V
+    // ldmatrix.x4.trans 4, Q re-read per k-step (2 LDSM per 16 HMMA): 256 HMMA per 80 LDSM a
+    // tile. Issue slots per HMMA on the hot path: what an interior tile runs (no mask, contiguous
+    // K/V, the O rescale counted as if every tile moved a row maximum).
+    let k = kernel("attention_hd128_bf16");
+    let whole = k.whole_loop.clone().expect("attention marks its cold paths");
+    assert_eq!(k.mix.hmma, 256, "HMMA per tile on the hot path");
+    assert_eq!(whole.hmma, k.mix.hmma, "the cold paths hold no HMMA");
+    assert!(k.mix.total < whole.total, "the hot path leaves out the cold paths");
+    let per_ldsm = k.mix.hmma as f64 / k.mix.ldsm as f64;
+    assert!(per_ldsm >= 3.0, "attention: {per_ldsm:.2} HMMA per LDSM");
+    assert!(k.slots_per_hmma <= 4.2, "attention: {:.2} issue slots per HMMA", k.slots_per_hmma);
+    // 255 registers and 96 KB of shared memory: two blocks per SM.
+    assert!(k.blocks_per_sm >= 2, "attention: {} blocks per SM", k.blocks_per_sm);
+    // The registers hold 192 accumulators; what does not fit is mostly loop-invariant (ldmatrix
+    // offsets, loop bounds), spilled once before the loop and reloaded from L1, plus at most one
+    // loop-carried value stored back per tile: few local accesses per 256 HMMA.
+    assert!(k.mix.local_stores <= 1, "attention: {} local stores per tile", k.mix.local_stores);
+    assert!(k.mix.local <= 16, "attention: {} local accesses per tile", k.mix.local);
+}

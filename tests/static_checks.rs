@@ -38,9 +38,29 @@ fn no_kernel_spills_at_sm_90() {
         let kernels = parse_ptxas(m.ptxas_sm90);
         assert!(!kernels.is_empty(), "no ptxas report for {}", m.name);
         for k in kernels {
-            assert_eq!((k.spill_stores, k.spill_loads), (0, 0), "{} spills at sm_90: {k:?}", k.name);
+            check_spills(&k, "sm_90");
             assert!(k.registers > 0 && k.registers <= 255, "{k:?}");
         }
+    }
+}
+
+/// The tensor-core prefill attention kernels up to head_dim 128 hold 2 x 16 rows per warp (192
+/// f32 accumulators per thread at head_dim 128); what does not fit in 255 registers (mostly
+/// loop-invariant values) spills to L1 within this budget. tests/perf_report.rs checks that the
+/// main loop touches it little (at most 16 local accesses per tile, at most one of them a store).
+/// Every other kernel spills nothing.
+const ATTENTION_SPILL_BUDGET: u32 = 128;
+
+fn check_spills(k: &llama_kernels::inspect::KernelResources, arch: &str) {
+    let two_m_tiles = k.name.starts_with("attention_hd") && !k.name.starts_with("attention_hd256") && !k.name.ends_with("_f32");
+    if two_m_tiles {
+        assert!(
+            k.spill_stores <= ATTENTION_SPILL_BUDGET && k.spill_loads <= ATTENTION_SPILL_BUDGET + 16,
+            "{} spills beyond its budget at {arch}: {k:?}",
+            k.name
+        );
+    } else {
+        assert_eq!((k.spill_stores, k.spill_loads), (0, 0), "{} spills at {arch}: {k:?}", k.name);
     }
 }
 
@@ -136,7 +156,14 @@ fn attention_runs_on_tensor_cores() {
         assert!(has(hmma), "{name}: no {hmma}");
         assert!(has("LDSM.16.M88.4") && has("LDSM.16.MT88.4"), "{name}: no ldmatrix x4 / x4.trans");
         assert!(has("LDGSTS.E.BYPASS.128"), "{name}: no 16-byte cp.async");
-        assert!(!has("LDL") && !has("STL"), "{name} uses local memory");
+        // Local memory only for the budgeted loop-invariant spills (check_spills).
+        let local = ops.iter().filter(|o| o.starts_with("LDL") || o.starts_with("STL")).count();
+        if name.starts_with("attention_hd256") || name.starts_with("attention_hd32") {
+            assert_eq!(local, 0, "{name} uses local memory");
+        } else {
+            // 4-byte accesses: at most the stores and loads ptxas reports within the budget.
+            assert!(local <= (2 * ATTENTION_SPILL_BUDGET as usize + 16) / 4, "{name}: {local} local accesses");
+        }
     }
 }
 
@@ -188,10 +215,10 @@ fn kv_append_moves_128_bits_per_access() {
 }
 
 #[test]
-fn attention_and_paged_attention_do_not_spill_at_sm_80() {
+fn attention_and_paged_attention_spill_nothing_or_within_budget_at_sm_80() {
     for m in kernel_modules().filter(|m| m.name == "attention" || m.name == "paged_attention") {
         for k in parse_ptxas(m.ptxas_sm80) {
-            assert_eq!((k.spill_stores, k.spill_loads), (0, 0), "{} spills at sm_80: {k:?}", k.name);
+            check_spills(&k, "sm_80");
         }
     }
 }

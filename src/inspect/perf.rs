@@ -14,7 +14,7 @@
 //! vector / stores per element, so "issue slots per element" is the cost of the code as written,
 //! assuming every unrolled slot is active. Matrix kernels: the loop with the most HMMA.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 use super::{KernelResources, parse_ptxas};
@@ -55,6 +55,8 @@ pub struct Sass {
     pub op: String,
     /// The operand text.
     pub operands: String,
+    /// Whether a guard predicate (`@P0`, `@!P1`) was stripped.
+    pub predicated: bool,
 }
 
 impl Sass {
@@ -83,6 +85,84 @@ pub fn disassemble(cubin: &[u8], function: &str) -> Result<Vec<Sass>, String> {
     Ok(parse_sass(&String::from_utf8_lossy(&out.stdout)))
 }
 
+/// Line ranges (1-based, inclusive) of `source` between `// perf-model: cold {` and
+/// `// perf-model: cold }` markers.
+pub fn cold_ranges(source: &str) -> Vec<(u32, u32)> {
+    let mut ranges = Vec::new();
+    let mut open = None;
+    for (i, line) in source.lines().enumerate() {
+        let n = i as u32 + 1;
+        if line.contains("perf-model: cold {") {
+            open = Some(n);
+        } else if line.contains("perf-model: cold }") {
+            if let Some(start) = open.take() {
+                ranges.push((start, n));
+            }
+        }
+    }
+    ranges
+}
+
+/// Addresses of `function`'s instructions compiled from a cold line of `file` (a file name such as
+/// `attention.cu`), directly or through an inlined call made there: read from the line table the
+/// `-lineinfo` build keeps in the cubin (`nvdisasm -gi` prints each instruction's inline chain).
+pub fn cold_addresses(cubin: &[u8], function: &str, file: &str, ranges: &[(u32, u32)]) -> Result<BTreeSet<u32>, String> {
+    let bin = std::path::PathBuf::from(env!("LLK_CUDA_BIN")).join("nvdisasm");
+    let dir = std::env::temp_dir().join(format!("llk-perf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("temp dir: {e}"))?;
+    let path = dir.join(format!("{function}.lines.cubin"));
+    std::fs::write(&path, cubin).map_err(|e| format!("write cubin: {e}"))?;
+    let out = Command::new(&bin)
+        .arg("-gi")
+        .arg(&path)
+        .output()
+        .map_err(|e| format!("cannot run {} (scripts/setup.sh installs it): {e}", bin.display()))?;
+    let _ = std::fs::remove_file(&path);
+    if !out.status.success() {
+        return Err(format!("nvdisasm failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let header = format!(".text.{function}:");
+    let body = text.split_once(header.as_str()).ok_or(format!("{function} not in the nvdisasm output"))?.1;
+    let is_cold = |f: &str, line: u32| f.rsplit('/').next() == Some(file) && ranges.iter().any(|&(a, b)| (a..=b).contains(&line));
+    // Each `//## File "f", line n [inlined at "g", line m]` line is one frame of the next
+    // instruction's chain; an instruction without its own chain keeps the previous one.
+    let frame = |l: &str| -> Vec<(String, u32)> {
+        l.split("File \"")
+            .chain(l.split(" at \"").skip(1))
+            .filter_map(|part| {
+                let (f, rest) = part.split_once('"')?;
+                let n = rest.trim_start_matches(',').trim().strip_prefix("line ")?;
+                let n: u32 = n.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
+                Some((f.to_string(), n))
+            })
+            .collect()
+    };
+    let mut cold = BTreeSet::new();
+    let (mut chain_cold, mut fresh) = (false, true);
+    for l in body.lines() {
+        let t = l.trim_start();
+        if t.starts_with(".section") || t.starts_with("//----") {
+            break; // the next function
+        }
+        if let Some(rest) = t.strip_prefix("//##") {
+            if fresh {
+                chain_cold = false;
+                fresh = false;
+            }
+            chain_cold |= frame(rest).iter().any(|(f, n)| is_cold(f, *n));
+        } else if let Some(rest) = t.strip_prefix("/*") {
+            let Some((addr, _)) = rest.split_once("*/") else { continue };
+            let Ok(addr) = u32::from_str_radix(addr.trim(), 16) else { continue };
+            if chain_cold {
+                cold.insert(addr);
+            }
+            fresh = true;
+        }
+    }
+    Ok(cold)
+}
+
 /// Parses `cuobjdump -sass` text (one function) into instructions.
 pub fn parse_sass(text: &str) -> Vec<Sass> {
     let mut v = Vec::new();
@@ -93,25 +173,82 @@ pub fn parse_sass(text: &str) -> Vec<Sass> {
         let Ok(addr) = u32::from_str_radix(addr.trim(), 16) else { continue };
         let code = code.trim().trim_end_matches(|c| c != ';').trim_end_matches(';').trim();
         let mut words = code.split_whitespace().peekable();
-        if words.peek().is_some_and(|w| w.starts_with('@')) {
+        let predicated = words.peek().is_some_and(|w| w.starts_with('@'));
+        if predicated {
             words.next();
         }
         let Some(op) = words.next() else { continue };
         let operands = words.collect::<Vec<_>>().join(" ");
-        v.push(Sass { addr, op: op.to_string(), operands });
+        v.push(Sass { addr, op: op.to_string(), operands, predicated });
     }
     v
 }
 
+/// The address a branch (`BRA 0x1a50`, `BRA P2, 0x1a50`) jumps to.
+fn branch_target(i: &Sass) -> Option<u32> {
+    if i.base() != "BRA" {
+        return None;
+    }
+    let target = i.operands.split_whitespace().last()?.trim_start_matches("0x");
+    u32::from_str_radix(target.trim_end_matches(';'), 16).ok()
+}
+
 /// `[start, end]` address ranges of loop bodies (a branch back to an earlier address).
 pub fn loops(code: &[Sass]) -> Vec<(u32, u32)> {
-    code.iter()
-        .filter(|i| i.base() == "BRA")
-        .filter_map(|i| {
-            let target = i.operands.split_whitespace().last()?.trim_start_matches("0x");
-            let target = u32::from_str_radix(target.trim_end_matches(';'), 16).ok()?;
-            (target < i.addr).then_some((target, i.addr))
-        })
+    code.iter().filter_map(|i| branch_target(i).filter(|&t| t < i.addr).map(|t| (t, i.addr))).collect()
+}
+
+/// The hot path of a loop body (`region`, in address order): the basic blocks one iteration can
+/// reach from the loop head along forward edges without entering a cold block, a block whose
+/// instructions mostly come from cold source lines. Deciding per block rather than per
+/// instruction keeps out the values ptxas rematerializes inside cold code, which the line table
+/// attributes to the line that defined them. Both sides of a branch between hot blocks count
+/// (the O rescale a warp skips when no row maximum moved, for one), so the path is an upper
+/// bound on what an interior tile issues.
+pub fn hot_path<'a>(region: &[&'a Sass], cold: &BTreeSet<u32>) -> Vec<&'a Sass> {
+    let Some(first) = region.first() else { return Vec::new() };
+    let mut leaders = BTreeSet::from([first.addr]);
+    for (k, i) in region.iter().enumerate() {
+        if let Some(t) = branch_target(i) {
+            leaders.insert(t);
+            if let Some(next) = region.get(k + 1) {
+                leaders.insert(next.addr);
+            }
+        }
+    }
+    let mut blocks: Vec<Vec<&'a Sass>> = Vec::new();
+    for &i in region {
+        match blocks.last_mut() {
+            Some(b) if !leaders.contains(&i.addr) => b.push(i),
+            _ => blocks.push(vec![i]),
+        }
+    }
+    let start: BTreeMap<u32, usize> = blocks.iter().enumerate().map(|(k, b)| (b[0].addr, k)).collect();
+    let is_cold = |b: &[&Sass]| {
+        let body: Vec<_> = b.iter().filter(|i| i.base() != "BRA" && i.base() != "NOP").collect();
+        let n = body.iter().filter(|i| cold.contains(&i.addr)).count();
+        2 * n > body.len()
+    };
+    let mut reach = vec![false; blocks.len()];
+    reach[0] = true;
+    for k in 0..blocks.len() {
+        if !reach[k] || is_cold(&blocks[k]) {
+            continue;
+        }
+        let Some(last) = blocks[k].last() else { continue };
+        let target = branch_target(last);
+        if (target.is_none() || last.predicated) && k + 1 < blocks.len() {
+            reach[k + 1] = true;
+        }
+        if let Some(&j) = target.filter(|&t| t > last.addr).and_then(|t| start.get(&t)) {
+            reach[j] = true;
+        }
+    }
+    blocks
+        .iter()
+        .zip(reach)
+        .filter(|(b, r)| *r && !is_cold(b))
+        .flat_map(|(b, _)| b.iter().copied())
         .collect()
 }
 
@@ -131,6 +268,8 @@ pub struct Mix {
     pub stg: BTreeMap<u32, usize>,
     /// Local-memory accesses (spills or stack arrays).
     pub local: usize,
+    /// Of which stores (STL).
+    pub local_stores: usize,
 }
 
 fn width(op: &str) -> u32 {
@@ -151,7 +290,11 @@ impl Mix {
                 "STS" => m.sts += 1,
                 "LDG" => *m.ldg.entry(width(&i.op)).or_default() += 1,
                 "STG" => *m.stg.entry(width(&i.op)).or_default() += 1,
-                "LDL" | "STL" => m.local += 1,
+                "LDL" => m.local += 1,
+                "STL" => {
+                    m.local += 1;
+                    m.local_stores += 1;
+                }
                 _ => {}
             }
             m.total += 1;
@@ -229,6 +372,10 @@ pub struct Spec {
     pub vec: usize,
     pub stores_per_elem: usize,
     pub bytes_per_elem: f64,
+    /// Matrix kernels: the family's source, whose lines between `// perf-model: cold {` and
+    /// `// perf-model: cold }` are paths the reference shape does not run (masked boundary tiles,
+    /// paged K/V); the hot-path mix leaves out the instructions compiled from them.
+    pub cold_source: Option<&'static str>,
 }
 
 /// The kernels the report covers (Llama 3 8B shapes, bf16).
@@ -243,6 +390,7 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
+        cold_source: None,
     },
     Spec {
         module: "rms_norm",
@@ -254,6 +402,7 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 2,
         bytes_per_elem: 8.0,
+        cold_source: None,
     },
     Spec {
         module: "rope",
@@ -265,6 +414,7 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
+        cold_source: None,
     },
     Spec {
         module: "rope",
@@ -276,6 +426,7 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
+        cold_source: None,
     },
     Spec {
         module: "rope",
@@ -287,6 +438,7 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
+        cold_source: None,
     },
     Spec {
         module: "swiglu",
@@ -298,6 +450,7 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 6.0,
+        cold_source: None,
     },
     Spec {
         module: "attention",
@@ -305,10 +458,11 @@ pub const SPECS: &[Spec] = &[
         shape: "causal prefill, head_dim 128",
         region: Region::MatrixLoop,
         threads: 128,
-        dyn_smem: (64 + 4 * 64) * 128 * 2,
+        dyn_smem: (128 + 4 * 64) * 128 * 2,
         vec: 0,
         stores_per_elem: 0,
         bytes_per_elem: 0.0,
+        cold_source: Some(include_str!("../../kernels/attention.cu")),
     },
 ];
 
@@ -319,7 +473,10 @@ pub struct KernelPerf {
     pub resources: KernelResources,
     pub blocks_per_sm: u32,
     pub warps_per_sm: u32,
+    /// The region's mix; for a matrix kernel with marked cold paths, its hot path.
     pub mix: Mix,
+    /// The whole loop, cold paths included (matrix kernels with marked cold paths).
+    pub whole_loop: Option<Mix>,
     /// Memory-bound: elements per region and issue slots per element; loads in flight.
     pub elements: f64,
     pub slots_per_elem: f64,
@@ -365,6 +522,16 @@ pub fn analyze(spec: &Spec) -> Result<KernelPerf, String> {
             let (s, e) = loops.iter().max_by_key(|l| hmma_in(l)).copied().ok_or("no loop")?;
             code.iter().filter(|i| (s..=e).contains(&i.addr)).collect()
         }
+    };
+    // Matrix kernels with marked cold paths: the hot path (what an interior tile of the reference
+    // shape runs) is the loop without the instructions compiled from cold lines.
+    let (region, whole_loop) = match (spec.region, spec.cold_source) {
+        (Region::MatrixLoop, Some(source)) => {
+            let cold = cold_addresses(module.cubin_sm90, spec.kernel, &format!("{}.cu", spec.module), &cold_ranges(source))?;
+            let whole = Mix::of(region.iter().copied());
+            (hot_path(&region, &cold), Some(whole))
+        }
+        _ => (region, None),
     };
     let mix = Mix::of(region.iter().copied());
     let smem = resources.smem_bytes + spec.dyn_smem;
@@ -448,6 +615,7 @@ pub fn analyze(spec: &Spec) -> Result<KernelPerf, String> {
         blocks_per_sm,
         warps_per_sm,
         mix,
+        whole_loop,
         elements,
         slots_per_elem,
         loads_in_flight: lif,
@@ -464,7 +632,10 @@ pub fn report() -> String {
         "Static performance report (sm_90 SASS, H200 resource model) -- a MODEL, not a measurement.\n\
          Model: 132 SMs at 1.83 GHz, 4 issue/clk/SM, copy 4.3 TB/s, shared memory 128 B/clk/SM,\n\
          mma.sync at 63% of the 990 TFLOP/s dense bf16 peak. First order: the slowest limit wins, with\n\
-         no loss from imperfect overlap, so real kernels land at or below these figures.\n\n",
+         no loss from imperfect overlap, so real kernels land at or below these figures. Matrix\n\
+         kernels: the hot path is the loop without the source lines marked cold (masking of tiles\n\
+         that cross a boundary, paged K/V), which an interior tile of the shape does not run; the\n\
+         whole loop, every path, is printed above it.\n\n",
     );
     for spec in SPECS {
         match analyze(spec) {
@@ -482,25 +653,33 @@ pub fn report() -> String {
                     k.spec.threads,
                     k.warps_per_sm
                 );
+                let line = |what: &str, m: &Mix| {
+                    format!(
+                        "  {what}: {} instructions; HMMA {}, LDSM {}, LDGSTS {}, LDG {}, STG {}, LDS {}, STS {}, MUFU {}, local {} ({} stores)\n",
+                        m.total,
+                        m.hmma,
+                        m.ldsm,
+                        m.ldgsts,
+                        Mix::widths(&m.ldg),
+                        Mix::widths(&m.stg),
+                        m.lds,
+                        m.sts,
+                        m.mufu,
+                        m.local,
+                        m.local_stores
+                    )
+                };
+                let region = match k.spec.region {
+                    Region::StraightLine => "straight-line region",
+                    Region::LastLoop => "main-loop region",
+                    Region::MatrixLoop if k.whole_loop.is_some() => "matrix-loop hot path (interior tile)",
+                    Region::MatrixLoop => "matrix-loop region",
+                };
+                if let Some(whole) = &k.whole_loop {
+                    s += &line("matrix-loop region (every path)", whole);
+                }
+                s += &line(region, &k.mix);
                 let m = &k.mix;
-                s += &format!(
-                    "  {} region: {} instructions; HMMA {}, LDSM {}, LDGSTS {}, LDG {}, STG {}, LDS {}, STS {}, MUFU {}, local {}\n",
-                    match k.spec.region {
-                        Region::StraightLine => "straight-line",
-                        Region::LastLoop => "main-loop",
-                        Region::MatrixLoop => "matrix-loop",
-                    },
-                    m.total,
-                    m.hmma,
-                    m.ldsm,
-                    m.ldgsts,
-                    Mix::widths(&m.ldg),
-                    Mix::widths(&m.stg),
-                    m.lds,
-                    m.sts,
-                    m.mufu,
-                    m.local
-                );
                 if let Region::MatrixLoop = k.spec.region {
                     s += &format!(
                         "  per HMMA: {:.2} issue slots, {:.0} B of shared memory; HMMA per LDSM {:.2}\n",

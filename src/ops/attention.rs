@@ -63,10 +63,15 @@ use crate::tensor::{Tensor, TensorView, TensorViewMut};
 const OP: &str = "gqa_attention";
 /// Head dims with kernels.
 pub const SUPPORTED_HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
-/// Rows (query token x q head) per block: kBlockM (tensor cores) and kSimtRows (f32) in
-/// kernels/attention.cu.
-const ROWS_MMA: usize = 64;
+/// Rows (query token x q head) per block of the f32 SIMT kernel (kSimtRows in
+/// kernels/attention.cu).
 const ROWS_SIMT: usize = 32;
+
+/// Rows per block of the tensor-core kernel (kBlockRows in kernels/attention.cu): 4 warps of two
+/// 16-row m-tiles up to head_dim 128, of one at head_dim 256.
+fn rows_mma(head_dim: usize) -> usize {
+    if head_dim <= 128 { 128 } else { 64 }
+}
 const THREADS: u32 = 128;
 /// Largest GQA pack (q heads sharing one block's K/V tiles).
 pub const MAX_PACK: usize = 16;
@@ -155,7 +160,7 @@ fn mma_smem_bytes(head_dim: usize) -> u32 {
         256
     };
     // Q, two stages of K and V, and (paged K/V) a byte per key of each stage.
-    ((ROWS_MMA + 4 * 64) * row * 2 + 2 * 64) as u32
+    ((rows_mma(head_dim) + 4 * 64) * row * 2 + 2 * 64) as u32
 }
 
 /// Checks cumulative sequence offsets and returns the batch size.
@@ -655,7 +660,7 @@ impl AttentionWorkspace {
         }
 
         // Tiles: each sequence's queries in blocks of rows / pack tokens.
-        let rows_per_block = if dtype == DType::F32 { ROWS_SIMT } else { ROWS_MMA };
+        let rows_per_block = if dtype == DType::F32 { ROWS_SIMT } else { rows_mma(d) };
         let tokens_per_block = rows_per_block / pack;
         let (cu_q_addr, cu_k_addr, grid_tiles) = match cu_seqlens {
             CuSeqlens::Host { q: cq, k: ck } => {
