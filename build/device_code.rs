@@ -63,7 +63,12 @@ pub const PINNED_NVCC_RELEASE: &str = "Cuda compilation tools, release 13.0, V13
 pub const REGENERATE: &str = "scripts/setup.sh && scripts/regen-kernels.sh";
 
 /// nvcc's flags, before `-arch`.
-const NVCC_FLAGS: [&str; 5] = ["-ptx", "-O3", "-std=c++17", "-lineinfo", "-DNDEBUG"];
+const NVCC_FLAGS: [&str; 4] = ["-ptx", "-O3", "-std=c++17", "-DNDEBUG"];
+/// The architecture whose PTX and cubin carry `-lineinfo`: the one the static performance report
+/// reads (its hot path comes from the line table) and the H200 runs under compute-sanitizer.
+/// The sm_80 copy goes without: the line tables would double the cubins, and the package has to
+/// stay under crates.io's 10 MB.
+pub const LINEINFO_ARCH: &str = "sm_90";
 /// ptxas's flags, before `-arch`.
 const PTXAS_FLAGS: [&str; 2] = ["-v", "-O3"];
 /// What happens between nvcc and ptxas (recorded in the manifest: a change makes the copy stale).
@@ -76,6 +81,9 @@ pub const NORMALIZATION: &str = "ptx .file paths -> kernels/... and cuda/include
 pub fn nvcc_args(arch: &str, family: &str, out_ptx: &str, pin_module_path: bool) -> Vec<String> {
     let src = format!("kernels/{family}.cu");
     let mut v: Vec<String> = NVCC_FLAGS.iter().map(|s| s.to_string()).collect();
+    if arch == LINEINFO_ARCH {
+        v.push("-lineinfo".to_string());
+    }
     v.push(format!("-arch={arch}"));
     v.extend(["-I".to_string(), "kernels".to_string()]);
     if pin_module_path {
@@ -95,9 +103,13 @@ pub fn ptxas_args(arch: &str, ptx: &str, cubin: &str) -> Vec<String> {
     v
 }
 
-/// The manifest's `nvcc-command` value.
+/// The manifest's `nvcc-command` value: one command per architecture.
 pub fn nvcc_command() -> String {
-    format!("nvcc {}", nvcc_args("<arch>", "<family>", "<family>.ptx", true).join(" "))
+    ARCHS
+        .iter()
+        .map(|a| format!("{a}: nvcc {}", nvcc_args(a, "<family>", "<family>.ptx", true).join(" ")))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The manifest's `ptxas-command` value.
