@@ -245,7 +245,7 @@ impl KvCache {
             *l = 0;
             if let Some(p) = self.pages.get_mut(slot) {
                 // Keep the free list ordered so that the lowest id goes out first.
-                self.free.extend(p.drain(..));
+                self.free.append(p);
                 self.free.sort_unstable_by(|a, b| b.cmp(a));
             }
             self.generation += 1;

@@ -66,23 +66,29 @@ impl Sass {
     }
 }
 
-/// Disassembles `function` of a cubin with the toolchain's `cuobjdump`.
-pub fn disassemble(cubin: &[u8], function: &str) -> Result<Vec<Sass>, String> {
-    let bin = std::path::PathBuf::from(env!("LLK_CUDA_BIN")).join("cuobjdump");
+/// Runs the toolchain's `tool` (`cuobjdump`, `nvdisasm`) with `args` on `cubin`, written to a
+/// temporary file named after `tag`; its standard output.
+fn run_on_cubin(tool: &str, args: &[&str], cubin: &[u8], tag: &str) -> Result<String, String> {
+    let bin = std::path::PathBuf::from(env!("LLK_CUDA_BIN")).join(tool);
     let dir = std::env::temp_dir().join(format!("llk-perf-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("temp dir: {e}"))?;
-    let path = dir.join(format!("{function}.cubin"));
+    let path = dir.join(format!("{tag}.{tool}.cubin"));
     std::fs::write(&path, cubin).map_err(|e| format!("write cubin: {e}"))?;
     let out = Command::new(&bin)
-        .args(["-sass", "-fun", function])
+        .args(args)
         .arg(&path)
         .output()
         .map_err(|e| format!("cannot run {} (scripts/setup.sh installs it): {e}", bin.display()))?;
     let _ = std::fs::remove_file(&path);
     if !out.status.success() {
-        return Err(format!("cuobjdump failed: {}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!("{tool} failed: {}", String::from_utf8_lossy(&out.stderr)));
     }
-    Ok(parse_sass(&String::from_utf8_lossy(&out.stdout)))
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Disassembles `function` of a cubin with the toolchain's `cuobjdump`.
+pub fn disassemble(cubin: &[u8], function: &str) -> Result<Vec<Sass>, String> {
+    Ok(parse_sass(&run_on_cubin("cuobjdump", &["-sass", "-fun", function], cubin, function)?))
 }
 
 /// Line ranges (1-based, inclusive) of `source` between `// perf-model: cold {` and
@@ -107,21 +113,7 @@ pub fn cold_ranges(source: &str) -> Vec<(u32, u32)> {
 /// `attention.cu`), directly or through an inlined call made there: read from the line table the
 /// `-lineinfo` build keeps in the cubin (`nvdisasm -gi` prints each instruction's inline chain).
 pub fn cold_addresses(cubin: &[u8], function: &str, file: &str, ranges: &[(u32, u32)]) -> Result<BTreeSet<u32>, String> {
-    let bin = std::path::PathBuf::from(env!("LLK_CUDA_BIN")).join("nvdisasm");
-    let dir = std::env::temp_dir().join(format!("llk-perf-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("temp dir: {e}"))?;
-    let path = dir.join(format!("{function}.lines.cubin"));
-    std::fs::write(&path, cubin).map_err(|e| format!("write cubin: {e}"))?;
-    let out = Command::new(&bin)
-        .arg("-gi")
-        .arg(&path)
-        .output()
-        .map_err(|e| format!("cannot run {} (scripts/setup.sh installs it): {e}", bin.display()))?;
-    let _ = std::fs::remove_file(&path);
-    if !out.status.success() {
-        return Err(format!("nvdisasm failed: {}", String::from_utf8_lossy(&out.stderr)));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = run_on_cubin("nvdisasm", &["-gi"], cubin, function)?;
     let header = format!(".text.{function}:");
     let body = text.split_once(header.as_str()).ok_or(format!("{function} not in the nvdisasm output"))?.1;
     let is_cold = |f: &str, line: u32| f.rsplit('/').next() == Some(file) && ranges.iter().any(|&(a, b)| (a..=b).contains(&line));
@@ -224,15 +216,18 @@ pub fn hot_path<'a>(region: &[&'a Sass], cold: &BTreeSet<u32>) -> Vec<&'a Sass> 
         }
     }
     let start: BTreeMap<u32, usize> = blocks.iter().enumerate().map(|(k, b)| (b[0].addr, k)).collect();
-    let is_cold = |b: &[&Sass]| {
-        let body: Vec<_> = b.iter().filter(|i| i.base() != "BRA" && i.base() != "NOP").collect();
-        let n = body.iter().filter(|i| cold.contains(&i.addr)).count();
-        2 * n > body.len()
-    };
+    let is_cold: Vec<bool> = blocks
+        .iter()
+        .map(|b| {
+            let body: Vec<_> = b.iter().filter(|i| i.base() != "BRA" && i.base() != "NOP").collect();
+            let n = body.iter().filter(|i| cold.contains(&i.addr)).count();
+            2 * n > body.len()
+        })
+        .collect();
     let mut reach = vec![false; blocks.len()];
     reach[0] = true;
     for k in 0..blocks.len() {
-        if !reach[k] || is_cold(&blocks[k]) {
+        if !reach[k] || is_cold[k] {
             continue;
         }
         let Some(last) = blocks[k].last() else { continue };
@@ -246,9 +241,9 @@ pub fn hot_path<'a>(region: &[&'a Sass], cold: &BTreeSet<u32>) -> Vec<&'a Sass> 
     }
     blocks
         .iter()
-        .zip(reach)
-        .filter(|(b, r)| *r && !is_cold(b))
-        .flat_map(|(b, _)| b.iter().copied())
+        .enumerate()
+        .filter(|&(k, _)| reach[k] && !is_cold[k])
+        .flat_map(|(_, b)| b.iter().copied())
         .collect()
 }
 
@@ -326,7 +321,7 @@ pub fn loads_in_flight(code: &[Sass]) -> usize {
         // Address operands of loads ([R10.64]) are sources too.
         let mut read = false;
         for s in sources.iter().chain(dest.filter(|d| d.starts_with('[')).iter()) {
-            for tok in s.split(|c: char| c == '[' || c == ']' || c == ' ' || c == '.') {
+            for tok in s.split(['[', ']', ' ', '.']) {
                 if let Some(r) = reg(tok) {
                     read |= pending.iter().any(|&(lo, hi)| (lo..=hi).contains(&r));
                 }

@@ -761,17 +761,8 @@ impl AttentionWorkspace {
         }
         // The tensor-core path copies 16-byte chunks: every row must start 16-byte aligned.
         if dtype != DType::F32 {
-            let v16 = dtype.vec16();
             for (what, h) in [("q", &qh), ("k", &kh), ("v", &vh), ("out", &oh)] {
-                if h.addr % 16 != 0 || h.token_stride % v16 != 0 || h.head_stride % v16 != 0 {
-                    return Err(Error::BadLayout {
-                        op: OP,
-                        what,
-                        shape: vec![h.tokens, h.heads, h.head_dim],
-                        strides: vec![h.token_stride, h.head_stride, 1],
-                        why: "rows must be 16-byte aligned (address and strides)",
-                    });
-                }
+                h.check_rows_aligned(OP, what)?;
             }
         }
         let dims = LaunchDims {

@@ -217,6 +217,22 @@ impl Heads {
         Ok(Heads { addr: b.addr, elem, tokens, heads, head_dim, token_stride, head_stride })
     }
 
+    /// Every `head_dim` row starts 16-byte aligned (address and both strides), as the 16-byte
+    /// vector and cp.async paths need.
+    pub fn check_rows_aligned(&self, op: &'static str, what: &'static str) -> Result<()> {
+        let v16 = 16 / self.elem.max(1);
+        if self.addr % 16 != 0 || self.token_stride % v16 != 0 || self.head_stride % v16 != 0 {
+            return Err(Error::BadLayout {
+                op,
+                what,
+                shape: vec![self.tokens, self.heads, self.head_dim],
+                strides: vec![self.token_stride, self.head_stride, 1],
+                why: "rows must be 16-byte aligned (address and strides)",
+            });
+        }
+        Ok(())
+    }
+
     fn lattice(&self) -> Lattice {
         let e = self.elem as i128;
         Lattice {

@@ -501,17 +501,8 @@ pub fn kv_append_on(
         return Ok(());
     }
     // (An empty pool still launches: every slot but -1 is then outside it, which the flag says.)
-    let v16 = k.dtype().vec16();
     for (what, h) in [("k", &kh), ("v", &vh)] {
-        if h.addr % 16 != 0 || h.token_stride % v16 != 0 || h.head_stride % v16 != 0 {
-            return Err(Error::BadLayout {
-                op: OP,
-                what,
-                shape: vec![h.tokens, h.heads, h.head_dim],
-                strides: vec![h.token_stride, h.head_stride, 1],
-                why: "rows must be 16-byte aligned (address and strides)",
-            });
-        }
+        h.check_rows_aligned(OP, what)?;
     }
     kp.check_aligned(OP, "k_pages")?;
     vp.check_aligned(OP, "v_pages")?;
@@ -951,17 +942,8 @@ impl PagedDecodeWorkspace {
             }
         }
         // Layout: 16-byte rows for the vector and cp.async paths.
-        let v16 = plan.dtype.vec16();
         for (what, h) in [("q", &qh), ("out", &oh)] {
-            if h.addr % 16 != 0 || h.token_stride % v16 != 0 || h.head_stride % v16 != 0 {
-                return Err(Error::BadLayout {
-                    op: OP,
-                    what,
-                    shape: vec![h.tokens, h.heads, h.head_dim],
-                    strides: vec![h.token_stride, h.head_stride, 1],
-                    why: "rows must be 16-byte aligned (address and strides)",
-                });
-            }
+            h.check_rows_aligned(OP, what)?;
         }
         kp.check_aligned(OP, "k_pages")?;
         vp.check_aligned(OP, "v_pages")?;
