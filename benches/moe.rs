@@ -25,7 +25,7 @@ use llama_kernels::ops::moe::{
     self, ExpertTensors, GateUpTensors, GemmGroups, MoeAlign, MoeFfn, MoeFfnConfig, MoeFfnWeights, MoeRouting,
     SharedExpertTensors, WeightLayout,
 };
-use llama_kernels::testing::Rng;
+use llama_kernels::dev::testing::Rng;
 use llama_kernels::{DType, Device, Tensor};
 
 fn random_ids(tokens: usize, experts: usize, k: usize, seed: u64) -> Vec<i32> {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates src/params.rs and src/backend/emu_abi.rs from the C headers with bindgen.
+# Regenerates src/ffi/params.rs and src/ffi/emu_abi.rs from the C headers with bindgen.
 # libclang comes from the project toolchain (scripts/setup.sh installs the PyPI `libclang` wheel);
 # Debian's libclang-dev works too (set LIBCLANG_PATH, or leave it unset to let bindgen search).
 set -euo pipefail

@@ -1,6 +1,7 @@
 //! The crate's error type: every failure is named and carries the numbers that explain it.
 
 use crate::dtype::DType;
+use crate::target::Target;
 
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -71,11 +72,11 @@ pub enum Error {
 
     /// Allocating device (or, on the emulated target, guarded host) memory failed.
     #[error("out of memory allocating {bytes} bytes on the {target} target{detail}")]
-    OutOfMemory { bytes: usize, target: crate::Target, detail: String },
+    OutOfMemory { bytes: usize, target: Target, detail: String },
 
     /// A call that needs one target was given a tensor or device of another.
     #[error("{what} needs the {expected} target, got {got}")]
-    WrongTarget { what: &'static str, expected: crate::Target, got: crate::Target },
+    WrongTarget { what: &'static str, expected: Target, got: Target },
 
     /// The buffer behind a tensor is borrowed mutably (for example through
     /// [`Tensor::cuda_buffer`](crate::Tensor::cuda_buffer)) on this thread while an op

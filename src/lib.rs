@@ -77,23 +77,18 @@
 
 pub mod backend;
 pub mod block;
+#[cfg(feature = "dev")]
+pub mod dev;
 pub mod dtype;
 pub mod error;
-#[cfg(feature = "dev")]
-pub mod inspect;
+mod kernels;
+mod launch;
+mod ffi;
 pub mod ops;
-#[allow(missing_docs)]
-pub mod params;
 pub mod reference;
-#[cfg(feature = "dev")]
-pub mod selftest;
+pub mod spec;
+mod target;
 pub mod tensor;
-#[cfg(feature = "dev")]
-pub mod testing;
-#[cfg(feature = "dev")]
-pub mod verify;
-#[cfg(feature = "dev")]
-pub mod verify_block;
 
 pub use backend::{CpAsyncTiming, Device, DeviceCounters, EmuOptions, KernelRef, Queue, Schedule, Selection, Target};
 pub use dtype::{DType, Element, F8E4M3};

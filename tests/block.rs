@@ -15,7 +15,7 @@ use llama_kernels::block::{
 };
 use llama_kernels::ops::attention::AttentionMask;
 use llama_kernels::ops::rope::RopeLayout;
-use llama_kernels::verify_block::{LLAMA3_SMALL, LLAMA4_SMALL, check_layer, schedule};
+use llama_kernels::dev::verify::block::{LLAMA3_SMALL, LLAMA4_SMALL, check_layer, schedule};
 use llama_kernels::{DType, Device, Error, Tensor};
 
 fn config_err(json: &str) -> (String, String) {
@@ -318,10 +318,10 @@ fn the_stage_checks_catch_a_wrong_layer() {
         cache.commit(&step).unwrap();
         let rl = llama_kernels::reference::block::RefLayer::new(spec, &w).unwrap();
         let expected = llama_kernels::reference::block::o_proj(&rl, tr.get("attention").unwrap()).unwrap();
-        llama_kernels::testing::compare(
+        llama_kernels::dev::testing::compare(
             tr.get("o_proj").unwrap(),
             &expected,
-            llama_kernels::testing::Tolerance::rounded_output(DType::BF16),
+            llama_kernels::dev::testing::Tolerance::rounded_output(DType::BF16),
         )
     };
     assert!(!layer_rows.pass);

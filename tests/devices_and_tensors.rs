@@ -22,7 +22,7 @@ fn cuda_is_usable_or_a_clean_error() {
             let stream = d.cuda_stream().unwrap().clone();
             let shared = Device::cuda_on_stream(stream.clone()).unwrap();
             let slice = stream.alloc_zeros::<u8>(64).unwrap();
-            let t = Tensor::from_cuda_slice(&shared, slice, DType::F32, &[4, 4]).unwrap();
+            let t = Tensor::from_cuda_bytes(&shared, slice, DType::F32, &[4, 4]).unwrap();
             let v: Vec<f32> = (0..16).map(|i| i as f32).collect();
             t.copy_from_slice(&v).unwrap();
             assert_eq!(t.to_vec::<f32>().unwrap(), v);
@@ -35,7 +35,7 @@ fn cuda_is_usable_or_a_clean_error() {
                 assert!(matches!(e, Error::StorageBusy { .. }), "{e}");
             }
             let small = stream.alloc_zeros::<u8>(8).unwrap();
-            assert!(Tensor::from_cuda_slice(&shared, small, DType::F32, &[4]).is_err());
+            assert!(Tensor::from_cuda_bytes(&shared, small, DType::F32, &[4]).is_err());
         }
     }
     assert!(Device::cuda(1_000_000).is_err(), "a missing ordinal is an error, not a panic");
@@ -74,9 +74,9 @@ fn views_copies_and_bounds() {
         assert_eq!(Tensor::poisoned(&device, DType::I32, &[2]).unwrap().to_vec::<i32>().unwrap(), vec![-1, -1]);
         // Device-to-device copy.
         let dst = Tensor::zeros(&device, DType::F32, &[24]).unwrap();
-        device.copy(&Tensor::from_slice(&device, &data, &[24]).unwrap(), &dst).unwrap();
+        dst.copy_from(&Tensor::from_slice(&device, &data, &[24]).unwrap()).unwrap();
         assert_eq!(dst.to_vec::<f32>().unwrap(), data);
-        assert!(device.copy(&t, &Tensor::zeros(&device, DType::F32, &[23]).unwrap()).is_err());
+        assert!(Tensor::zeros(&device, DType::F32, &[23]).unwrap().copy_from(&t).is_err());
     }
 }
 

@@ -2,7 +2,7 @@
 
 mod common;
 
-use llama_kernels::selftest::{self, Kernel, Variant};
+use llama_kernels::dev::selftest::{self, Kernel, Variant};
 use llama_kernels::{DType, Device, Error, Tensor};
 
 fn stencil(device: &Device, variant: Variant, input: &[f32]) -> Vec<f32> {

@@ -10,7 +10,7 @@ use llama_kernels::ops::{
     self, AttentionMask, AttentionOptions, AttentionWorkspace, DecodeShape, GateUp, KvScales, PagedDecodeOptions,
     PagedDecodeWorkspace, PagedKvCache, PagedKvConfig, Rope, RopeConfig,
 };
-use llama_kernels::testing::Rng;
+use llama_kernels::dev::testing::Rng;
 use llama_kernels::{DType, Device, Tensor};
 
 #[test]

@@ -7,9 +7,9 @@ mod common;
 use half::bf16;
 use llama_kernels::ops::linear::{linear, linear_add, linear_add_on, linear_on, prepare};
 use llama_kernels::reference;
-use llama_kernels::testing::{Rng, Tolerance, compare};
-use llama_kernels::verify::rows_tensor;
-use llama_kernels::verify_block::linear_tolerance;
+use llama_kernels::dev::testing::{Rng, Tolerance, compare};
+use llama_kernels::dev::verify::rows_tensor;
+use llama_kernels::dev::verify::block::linear_tolerance;
 use llama_kernels::{DType, Device, Error, Tensor, TensorView, TensorViewMut};
 
 struct Case {
@@ -50,7 +50,7 @@ fn run(device: &Device, c: &Case) {
     let cmp = compare(&got, &expected, linear_tolerance(c.dtype, c.d_in, xmax * wmax));
     assert!(cmp.pass, "{:?} {}x{}x{}: {}", c.dtype, c.tokens, c.d_in, c.d_out, cmp.describe(&[c.tokens, c.d_out]));
     if c.pad > 0 && !c.accumulate {
-        assert!(llama_kernels::verify::gaps_poisoned(&yfull, c.d_out).unwrap(), "wrote outside its rows");
+        assert!(llama_kernels::dev::verify::gaps_poisoned(&yfull, c.d_out).unwrap(), "wrote outside its rows");
     }
 }
 

@@ -11,7 +11,7 @@ use llama_kernels::ops::moe::{
     self, ExpertTensors, GateUpTensors, GemmGroups, MoeAlign, MoeFfn, MoeFfnConfig, MoeFfnWeights, MoeResidual,
     MoeRouting, SharedExpertTensors, WeightLayout,
 };
-use llama_kernels::verify::{
+use llama_kernels::dev::verify::{
     CaseResult, GemmWeights, IdPattern, LogitPattern, MoeAlignCase, MoeCombineCase, MoeFfnCase, MoeGatherCase,
     MoeGemmCase, MoeRouteCase, moe_align_case, moe_combine_case, moe_ffn_case, moe_gather_case, moe_gemm_case,
     moe_route_case,

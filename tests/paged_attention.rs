@@ -9,14 +9,15 @@ mod common;
 
 use llama_kernels::dtype::{f8e4m3_decode, f8e4m3_encode};
 use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature};
-use llama_kernels::ops::paged_attention::{
+use llama_kernels::ops::attention::{
     DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKv, PagedKvCache,
-    PagedKvConfig, fp8_kernel_conversions, kv_append_on, merge_attention_states,
+    PagedKvConfig, kv_append_on, merge_attention_states,
 };
 use llama_kernels::reference;
 use llama_kernels::reference::attention::AttentionSpec;
-use llama_kernels::testing::{Rng, Tolerance, compare};
-use llama_kernels::verify::{
+use llama_kernels::dev::selftest::fp8_kernel_conversions;
+use llama_kernels::dev::testing::{Rng, Tolerance, compare};
+use llama_kernels::dev::verify::{
     AttentionCase, KvAppendCase, LSE_TOLERANCE, PagedDecodeCase, attention_case, attention_tolerance, kv_append_case,
     paged_decode_case,
 };
@@ -511,7 +512,7 @@ fn planned_calls_allocate_nothing_and_never_wait() {
 
 #[test]
 fn planner_split_counts_are_deterministic_and_sized_by_the_shape() {
-    use llama_kernels::ops::paged_attention::plan_splits;
+    use llama_kernels::ops::attention::plan_splits;
     // Llama 3 8B (8 KV heads) on 132 SMs: a long single request splits, big batches do not.
     assert_eq!(plan_splits(132, 8, 128 * 1024), 33);
     assert_eq!(plan_splits(132, 16 * 8, 8192), 2);

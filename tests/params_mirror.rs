@@ -1,4 +1,4 @@
-//! The committed Rust mirrors of the C headers (src/params.rs, src/backend/emu_abi.rs) must match
+//! The committed Rust mirrors of the C headers (src/ffi/params.rs, src/ffi/emu_abi.rs) must match
 //! the headers. Always: the SHA-256 stamped into each mirror equals the header's. When libclang is
 //! available (scripts/setup.sh installs it): regenerating with bindgen reproduces the file exactly.
 

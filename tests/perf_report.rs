@@ -2,9 +2,9 @@
 //! from its sm_90 SASS, so that a change that loses one fails CI without a GPU. The numbers are a
 //! model of an H200 (src/inspect/perf.rs), not a measurement.
 
-use llama_kernels::inspect::perf::{SPECS, analyze, report};
+use llama_kernels::dev::inspect::perf::{SPECS, analyze, report};
 
-fn kernel(name: &str) -> llama_kernels::inspect::perf::KernelPerf {
+fn kernel(name: &str) -> llama_kernels::dev::inspect::perf::KernelPerf {
     let spec = SPECS.iter().find(|s| s.kernel == name).unwrap_or_else(|| panic!("no spec for {name}"));
     analyze(spec).unwrap_or_else(|e| panic!("{name}: {e}"))
 }

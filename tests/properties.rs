@@ -12,8 +12,8 @@ use llama_kernels::ops::{
     self, AttentionMask, AttentionOptions, AttentionWorkspace, GateUp, Llama3Scaling, Rope, RopeConfig, RopeLayout,
 };
 use llama_kernels::reference;
-use llama_kernels::testing::{Rng, Tolerance, compare};
-use llama_kernels::verify::{attention_tolerance, rope_tolerance};
+use llama_kernels::dev::testing::{Rng, Tolerance, compare};
+use llama_kernels::dev::verify::{attention_tolerance, rope_tolerance};
 use llama_kernels::{DType, Device, Tensor};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -281,7 +281,7 @@ proptest! {
         let c = compare(&out.to_f64_vec().unwrap(), &oref, attention_tolerance(dtype));
         prop_assert!(c.pass, "out: {}", c.describe(&[tq, q_heads, head_dim]));
         if let Some(l) = &lse {
-            let c = compare(&l.to_f64_vec().unwrap(), &lref, llama_kernels::verify::LSE_TOLERANCE);
+            let c = compare(&l.to_f64_vec().unwrap(), &lref, llama_kernels::dev::verify::LSE_TOLERANCE);
             prop_assert!(c.pass, "lse: {}", c.describe(&[q_heads, tq]));
         }
     }

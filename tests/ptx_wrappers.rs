@@ -5,8 +5,8 @@
 mod common;
 
 use half::bf16;
-use llama_kernels::selftest::{self, Kernel, Variant};
-use llama_kernels::testing::Rng;
+use llama_kernels::dev::selftest::{self, Kernel, Variant};
+use llama_kernels::dev::testing::Rng;
 use llama_kernels::{DType, Device, Tensor};
 
 fn run(device: &Device, kernel: Kernel, input: &[f32], out_dtype: DType, out_len: usize) -> Vec<f64> {

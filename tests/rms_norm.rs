@@ -3,7 +3,7 @@
 
 mod common;
 
-use llama_kernels::verify::{RmsNormCase, rms_norm_case};
+use llama_kernels::dev::verify::{RmsNormCase, rms_norm_case};
 use llama_kernels::{DType, Device, Error, Tensor, ops};
 
 fn assert_pass(device: &Device, case: RmsNormCase) {
@@ -72,7 +72,7 @@ fn schedules_agree_bit_for_bit() {
 
 fn randn(device: &Device, dtype: DType, shape: &[usize], seed: u64) -> Tensor {
     let n = shape.iter().product();
-    let v = llama_kernels::testing::Rng::new(seed).normal_vec(n, 1.0, dtype);
+    let v = llama_kernels::dev::testing::Rng::new(seed).normal_vec(n, 1.0, dtype);
     Tensor::from_f64(device, dtype, &v, shape).expect("upload")
 }
 
@@ -87,10 +87,10 @@ fn in_place_and_multi_dimensional() {
             let wv = w.to_f64_vec().unwrap();
             let expected = llama_kernels::reference::rms_norm::rms_norm(&xv, &wv, h, 1e-6).unwrap();
             ops::rms_norm(&x, &w, 1e-6, &x).unwrap(); // y is x: in place
-            let c = llama_kernels::testing::compare(
+            let c = llama_kernels::dev::testing::compare(
                 &x.to_f64_vec().unwrap(),
                 &expected,
-                llama_kernels::testing::Tolerance::rounded_output(dtype),
+                llama_kernels::dev::testing::Tolerance::rounded_output(dtype),
             );
             assert!(c.pass, "{dtype}: {}", c.describe(&[b, s, h]));
         }

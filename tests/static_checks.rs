@@ -4,12 +4,12 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use llama_kernels::backend::{emulated_kernel_names, kernel_modules};
-use llama_kernels::inspect::{parse_ptxas, ptx_entries};
+use llama_kernels::dev::inspect::{parse_ptxas, ptx_entries};
 
 #[test]
 fn every_symbol_the_wrappers_load_exists_everywhere() {
     let modules: Vec<_> = kernel_modules().collect();
-    for k in llama_kernels::ops::kernel_symbols() {
+    for k in llama_kernels::dev::kernel_symbols() {
         let m = modules.iter().find(|m| m.name == k.module).unwrap_or_else(|| panic!("no module {}", k.module));
         for (arch, ptx) in [("sm_90", m.ptx_sm90), ("sm_80", m.ptx_sm80)] {
             assert!(
@@ -51,7 +51,7 @@ fn no_kernel_spills_at_sm_90() {
 /// Every other kernel spills nothing.
 const ATTENTION_SPILL_BUDGET: u32 = 128;
 
-fn check_spills(k: &llama_kernels::inspect::KernelResources, arch: &str) {
+fn check_spills(k: &llama_kernels::dev::inspect::KernelResources, arch: &str) {
     let two_m_tiles = k.name.starts_with("attention_hd") && !k.name.starts_with("attention_hd256") && !k.name.ends_with("_f32");
     if two_m_tiles {
         assert!(

@@ -9,7 +9,7 @@ use std::path::Path;
 
 /// (header, generated Rust file), relative to the crate root.
 pub const MIRRORS: [(&str, &str); 2] =
-    [("kernels/params.h", "src/params.rs"), ("kernels/emu/emu_abi.h", "src/backend/emu_abi.rs")];
+    [("kernels/params.h", "src/ffi/params.rs"), ("kernels/emu/emu_abi.h", "src/ffi/emu_abi.rs")];
 
 /// libclang from the project toolchain (`scripts/setup.sh` installs the PyPI `libclang` wheel),
 /// unless LIBCLANG_PATH is already set.

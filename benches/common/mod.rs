@@ -63,7 +63,7 @@ pub fn summary_time_us(device: &Device, iters: usize, bytes: f64, mut f: impl Fn
     });
     f().expect("warm-up launch");
     let ms = device
-        .time_each_with_events(iters, || device.copy(&flush.0, &flush.1), &mut f)
+        .time_each_with_events(iters, || flush.1.copy_from(&flush.0), &mut f)
         .expect("timed launches")
         .expect("CUDA events on a GPU");
     ms * 1e3 / iters as f64
@@ -80,7 +80,7 @@ pub fn copy_bandwidth_gbs(device: &Device) -> f64 {
     let n = 1usize << 29; // bf16 elements: 1 GiB
     let a = Tensor::zeros(device, DType::BF16, &[n]).expect("alloc");
     let b = Tensor::zeros(device, DType::BF16, &[n]).expect("alloc");
-    let us = gpu_time_us(device, 20, || device.copy(&a, &b));
+    let us = gpu_time_us(device, 20, || b.copy_from(&a));
     let gbs = 2.0 * (n * 2) as f64 / (us * 1e-6) / 1e9;
     println!("copy yardstick: 1 GiB device-to-device in {us:.1} us = {gbs:.0} GB/s (read + write)");
     gbs

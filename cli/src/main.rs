@@ -16,7 +16,9 @@
 
 use std::process::ExitCode;
 
-use llama_kernels::{DType, Device, Target, inspect, verify, verify_block};
+use llama_kernels::dev::verify::block as verify_block;
+use llama_kernels::dev::{inspect, verify};
+use llama_kernels::{DType, Device, Target};
 
 const USAGE: &str = "usage: llama-kernels verify [--target cuda|emulated] [--quick|--full] [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]]\n       llama-kernels info [--perf]";
 

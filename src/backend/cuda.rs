@@ -13,7 +13,9 @@ use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribut
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
-use super::{Count, Counters, KernelParams, KernelRef, LaunchDims, MODULES, ModuleSource};
+use super::counters::{Count, Counters};
+use super::kernel::{KernelParams, KernelRef, LaunchDims};
+use super::modules::{MODULES, ModuleSource};
 use crate::error::{Error, Result};
 
 /// Which kind of image a kernel family was loaded from.
@@ -74,7 +76,7 @@ pub(crate) struct CudaShared {
     max_optin_smem: usize,
     modules: Mutex<HashMap<&'static str, (Arc<CudaModule>, ImageKind)>>,
     /// Loaded kernels, with the dynamic shared memory they were opted in to.
-    functions: Mutex<HashMap<&'static str, (CudaFunction, u32)>>,
+    functions: Mutex<HashMap<KernelRef, (CudaFunction, u32)>>,
 }
 
 /// One `CudaShared` per live context, so that devices built from an engine's streams share the
@@ -157,7 +159,7 @@ impl CudaShared {
 
     fn function(&self, kernel: KernelRef, dyn_smem: u32) -> Result<CudaFunction> {
         let mut functions = self.functions.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = match functions.get_mut(kernel.symbol) {
+        let entry = match functions.get_mut(&kernel) {
             Some(e) => e,
             None => {
                 let f = self
@@ -165,7 +167,7 @@ impl CudaShared {
                     .0
                     .load_function(kernel.symbol)
                     .map_err(|_| Error::KernelNotFound { module: kernel.module, symbol: kernel.symbol })?;
-                functions.entry(kernel.symbol).or_insert((f, 48 * 1024))
+                functions.entry(kernel).or_insert((f, 48 * 1024))
             }
         };
         // Above 48 KiB, dynamic shared memory needs an opt-in, once per size increase.
@@ -214,19 +216,14 @@ impl CudaShared {
     }
 
     pub fn loaded_kernels(&self) -> Vec<CudaKernelInfo> {
-        let symbols: Vec<(&'static str, &'static str)> = {
+        let kernels: Vec<KernelRef> = {
             let functions = self.functions.lock().unwrap_or_else(|p| p.into_inner());
-            let mut v: Vec<_> = functions.keys().map(|s| (module_of(s), *s)).collect();
+            let mut v: Vec<KernelRef> = functions.keys().copied().collect();
             v.sort();
             v
         };
-        symbols.into_iter().filter_map(|(module, symbol)| self.kernel_info(KernelRef { module, symbol }).ok()).collect()
+        kernels.into_iter().filter_map(|kernel| self.kernel_info(kernel).ok()).collect()
     }
-}
-
-/// The family a loaded symbol belongs to (symbols are unique across families).
-fn module_of(symbol: &str) -> &'static str {
-    crate::ops::kernel_symbols().into_iter().find(|k| k.symbol == symbol).map_or("?", |k| k.module)
 }
 
 /// One stream of a context.

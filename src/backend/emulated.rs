@@ -4,8 +4,10 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::sync::{Mutex, OnceLock};
 
-use super::emu_abi::{LlkEmuCpAsyncTiming, LlkEmuKernel, LlkEmuLaunch, LlkEmuReport, LlkEmuSchedule, LlkEmuStatus};
-use super::{Counters, KernelParams, KernelRef, LaunchDims, MODULES};
+use crate::ffi::emu_abi::{LlkEmuCpAsyncTiming, LlkEmuKernel, LlkEmuLaunch, LlkEmuReport, LlkEmuSchedule, LlkEmuStatus};
+use super::counters::Counters;
+use super::kernel::{KernelParams, KernelRef, LaunchDims};
+use super::modules::MODULES;
 use crate::error::{Error, Result};
 
 /// Order in which the emulator runs the threads of a block between two barriers.
@@ -154,7 +156,7 @@ impl EmuBackend {
                 kernel: kernel.symbol,
                 status: "bad launch",
                 message: format!(
-                    "params struct is {} bytes in Rust but {} bytes in C: regenerate src/params.rs",
+                    "params struct is {} bytes in Rust but {} bytes in C: regenerate src/ffi/params.rs",
                     std::mem::size_of::<P>(),
                     entry.params_size
                 ),
@@ -209,3 +211,10 @@ fn status_name(s: LlkEmuStatus) -> &'static str {
         LlkEmuStatus::LLK_EMU_MEMORY_FAULT => "memory fault",
     }
 }
+
+/// The names of all kernels in the emulated registry of `family`, in table order.
+#[doc(hidden)]
+pub fn emulated_kernel_names(family: &str) -> Vec<&'static str> {
+    registry().names(family)
+}
+

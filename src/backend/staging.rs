@@ -13,9 +13,10 @@
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, PinnedHostSlice};
 
-use super::{Count, Device, DeviceInner};
+use super::counters::Count;
+use super::device::{Device, DeviceInner};
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
+use super::storage::Storage;
 
 /// Ring slots: a call may run while the copies of the `SLOTS - 1` calls before it are queued.
 const SLOTS: usize = 4;
@@ -56,20 +57,20 @@ impl PinnedStaging {
         Ok(Some(PinnedStaging { slots, next: 0, bytes }))
     }
 
-    /// Copies `data` into `dst` at byte `dst_offset`, ordered on `device`'s stream, without
-    /// waiting for the copy (`staging` is `None` on the emulated target).
-    pub fn upload(
-        staging: Option<&mut PinnedStaging>,
-        device: &Device,
-        data: &[u8],
-        dst: &Tensor,
-        dst_offset: usize,
-    ) -> Result<()> {
+    /// Copies `data` into `dst` at byte `dst_offset`, without waiting for the copy (`staging` is
+    /// `None` on the emulated target).
+    ///
+    /// The copy is queued on the stream of `dst`'s device, and the slot's "copy done" event is
+    /// recorded on that same stream, whatever stream the caller launches on afterwards: a slot
+    /// is never rewritten while the copy that reads it is pending. (Readers on other streams are
+    /// ordered after the copy by cudarc's write event on `dst`.)
+    pub fn upload(staging: Option<&mut PinnedStaging>, data: &[u8], dst: &Storage, dst_offset: usize) -> Result<()> {
+        let device = dst.device();
         match (&*device.0, staging) {
             (DeviceInner::Emulated(_), _) => {
                 // SAFETY: `data` is a live host slice of `data.len()` bytes; on the emulated
                 // target the copy happens before this call returns.
-                unsafe { dst.storage().upload_pinned(dst_offset, data.as_ptr(), data.len()) }
+                unsafe { dst.upload_pinned(dst_offset, data.as_ptr(), data.len()) }
             }
             (DeviceInner::Cuda(c), Some(s)) => {
                 if data.len() > s.bytes {
@@ -88,13 +89,27 @@ impl PinnedStaging {
                 unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
                 // SAFETY: the source is this slot's pinned memory, which is not written again
                 // until `done` (recorded right after the copy) has completed.
-                unsafe { dst.storage().upload_pinned(dst_offset, ptr, data.len()) }?;
+                unsafe { dst.upload_pinned(dst_offset, ptr, data.len()) }?;
                 slot.done.record(&c.stream)?;
                 slot.used = true;
                 Ok(())
             }
             (DeviceInner::Cuda(_), None) => {
                 Err(Error::InvalidView { what: "staging", why: "workspace has no pinned staging buffer".into() })
+            }
+        }
+    }
+}
+
+impl Drop for PinnedStaging {
+    /// Waits for every slot's last copy before its pinned memory is freed: a queued copy must
+    /// never read freed host memory.
+    fn drop(&mut self) {
+        for slot in &self.slots {
+            if slot.used {
+                // Errors cannot be reported from drop; a failed wait means the context is gone,
+                // and with it every queued copy.
+                let _ = slot.done.synchronize();
             }
         }
     }

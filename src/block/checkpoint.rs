@@ -245,7 +245,7 @@ impl Checkpoint {
                 .remove(name)
                 .ok_or_else(|| Error::Checkpoint { tensor: format!("{prefix}{name}"), why: "missing".into() })
         };
-        let mlp = super::weights::ffn_prefix(&spec);
+        let mlp = crate::spec::weights::ffn_prefix(&spec);
         let input_norm = take("input_layernorm.weight")?;
         let q_proj = take("self_attn.q_proj.weight")?;
         let k_proj = take("self_attn.k_proj.weight")?;

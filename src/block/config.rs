@@ -32,32 +32,13 @@
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-use crate::ops::attention::{AttentionMask, Llama4Temperature};
-use crate::ops::rope::{Llama3Scaling, RopeConfig, RopeLayout};
-
-/// Which model family a config describes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModelKind {
-    /// Llama 2/3 (`LlamaForCausalLM`).
-    Llama,
-    /// Llama 4 text layers (`Llama4ForCausalLM`, or the language model of
-    /// `Llama4ForConditionalGeneration`).
-    Llama4,
-}
-
-impl ModelKind {
-    /// The name `verify` prints (`llama3`, `llama4`).
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelKind::Llama => "llama3",
-            ModelKind::Llama4 => "llama4",
-        }
-    }
-}
+pub use crate::spec::layer::{FfnSpec, LayerSpec, ModelKind};
+use crate::spec::attention::{AttentionMask, Llama4Temperature};
+use crate::spec::rope::{Llama3Scaling, RopeConfig, RopeLayout};
 
 /// Rope theta and optional Llama 3 scaling.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RopeParams {
+pub struct RopeFrequencies {
     pub theta: f64,
     pub scaling: Option<Llama3Scaling>,
 }
@@ -72,7 +53,7 @@ pub struct LlamaConfig {
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
     pub rms_norm_eps: f64,
-    pub rope: RopeParams,
+    pub rope: RopeFrequencies,
     pub attention_bias: bool,
     pub mlp_bias: bool,
 }
@@ -90,7 +71,7 @@ pub struct Llama4TextConfig {
     pub intermediate_size_mlp: usize,
     pub num_hidden_layers: usize,
     pub rms_norm_eps: f64,
-    pub rope: RopeParams,
+    pub rope: RopeFrequencies,
     /// Per layer: true when the layer uses RoPE (Hugging Face's `no_rope_layers[i] == 1`).
     pub rope_layers: Vec<bool>,
     /// Per layer: true when the layer uses chunked attention (`layer_types`).
@@ -113,65 +94,6 @@ pub struct Llama4TextConfig {
 pub enum ModelConfig {
     Llama(LlamaConfig),
     Llama4(Llama4TextConfig),
-}
-
-/// The feed-forward of one layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FfnSpec {
-    /// `down(silu(gate(x)) * up(x))`.
-    Dense { intermediate: usize, bias: bool },
-    /// Llama 4's MoE: top-k of the router logits, sigmoid of the chosen logits scaling each
-    /// chosen expert's *input*, plus a shared expert of the same intermediate size.
-    Moe { experts: usize, top_k: usize, intermediate: usize },
-}
-
-/// Everything one decoder layer needs to know, derived from a config.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LayerSpec {
-    pub model: ModelKind,
-    /// The layer's index in the model (names its weights).
-    pub index: usize,
-    pub hidden: usize,
-    pub q_heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub rms_norm_eps: f32,
-    /// `None`: a NoPE layer (Llama 4).
-    pub rope: Option<RopeConfig>,
-    pub mask: AttentionMask,
-    /// Llama 4 attention temperature tuning (NoPE layers).
-    pub temperature: Option<Llama4Temperature>,
-    pub attention_bias: bool,
-    pub ffn: FfnSpec,
-}
-
-impl LayerSpec {
-    /// Columns of the fused QKV projection: `(q_heads + 2 kv_heads) * head_dim`.
-    pub fn qkv_dim(&self) -> usize {
-        (self.q_heads + 2 * self.kv_heads) * self.head_dim
-    }
-    /// The intermediate size of the dense MLP or of the shared expert.
-    pub fn intermediate(&self) -> usize {
-        match self.ffn {
-            FfnSpec::Dense { intermediate, .. } | FfnSpec::Moe { intermediate, .. } => intermediate,
-        }
-    }
-    pub fn is_moe(&self) -> bool {
-        matches!(self.ffn, FfnSpec::Moe { .. })
-    }
-    /// A short description: `llama4 layer 3 (NoPE, MoE 16x top-1)`.
-    pub fn describe(&self) -> String {
-        let attn = match (self.rope.is_some(), self.mask) {
-            (false, _) => "NoPE".to_string(),
-            (true, AttentionMask::ChunkedCausal { chunk_size }) => format!("RoPE, chunk {chunk_size}"),
-            (true, _) => "RoPE".to_string(),
-        };
-        let ffn = match self.ffn {
-            FfnSpec::Dense { .. } => "dense".to_string(),
-            FfnSpec::Moe { experts, top_k, .. } => format!("MoE {experts}x top-{top_k}"),
-        };
-        format!("{} layer {} ({attn}, {ffn})", self.model.name(), self.index)
-    }
 }
 
 /// Typed access to the fields of one JSON object, with errors that name the field.
@@ -258,7 +180,7 @@ impl<'a> Fields<'a> {
 
 /// The rope theta and scaling of a config: `rope_parameters` (newer) or `rope_theta` +
 /// `rope_scaling` (older). `layer_type` picks an entry when `rope_parameters` is keyed by layer type.
-fn rope_params(f: &Fields<'_>, default_theta: f64, layer_type: &str) -> Result<RopeParams> {
+fn rope_params(f: &Fields<'_>, default_theta: f64, layer_type: &str) -> Result<RopeFrequencies> {
     if let Some(params) = f.object("rope_parameters")? {
         // Either one set of parameters, or one per attention type.
         let params = if params.get("rope_type").is_some() || params.get("rope_theta").is_some() {
@@ -276,14 +198,14 @@ fn rope_params(f: &Fields<'_>, default_theta: f64, layer_type: &str) -> Result<R
             Some(_) => params.f64("rope_theta", default_theta)?,
             None => f.f64("rope_theta", default_theta)?,
         };
-        return Ok(RopeParams { theta: check_theta(&params, theta)?, scaling: scaling(&params)? });
+        return Ok(RopeFrequencies { theta: check_theta(&params, theta)?, scaling: scaling(&params)? });
     }
     let theta = check_theta(f, f.f64("rope_theta", default_theta)?)?;
     let scaling = match f.object("rope_scaling")? {
         Some(s) => scaling(&s)?,
         None => None,
     };
-    Ok(RopeParams { theta, scaling })
+    Ok(RopeFrequencies { theta, scaling })
 }
 
 fn check_theta(f: &Fields<'_>, theta: f64) -> Result<f64> {

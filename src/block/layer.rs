@@ -24,7 +24,7 @@
 //! staging ring is full). The one exception is the first call with a bias on a stream that
 //! `LayerWorkspace::new` did not plan (see `ops::linear::prepare`).
 //!
-//! **KV cache.** The cache is paged ([`crate::ops::paged_attention`]): per layer, K and V pools of
+//! **KV cache.** The cache is paged ([`crate::ops::attention`]): per layer, K and V pools of
 //! `[num_pages, page_size, kv_heads, head_dim]` (16-token pages by default). The host keeps each
 //! slot's page list and a free list: `begin_step` gives a sequence pages as it grows (all or
 //! nothing; an exhausted pool is a named error), [`KvCache::clear`] returns them, so a pool
@@ -43,7 +43,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace, CuSeqlens};
 use crate::ops::moe::{MoeFfnConfig, MoeWorkspace};
-use crate::ops::paged_attention::{
+use crate::ops::attention::{
     DecodeShape, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKv, PagedKvCache, PagedKvConfig,
 };
 use crate::ops::rope::Rope;
@@ -357,7 +357,6 @@ impl Step {
 /// Activations and per-step state of a layer stack, planned once for `max_tokens` tokens.
 #[derive(Debug)]
 pub struct LayerWorkspace {
-    device: Device,
     dtype: DType,
     id: usize,
     generation: u64,
@@ -485,7 +484,6 @@ impl LayerWorkspace {
         static NEXT_ID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
         linear::prepare(device, dtype, max_tokens)?;
         Ok(LayerWorkspace {
-            device: device.clone(),
             dtype,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             generation: 0,
@@ -609,7 +607,7 @@ impl LayerWorkspace {
             self.host_meta[l.table + b * width..l.table + b * width + pages.len()].copy_from_slice(pages);
         }
         let bytes = crate::tensor::as_bytes(&self.host_meta);
-        PinnedStaging::upload(self.staging.as_mut(), &self.device, bytes, &self.meta, 0)?;
+        PinnedStaging::upload(self.staging.as_mut(), bytes, self.meta.storage(), 0)?;
         self.generation += 1;
         Ok(Step {
             workspace: self.id,

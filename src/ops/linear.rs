@@ -46,10 +46,11 @@ use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use half::{bf16, f16};
 
-use crate::backend::{Count, Device, KernelArgs, Queue};
+use crate::backend::{Count, Device, Queue};
+use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{Rows, check_disjoint, check_dtype, check_float};
+use crate::launch::{Rows, check_disjoint, check_dtype, check_float};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 const OP: &str = "linear";

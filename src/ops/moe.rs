@@ -66,11 +66,13 @@
 //! columns packed in one tensor (gate first, as Llama 4's `gate_up_proj` and a fused gate-up
 //! projection) or as two tensors with the same strides.
 
-use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims, Queue};
+use crate::backend::{Device, KernelRef, LaunchDims, Queue};
+use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{KernelTable, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
-use crate::params::{
+use crate::kernels::moe::{ROUTE, ALIGN_HISTOGRAM, ALIGN_SCAN, ALIGN_SCATTER, GATHER, COMBINE, GEMM};
+use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
+use crate::ffi::params::{
     LLK_MOE_ALIGN_MAX_CHUNKS, LLK_MOE_ALIGN_MIN_CHUNK, LLK_MOE_ALIGN_THREADS, LLK_MOE_GEMM_BLOCK_M,
     LLK_MOE_GEMM_BLOCK_M_DECODE, LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_BLOCK_N_DECODE, LLK_MOE_GEMM_SMEM_BYTES,
     LLK_MOE_GEMM_SMEM_BYTES_DECODE, LLK_MOE_GEMM_THREADS, LLK_MOE_MAX_EXPERTS, LLK_MOE_MAX_GROUPS, LLK_MOE_MAX_TOP_K,
@@ -80,6 +82,7 @@ use crate::params::{
     MoeRouteParams,
 };
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
+pub use crate::spec::moe::{MoeFfnConfig, MoeRouting, WeightLayout};
 
 const OP_ROUTE: &str = "moe_route";
 const OP_ALIGN: &str = "moe_align";
@@ -100,132 +103,17 @@ pub const MAX_GROUPS: usize = LLK_MOE_MAX_GROUPS as usize;
 pub const BLOCK_M: usize = LLK_MOE_GEMM_BLOCK_M as usize;
 pub const BLOCK_M_DECODE: usize = LLK_MOE_GEMM_BLOCK_M_DECODE as usize;
 
-/// How tokens choose experts, and what each choice weighs. See the module docs.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum MoeRouting {
-    /// Top-k of the logits; weight `sigmoid(logit)`.
-    Llama4,
-    /// Softmax over all experts, top-k; `renormalize` divides the k weights by their sum.
-    Softmax { renormalize: bool },
-    /// DeepSeek-V3 grouped top-k over `sigmoid(logit) + bias` (bias optional).
-    Grouped { n_group: usize, topk_group: usize, renormalize: bool, routed_scaling_factor: f32 },
-}
-
-/// How stacked expert weights are laid out; both are read in place through their strides.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WeightLayout {
-    /// `[experts, in, out]`, `y = x @ W[e]` (Hugging Face Llama 4 experts).
-    InOut,
-    /// `[experts, out, in]`, `y = x @ W[e]^T` (one `nn.Linear` per expert, stacked).
-    OutIn,
-}
-
-impl WeightLayout {
-    fn raw(self) -> LlkMoeWeightLayout {
-        match self {
-            WeightLayout::InOut => LlkMoeWeightLayout::LLK_MOE_WEIGHT_KN,
-            WeightLayout::OutIn => LlkMoeWeightLayout::LLK_MOE_WEIGHT_NK,
-        }
+/// The params-struct enum of a weight layout.
+fn raw_layout(layout: WeightLayout) -> LlkMoeWeightLayout {
+    match layout {
+        WeightLayout::InOut => LlkMoeWeightLayout::LLK_MOE_WEIGHT_KN,
+        WeightLayout::OutIn => LlkMoeWeightLayout::LLK_MOE_WEIGHT_NK,
     }
 }
 
 // ----------------------------------------------------------------------------------- kernels
 
-/// Route kernels by (mode, experts <= 128, dtype).
-static ROUTE: KernelTable<(u8, bool, DType)> = KernelTable {
-    module: "moe",
-    entries: &[
-        ((0, true, DType::F32), "moe_route_llama4_e128_f32"),
-        ((0, false, DType::F32), "moe_route_llama4_e512_f32"),
-        ((1, true, DType::F32), "moe_route_softmax_e128_f32"),
-        ((1, false, DType::F32), "moe_route_softmax_e512_f32"),
-        ((2, true, DType::F32), "moe_route_grouped_e128_f32"),
-        ((2, false, DType::F32), "moe_route_grouped_e512_f32"),
-        ((0, true, DType::F16), "moe_route_llama4_e128_f16"),
-        ((0, false, DType::F16), "moe_route_llama4_e512_f16"),
-        ((1, true, DType::F16), "moe_route_softmax_e128_f16"),
-        ((1, false, DType::F16), "moe_route_softmax_e512_f16"),
-        ((2, true, DType::F16), "moe_route_grouped_e128_f16"),
-        ((2, false, DType::F16), "moe_route_grouped_e512_f16"),
-        ((0, true, DType::BF16), "moe_route_llama4_e128_bf16"),
-        ((0, false, DType::BF16), "moe_route_llama4_e512_bf16"),
-        ((1, true, DType::BF16), "moe_route_softmax_e128_bf16"),
-        ((1, false, DType::BF16), "moe_route_softmax_e512_bf16"),
-        ((2, true, DType::BF16), "moe_route_grouped_e128_bf16"),
-        ((2, false, DType::BF16), "moe_route_grouped_e512_bf16"),
-    ],
-};
-
-const ALIGN_HISTOGRAM: KernelRef = KernelRef { module: "moe", symbol: "moe_align_histogram" };
-const ALIGN_SCAN: KernelRef = KernelRef { module: "moe", symbol: "moe_align_scan" };
-const ALIGN_SCATTER: KernelRef = KernelRef { module: "moe", symbol: "moe_align_scatter" };
-
-/// Gather and combine kernels by (vectorized, dtype).
-static GATHER: KernelTable<(bool, DType)> = KernelTable {
-    module: "moe",
-    entries: &[
-        ((false, DType::F32), "moe_gather_f32"),
-        ((false, DType::F16), "moe_gather_f16"),
-        ((false, DType::BF16), "moe_gather_bf16"),
-        ((true, DType::F32), "moe_gather_vec_f32"),
-        ((true, DType::F16), "moe_gather_vec_f16"),
-        ((true, DType::BF16), "moe_gather_vec_bf16"),
-    ],
-};
-static COMBINE: KernelTable<(bool, DType)> = KernelTable {
-    module: "moe",
-    entries: &[
-        ((false, DType::F32), "moe_combine_f32"),
-        ((false, DType::F16), "moe_combine_f16"),
-        ((false, DType::BF16), "moe_combine_bf16"),
-        ((true, DType::F32), "moe_combine_vec_f32"),
-        ((true, DType::F16), "moe_combine_vec_f16"),
-        ((true, DType::BF16), "moe_combine_vec_bf16"),
-    ],
-};
-
-/// Grouped GEMM kernels by (layout, SwiGLU, block rows, dtype).
-static GEMM: KernelTable<(WeightLayout, bool, usize, DType)> = KernelTable {
-    module: "moe",
-    entries: &[
-        ((WeightLayout::InOut, false, 64, DType::BF16), "moe_grouped_gemm_kn_plain_m64_bf16"),
-        ((WeightLayout::InOut, true, 64, DType::BF16), "moe_grouped_gemm_kn_swiglu_m64_bf16"),
-        ((WeightLayout::OutIn, false, 64, DType::BF16), "moe_grouped_gemm_nk_plain_m64_bf16"),
-        ((WeightLayout::OutIn, true, 64, DType::BF16), "moe_grouped_gemm_nk_swiglu_m64_bf16"),
-        ((WeightLayout::InOut, false, 16, DType::BF16), "moe_grouped_gemm_kn_plain_m16_bf16"),
-        ((WeightLayout::InOut, true, 16, DType::BF16), "moe_grouped_gemm_kn_swiglu_m16_bf16"),
-        ((WeightLayout::OutIn, false, 16, DType::BF16), "moe_grouped_gemm_nk_plain_m16_bf16"),
-        ((WeightLayout::OutIn, true, 16, DType::BF16), "moe_grouped_gemm_nk_swiglu_m16_bf16"),
-        ((WeightLayout::InOut, false, 64, DType::F16), "moe_grouped_gemm_kn_plain_m64_f16"),
-        ((WeightLayout::InOut, true, 64, DType::F16), "moe_grouped_gemm_kn_swiglu_m64_f16"),
-        ((WeightLayout::OutIn, false, 64, DType::F16), "moe_grouped_gemm_nk_plain_m64_f16"),
-        ((WeightLayout::OutIn, true, 64, DType::F16), "moe_grouped_gemm_nk_swiglu_m64_f16"),
-        ((WeightLayout::InOut, false, 16, DType::F16), "moe_grouped_gemm_kn_plain_m16_f16"),
-        ((WeightLayout::InOut, true, 16, DType::F16), "moe_grouped_gemm_kn_swiglu_m16_f16"),
-        ((WeightLayout::OutIn, false, 16, DType::F16), "moe_grouped_gemm_nk_plain_m16_f16"),
-        ((WeightLayout::OutIn, true, 16, DType::F16), "moe_grouped_gemm_nk_swiglu_m16_f16"),
-        ((WeightLayout::InOut, false, 64, DType::F32), "moe_grouped_gemm_kn_plain_m64_f32"),
-        ((WeightLayout::InOut, true, 64, DType::F32), "moe_grouped_gemm_kn_swiglu_m64_f32"),
-        ((WeightLayout::OutIn, false, 64, DType::F32), "moe_grouped_gemm_nk_plain_m64_f32"),
-        ((WeightLayout::OutIn, true, 64, DType::F32), "moe_grouped_gemm_nk_swiglu_m64_f32"),
-        ((WeightLayout::InOut, false, 16, DType::F32), "moe_grouped_gemm_kn_plain_m16_f32"),
-        ((WeightLayout::InOut, true, 16, DType::F32), "moe_grouped_gemm_kn_swiglu_m16_f32"),
-        ((WeightLayout::OutIn, false, 16, DType::F32), "moe_grouped_gemm_nk_plain_m16_f32"),
-        ((WeightLayout::OutIn, true, 16, DType::F32), "moe_grouped_gemm_nk_swiglu_m16_f32"),
-    ],
-};
-
-/// The symbols of this family, for static checks.
-pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
-    ROUTE
-        .symbols()
-        .chain([ALIGN_HISTOGRAM, ALIGN_SCAN, ALIGN_SCATTER])
-        .chain(GATHER.symbols())
-        .chain(COMBINE.symbols())
-        .chain(GEMM.symbols())
-}
-
-fn contiguous_rows(op: &'static str, what: &'static str, b: &crate::backend::args::Bound) -> Result<Rows> {
+fn contiguous_rows(op: &'static str, what: &'static str, b: &crate::launch::Arg) -> Result<Rows> {
     let r = Rows::of(op, what, b, 1)?;
     if r.rows > 1 && r.row_stride != r.cols {
         return Err(Error::BadLayout {
@@ -726,7 +614,7 @@ fn row_threads(cols: usize, vec: bool, v: usize) -> u32 {
 fn check_align_tokens(
     op: &'static str,
     what: &'static str,
-    b: &crate::backend::args::Bound,
+    b: &crate::launch::Arg,
     rows: usize,
     state: AlignState,
 ) -> Result<()> {
@@ -741,7 +629,7 @@ fn check_align_tokens(
     Ok(())
 }
 
-fn check_weights_shape(op: &'static str, w: &crate::backend::args::Bound, state: AlignState) -> Result<()> {
+fn check_weights_shape(op: &'static str, w: &crate::launch::Arg, state: AlignState) -> Result<()> {
     if w.shape() != [state.tokens, state.top_k] {
         return Err(Error::ShapeMismatch {
             op,
@@ -795,7 +683,7 @@ struct ExpertDims {
 }
 
 impl ExpertDims {
-    fn of(op: &'static str, what: &'static str, w: &crate::backend::args::Bound) -> Result<ExpertDims> {
+    fn of(op: &'static str, what: &'static str, w: &crate::launch::Arg) -> Result<ExpertDims> {
         let (shape, strides) = (w.shape(), w.strides());
         let bad = |why| Error::BadLayout { op, what, shape: shape.to_vec(), strides: strides.to_vec(), why };
         let (experts, a, b, se, sa) = match *shape {
@@ -1044,7 +932,7 @@ pub fn moe_grouped_gemm_on(
         y_row_stride: to_i64(OP, "y row stride", yr.row_stride)?,
         w_expert_stride: to_i64(OP, "expert stride", wd.expert_stride)?,
         w_row_stride: to_i64(OP, "weight row stride", wd.row_stride)?,
-        layout: layout.raw(),
+        layout: raw_layout(layout),
         epilogue: if swiglu { LlkMoeEpilogue::LLK_MOE_EPILOGUE_SWIGLU } else { LlkMoeEpilogue::LLK_MOE_EPILOGUE_PLAIN },
         schedule,
     };
@@ -1245,38 +1133,6 @@ pub fn moe_combine(
 }
 
 // ----------------------------------------------------------------------------------- the layer
-
-/// The routing and shapes of a MoE layer.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MoeFfnConfig {
-    pub hidden: usize,
-    /// Each routed expert's intermediate size.
-    pub intermediate: usize,
-    pub experts: usize,
-    pub top_k: usize,
-    pub routing: MoeRouting,
-    /// Llama 4: the routing weight scales each expert's *input* (gather), and combine sums the
-    /// expert outputs unweighted. Otherwise combine weights the outputs (Mixtral, Qwen, DeepSeek).
-    pub weights_on_input: bool,
-}
-
-impl MoeFfnConfig {
-    /// Llama 4 (Scout: 16 experts, Maverick: 128; top-1, sigmoid weights on the input).
-    pub fn llama4(hidden: usize, intermediate: usize, experts: usize, top_k: usize) -> Self {
-        MoeFfnConfig { hidden, intermediate, experts, top_k, routing: MoeRouting::Llama4, weights_on_input: true }
-    }
-    /// Mixtral (softmax top-2, renormalized, weights on the output).
-    pub fn mixtral(hidden: usize, intermediate: usize, experts: usize, top_k: usize) -> Self {
-        MoeFfnConfig {
-            hidden,
-            intermediate,
-            experts,
-            top_k,
-            routing: MoeRouting::Softmax { renormalize: true },
-            weights_on_input: false,
-        }
-    }
-}
 
 /// Gate and up projections of the routed experts.
 #[derive(Clone, Debug)]

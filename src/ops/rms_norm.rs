@@ -12,39 +12,16 @@
 //! `y` may be `x` itself (same view: in place). An empty batch (0 rows) is a no-op. NaN or
 //! infinity in a row propagates to that row's output; other rows are unaffected.
 
-use crate::backend::{KernelArgs, KernelRef, LaunchDims, Queue};
-use crate::dtype::DType;
+use crate::backend::{LaunchDims, Queue};
+use crate::launch::KernelArgs;
 use crate::error::{Error, Result};
-use crate::ops::{KernelTable, Rows, check_disjoint, check_dtype, check_float, check_shape, grid_x, to_i64};
-use crate::params::{LLK_RMS_NORM_MAX_THREADS, LLK_RMS_NORM_MAX_THREADS_FUSED, RmsNormParams};
+use crate::kernels::rms_norm::{KERNELS};
+use crate::launch::{Rows, check_disjoint, check_dtype, check_float, check_shape, grid_x, to_i64};
+use crate::ffi::params::{LLK_RMS_NORM_MAX_THREADS, LLK_RMS_NORM_MAX_THREADS_FUSED, RmsNormParams};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 /// Vectors each thread keeps in registers; mirrors `kCache` in kernels/rms_norm.cu.
 const CACHE: usize = 4;
-
-/// Every kernel the wrappers may load, by (fused, vectorized, dtype).
-static KERNELS: KernelTable<(bool, bool, DType)> = KernelTable {
-    module: "rms_norm",
-    entries: &[
-        ((false, false, DType::F32), "rms_norm_f32"),
-        ((false, false, DType::F16), "rms_norm_f16"),
-        ((false, false, DType::BF16), "rms_norm_bf16"),
-        ((false, true, DType::F32), "rms_norm_vec_f32"),
-        ((false, true, DType::F16), "rms_norm_vec_f16"),
-        ((false, true, DType::BF16), "rms_norm_vec_bf16"),
-        ((true, false, DType::F32), "fused_add_rms_norm_f32"),
-        ((true, false, DType::F16), "fused_add_rms_norm_f16"),
-        ((true, false, DType::BF16), "fused_add_rms_norm_bf16"),
-        ((true, true, DType::F32), "fused_add_rms_norm_vec_f32"),
-        ((true, true, DType::F16), "fused_add_rms_norm_vec_f16"),
-        ((true, true, DType::BF16), "fused_add_rms_norm_vec_bf16"),
-    ],
-};
-
-/// The symbols of this family, for static checks.
-pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
-    KERNELS.symbols()
-}
 
 /// How the kernel maps rows to threads (see the header of kernels/rms_norm.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

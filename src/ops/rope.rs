@@ -30,157 +30,19 @@
 //! clamped angle, never garbage.
 //! NoPE layers (Llama 4) simply do not call this.
 
-use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims, Queue};
+use crate::backend::{Device, LaunchDims, Queue};
+use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{Heads, KernelTable, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
-use crate::params::{LlkIndexType, LlkRopeLayout, LlkRopeNorm, RopeParams};
+use crate::kernels::rope::{KERNELS};
+use crate::launch::{Heads, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
+use crate::ffi::params::{LlkIndexType, LlkRopeLayout, LlkRopeNorm, RopeParams};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
+pub use crate::spec::rope::{Llama3Scaling, MAX_POSITION, MAX_ROTARY_DIM, RopeConfig, RopeLayout};
 
 const OP: &str = "rope";
-/// Largest |position| rotated exactly; larger ones are clamped to it (see the module docs).
-pub const MAX_POSITION: i64 = crate::params::LLK_ROPE_MAX_POSITION as i64;
-/// Largest rotary_dim any kernel path handles (8 pairs x 32 threads x 2 elements).
-pub const MAX_ROTARY_DIM: usize = 512;
 /// Threads per block (kMaxThreads in kernels/rope.cu).
 const MAX_THREADS: usize = 256;
-
-/// Which elements form a rotary pair.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RopeLayout {
-    /// Pairs `(2i, 2i+1)`: Meta's reference implementation (the complex form), and Llama 4 in
-    /// Hugging Face (`apply_rotary_emb` with `view_as_complex`).
-    Interleaved,
-    /// Pairs `(i, i + rotary_dim/2)`: Hugging Face's `rotate_half` (Llama 3 checkpoints on the
-    /// Hub, whose q/k weights were permuted for it) and GPT-NeoX.
-    HalfSplit,
-}
-
-/// Llama 3.1 frequency scaling (`rope_type: "llama3"` in a Hugging Face config).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Llama3Scaling {
-    pub factor: f64,
-    pub low_freq_factor: f64,
-    pub high_freq_factor: f64,
-    pub original_max_position_embeddings: f64,
-}
-
-impl Llama3Scaling {
-    /// Meta's published Llama 3.1 values: 8, 1, 4, 8192.
-    pub const LLAMA_3_1: Llama3Scaling = Llama3Scaling {
-        factor: 8.0,
-        low_freq_factor: 1.0,
-        high_freq_factor: 4.0,
-        original_max_position_embeddings: 8192.0,
-    };
-    /// Llama 4 Scout: factor 16, low and high frequency factors both 1 (no smooth band), 8192.
-    pub const LLAMA_4_SCOUT: Llama3Scaling = Llama3Scaling {
-        factor: 16.0,
-        low_freq_factor: 1.0,
-        high_freq_factor: 1.0,
-        original_max_position_embeddings: 8192.0,
-    };
-}
-
-/// A RoPE configuration.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RopeConfig {
-    pub head_dim: usize,
-    /// Rotated dims (even, <= head_dim, <= 512); the rest pass through (partial rotary).
-    pub rotary_dim: usize,
-    /// Base of the frequencies (10 000 for Llama 2, 500 000 for Llama 3 and 4).
-    pub theta: f64,
-    pub layout: RopeLayout,
-    pub scaling: Option<Llama3Scaling>,
-    /// Llama 4's weightless L2 norm of q and k after rotating (`use_qk_norm`), with its eps
-    /// (`rms_norm_eps`, 1e-5). `None`: no norm.
-    pub qk_norm_eps: Option<f32>,
-}
-
-impl RopeConfig {
-    /// Llama 3.1/3.2/3.3 as loaded from Hugging Face: theta 500 000, half-split, 3.1 scaling.
-    pub fn llama3_1(head_dim: usize) -> RopeConfig {
-        RopeConfig {
-            head_dim,
-            rotary_dim: head_dim,
-            theta: 500_000.0,
-            layout: RopeLayout::HalfSplit,
-            scaling: Some(Llama3Scaling::LLAMA_3_1),
-            qk_norm_eps: None,
-        }
-    }
-    /// Llama 4 Scout RoPE layers: theta 500 000, interleaved, Scout scaling, qk-norm eps 1e-5.
-    pub fn llama4_scout(head_dim: usize) -> RopeConfig {
-        RopeConfig {
-            head_dim,
-            rotary_dim: head_dim,
-            theta: 500_000.0,
-            layout: RopeLayout::Interleaved,
-            scaling: Some(Llama3Scaling::LLAMA_4_SCOUT),
-            qk_norm_eps: Some(1e-5),
-        }
-    }
-
-    /// Checks every field; the error names the offending one.
-    pub fn validate(&self) -> Result<()> {
-        if self.head_dim == 0 {
-            return Err(Error::invalid(OP, "head_dim", 0, "must be > 0"));
-        }
-        if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 {
-            return Err(Error::invalid(
-                OP,
-                "rotary_dim",
-                self.rotary_dim,
-                "must be even and > 0 (rotary dims come in pairs)",
-            ));
-        }
-        if self.rotary_dim > self.head_dim {
-            return Err(Error::invalid(
-                OP,
-                "rotary_dim",
-                self.rotary_dim,
-                format!("exceeds head_dim {}", self.head_dim),
-            ));
-        }
-        if self.rotary_dim > MAX_ROTARY_DIM {
-            return Err(Error::invalid(
-                OP,
-                "rotary_dim",
-                self.rotary_dim,
-                format!("unsupported (at most {MAX_ROTARY_DIM})"),
-            ));
-        }
-        if !self.theta.is_finite() || self.theta <= 0.0 {
-            return Err(Error::invalid(OP, "theta", self.theta, "must be finite and > 0"));
-        }
-        if let Some(s) = &self.scaling {
-            for (name, v) in [
-                ("factor", s.factor),
-                ("low_freq_factor", s.low_freq_factor),
-                ("high_freq_factor", s.high_freq_factor),
-                ("original_max_position_embeddings", s.original_max_position_embeddings),
-            ] {
-                if !v.is_finite() || v <= 0.0 {
-                    return Err(Error::invalid(OP, name, v, "scaling factors must be finite and > 0"));
-                }
-            }
-            if s.high_freq_factor < s.low_freq_factor {
-                return Err(Error::invalid(
-                    OP,
-                    "high_freq_factor",
-                    s.high_freq_factor,
-                    format!("must be >= low_freq_factor {}", s.low_freq_factor),
-                ));
-            }
-        }
-        if let Some(eps) = self.qk_norm_eps {
-            if !eps.is_finite() || eps <= 0.0 {
-                return Err(Error::invalid(OP, "qk_norm_eps", eps, "must be finite and > 0"));
-            }
-        }
-        Ok(())
-    }
-}
 
 /// A RoPE configuration bound to a device, with its inverse-frequency table uploaded.
 #[derive(Clone, Debug)]
@@ -189,42 +51,6 @@ pub struct Rope {
     inv_freq: Vec<f64>,
     /// `[rotary_dim / 2, 2]` f32: each f64 inverse frequency as hi + lo.
     table: Tensor,
-}
-
-/// Every kernel, by (layout, vectorized, qk-norm, dtype).
-static KERNELS: KernelTable<(RopeLayout, bool, bool, DType)> = KernelTable {
-    module: "rope",
-    entries: &[
-        ((RopeLayout::Interleaved, false, false, DType::F32), "rope_interleaved_f32"),
-        ((RopeLayout::Interleaved, false, false, DType::F16), "rope_interleaved_f16"),
-        ((RopeLayout::Interleaved, false, false, DType::BF16), "rope_interleaved_bf16"),
-        ((RopeLayout::Interleaved, true, false, DType::F32), "rope_interleaved_vec_f32"),
-        ((RopeLayout::Interleaved, true, false, DType::F16), "rope_interleaved_vec_f16"),
-        ((RopeLayout::Interleaved, true, false, DType::BF16), "rope_interleaved_vec_bf16"),
-        ((RopeLayout::Interleaved, false, true, DType::F32), "rope_interleaved_norm_f32"),
-        ((RopeLayout::Interleaved, false, true, DType::F16), "rope_interleaved_norm_f16"),
-        ((RopeLayout::Interleaved, false, true, DType::BF16), "rope_interleaved_norm_bf16"),
-        ((RopeLayout::Interleaved, true, true, DType::F32), "rope_interleaved_norm_vec_f32"),
-        ((RopeLayout::Interleaved, true, true, DType::F16), "rope_interleaved_norm_vec_f16"),
-        ((RopeLayout::Interleaved, true, true, DType::BF16), "rope_interleaved_norm_vec_bf16"),
-        ((RopeLayout::HalfSplit, false, false, DType::F32), "rope_half_split_f32"),
-        ((RopeLayout::HalfSplit, false, false, DType::F16), "rope_half_split_f16"),
-        ((RopeLayout::HalfSplit, false, false, DType::BF16), "rope_half_split_bf16"),
-        ((RopeLayout::HalfSplit, true, false, DType::F32), "rope_half_split_vec_f32"),
-        ((RopeLayout::HalfSplit, true, false, DType::F16), "rope_half_split_vec_f16"),
-        ((RopeLayout::HalfSplit, true, false, DType::BF16), "rope_half_split_vec_bf16"),
-        ((RopeLayout::HalfSplit, false, true, DType::F32), "rope_half_split_norm_f32"),
-        ((RopeLayout::HalfSplit, false, true, DType::F16), "rope_half_split_norm_f16"),
-        ((RopeLayout::HalfSplit, false, true, DType::BF16), "rope_half_split_norm_bf16"),
-        ((RopeLayout::HalfSplit, true, true, DType::F32), "rope_half_split_norm_vec_f32"),
-        ((RopeLayout::HalfSplit, true, true, DType::F16), "rope_half_split_norm_vec_f16"),
-        ((RopeLayout::HalfSplit, true, true, DType::BF16), "rope_half_split_norm_vec_bf16"),
-    ],
-};
-
-/// The symbols of this family, for static checks.
-pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
-    KERNELS.symbols()
 }
 
 /// Elements per chunk and the chunk cap per thread, mirroring `Chunking` in kernels/rope.cu.
@@ -237,7 +63,7 @@ impl Rope {
     /// Validates `config` and uploads its inverse-frequency table to `device`.
     pub fn new(device: &Device, config: RopeConfig) -> Result<Rope> {
         config.validate()?;
-        let inv_freq = crate::reference::rope::inv_freq(&config);
+        let inv_freq = crate::spec::rope::inv_freq(&config);
         let split: Vec<f32> = inv_freq
             .iter()
             .flat_map(|&f| {

@@ -19,11 +19,12 @@
 //! dtype throughout, f32 math. `out` may be the gate view itself (in place over the gate half of
 //! a packed buffer, too); otherwise it must not overlap the inputs.
 
-use crate::backend::{KernelArgs, KernelRef, LaunchDims, Queue};
-use crate::dtype::DType;
+use crate::backend::{LaunchDims, Queue};
+use crate::launch::KernelArgs;
 use crate::error::{Error, Result};
-use crate::ops::{KernelTable, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
-use crate::params::{LlkGateUpLayout, SwiGluParams};
+use crate::kernels::swiglu::{KERNELS};
+use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
+use crate::ffi::params::{LlkGateUpLayout, SwiGluParams};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 const OP: &str = "swiglu";
@@ -45,29 +46,6 @@ pub enum GateUp<'a> {
     Interleaved(&'a Tensor),
 }
 
-/// Every kernel, by (interleaved, vectorized, dtype).
-static KERNELS: KernelTable<(bool, bool, DType)> = KernelTable {
-    module: "swiglu",
-    entries: &[
-        ((false, false, DType::F32), "swiglu_f32"),
-        ((false, false, DType::F16), "swiglu_f16"),
-        ((false, false, DType::BF16), "swiglu_bf16"),
-        ((false, true, DType::F32), "swiglu_vec_f32"),
-        ((false, true, DType::F16), "swiglu_vec_f16"),
-        ((false, true, DType::BF16), "swiglu_vec_bf16"),
-        ((true, false, DType::F32), "swiglu_interleaved_f32"),
-        ((true, false, DType::F16), "swiglu_interleaved_f16"),
-        ((true, false, DType::BF16), "swiglu_interleaved_bf16"),
-        ((true, true, DType::F32), "swiglu_interleaved_vec_f32"),
-        ((true, true, DType::F16), "swiglu_interleaved_vec_f16"),
-        ((true, true, DType::BF16), "swiglu_interleaved_vec_bf16"),
-    ],
-};
-
-/// The symbols of this family, for static checks.
-pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
-    KERNELS.symbols()
-}
 
 /// Where gate and up come from, as borrowed views (the view-level [`swiglu_on`]).
 #[derive(Clone, Copy, Debug)]
@@ -222,7 +200,7 @@ fn packed_width(what: &'static str, shape: &[usize]) -> Result<usize> {
 }
 
 /// Columns `[start, start + len)` of the last dimension.
-fn narrow_last(b: &crate::backend::args::Bound, start: usize, len: usize) -> crate::backend::args::Bound {
+fn narrow_last(b: &crate::launch::Arg, start: usize, len: usize) -> crate::launch::Arg {
     let mut out = *b;
     out.addr += (start * b.dtype.size()) as u64;
     out.dims = out.dims.with_last(len);

@@ -11,7 +11,7 @@
 
 use super::check_len;
 use crate::error::{Error, Result};
-use crate::ops::attention::{AttentionMask, Llama4Temperature};
+use crate::spec::attention::{AttentionMask, Llama4Temperature};
 
 /// Shapes and options of a reference attention call.
 #[derive(Clone, Copy, Debug, PartialEq)]

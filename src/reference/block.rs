@@ -17,8 +17,8 @@
 //! intermediate is rounded here; that is the point of a reference.
 
 use super::check_len;
-use crate::block::config::{FfnSpec, LayerSpec};
-use crate::block::weights::{HostFfn, HostLayerWeights};
+use crate::spec::layer::{FfnSpec, LayerSpec};
+use crate::spec::weights::{HostFfn, HostLayerWeights};
 use crate::error::{Error, Result};
 
 /// The f64 weights of one layer (Hugging Face layouts).
@@ -55,7 +55,7 @@ enum RefFfn {
 
 impl RefLayer {
     pub fn new(spec: LayerSpec, w: &HostLayerWeights) -> Result<RefLayer> {
-        crate::block::weights::check_shapes(&spec, w)?;
+        crate::spec::weights::check_shapes(&spec, w)?;
         let ffn = match &w.ffn {
             HostFfn::Dense { gate, up, down, bias } => RefFfn::Dense {
                 gate: gate.f64(),

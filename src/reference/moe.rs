@@ -23,7 +23,8 @@
 use super::check_len;
 use super::swiglu::silu;
 use crate::error::{Error, Result};
-use crate::ops::moe::{MoeRouting, WeightLayout};
+pub use crate::spec::moe::MoeFfnConfig;
+use crate::spec::moe::{MoeRouting, WeightLayout};
 
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
@@ -411,18 +412,6 @@ pub struct FfnStages {
     pub out: Vec<f64>,
 }
 
-/// The routing and expert configuration of a reference layer.
-#[derive(Clone, Copy, Debug)]
-pub struct FfnSpec {
-    pub hidden: usize,
-    pub intermediate: usize,
-    pub experts: usize,
-    pub top_k: usize,
-    pub routing: MoeRouting,
-    /// Llama 4: the routing weight scales the expert input, and combine sums unweighted.
-    pub weights_on_input: bool,
-}
-
 /// Dense `x W^T` for an `nn.Linear` weight `[n, k]`.
 fn linear(x: &[f64], rows: usize, w: &[f64], n: usize, k: usize) -> Vec<f64> {
     let mut y = vec![0.0; rows * n];
@@ -441,13 +430,13 @@ fn linear(x: &[f64], rows: usize, w: &[f64], n: usize, k: usize) -> Vec<f64> {
 pub fn moe_ffn(
     x: &[f64],
     tokens: usize,
-    spec: &FfnSpec,
+    spec: &MoeFfnConfig,
     w: &FfnWeights<'_>,
     residual: Option<&[f64]>,
     logits: Option<&[f64]>,
     ids: Option<&[i32]>,
 ) -> Result<FfnStages> {
-    let FfnSpec { hidden, intermediate, experts, top_k, routing, weights_on_input } = *spec;
+    let MoeFfnConfig { hidden, intermediate, experts, top_k, routing, weights_on_input } = *spec;
     check_len("x", x.len(), tokens * hidden)?;
     check_len("router", w.router.len(), experts * hidden)?;
     let logits = match logits {

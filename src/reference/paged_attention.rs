@@ -15,7 +15,7 @@ use super::attention::{allowed, temperature};
 use super::check_len;
 use crate::dtype::{DType, f8e4m3_decode, f8e4m3_encode, round_to};
 use crate::error::{Error, Result};
-use crate::ops::attention::{AttentionMask, Llama4Temperature};
+use crate::spec::attention::{AttentionMask, Llama4Temperature};
 
 /// The page pools' geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,37 +18,8 @@
 
 use super::check_len;
 use crate::error::Result;
-use crate::ops::rope::{Llama3Scaling, RopeConfig, RopeLayout};
-
-/// The (scaled) inverse frequencies of `config`, `rotary_dim / 2` of them.
-pub fn inv_freq(config: &RopeConfig) -> Vec<f64> {
-    let r = config.rotary_dim as f64;
-    (0..config.rotary_dim / 2)
-        .map(|i| {
-            let f = config.theta.powf(-(2.0 * i as f64) / r);
-            match &config.scaling {
-                Some(s) => llama3_scale(f, s),
-                None => f,
-            }
-        })
-        .collect()
-}
-
-/// Llama 3.1 frequency scaling of one inverse frequency.
-pub fn llama3_scale(f: f64, s: &Llama3Scaling) -> f64 {
-    let wavelen = 2.0 * std::f64::consts::PI / f;
-    let low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
-    let high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
-    if wavelen > low_freq_wavelen {
-        f / s.factor
-    } else if wavelen < high_freq_wavelen {
-        f
-    } else {
-        let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
-            / (s.high_freq_factor - s.low_freq_factor);
-        (1.0 - smooth) * f / s.factor + smooth * f
-    }
-}
+pub use crate::spec::rope::{inv_freq, llama3_scale};
+use crate::spec::rope::{MAX_POSITION, RopeConfig, RopeLayout};
 
 /// Rotates (and optionally normalizes) `x`, shaped `[tokens, heads, head_dim]` and contiguous,
 /// at `positions[token]`, clamped to `+-(2^24 - 1)`.
@@ -58,7 +29,7 @@ pub fn rope(x: &[f64], heads: usize, positions: &[i64], config: &RopeConfig) -> 
     let freqs = inv_freq(config);
     let half = config.rotary_dim / 2;
     let mut out = x.to_vec();
-    let max = i64::from(crate::params::LLK_ROPE_MAX_POSITION);
+    let max = MAX_POSITION;
     for (t, &p) in positions.iter().enumerate() {
         // The documented domain: positions beyond +-(2^24 - 1) are clamped (see ops::rope).
         let p = p.clamp(-max, max);

@@ -24,11 +24,10 @@
 
 use std::marker::PhantomData;
 
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
-use half::{bf16, f16};
 
-use super::Tensor;
-use super::storage::Storage;
+pub use crate::backend::borrowed::{CudaRead, CudaWrite};
+use crate::backend::borrowed::{ReadSrc, WriteSrc};
+use crate::backend::storage::Storage;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
@@ -162,88 +161,6 @@ pub fn contiguous_strides(shape: &[usize]) -> Option<Vec<usize>> {
     Some(strides)
 }
 
-mod sealed {
-    pub trait Sealed {}
-}
-
-/// A cudarc buffer a [`TensorView`] can borrow: `CudaSlice<T>`, `CudaView<T>` or
-/// `CudaViewMut<T>` for T in f32, f16, bf16, i32, i64 (typed), or u8 (untyped bytes, with an
-/// explicit dtype). Sealed.
-pub trait CudaRead: sealed::Sealed {
-    #[doc(hidden)]
-    fn elem_dtype(&self) -> Option<DType>;
-    #[doc(hidden)]
-    fn byte_len(&self) -> usize;
-    #[doc(hidden)]
-    fn context_ptr(&self) -> usize;
-    #[doc(hidden)]
-    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>);
-}
-
-/// A cudarc buffer a [`TensorViewMut`] can borrow: `CudaSlice<T>` or `CudaViewMut<T>`. Sealed.
-pub trait CudaWrite: CudaRead {
-    #[doc(hidden)]
-    fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>);
-}
-
-macro_rules! cuda_buffers {
-    ($($t:ty => $d:expr),* $(,)?) => {$(
-        impl sealed::Sealed for CudaSlice<$t> {}
-        impl sealed::Sealed for CudaView<'_, $t> {}
-        impl sealed::Sealed for CudaViewMut<'_, $t> {}
-        cuda_buffers!(@read CudaSlice<$t>, $d);
-        cuda_buffers!(@read CudaView<'_, $t>, $d);
-        cuda_buffers!(@read CudaViewMut<'_, $t>, $d);
-        impl CudaWrite for CudaSlice<$t> {
-            fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-                self.device_ptr_mut(stream)
-            }
-        }
-        impl CudaWrite for CudaViewMut<'_, $t> {
-            fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-                self.device_ptr_mut(stream)
-            }
-        }
-    )*};
-    (@read $ty:ty, $d:expr) => {
-        impl CudaRead for $ty {
-            fn elem_dtype(&self) -> Option<DType> {
-                $d
-            }
-            fn byte_len(&self) -> usize {
-                self.num_bytes()
-            }
-            fn context_ptr(&self) -> usize {
-                self.stream().context().cu_ctx() as usize
-            }
-            fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-                self.device_ptr(stream)
-            }
-        }
-    };
-}
-cuda_buffers!(
-    u8 => None,
-    f32 => Some(DType::F32),
-    f16 => Some(DType::F16),
-    bf16 => Some(DType::BF16),
-    i32 => Some(DType::I32),
-    i64 => Some(DType::I64),
-);
-
-pub(crate) enum ReadSrc<'a> {
-    Storage(&'a Storage),
-    Cuda(&'a dyn CudaRead),
-    /// Host memory (emulated target): the address of byte 0 of the borrowed slice.
-    Host(u64),
-}
-
-pub(crate) enum WriteSrc<'a> {
-    Storage(&'a Storage),
-    Cuda(&'a mut dyn CudaWrite),
-    Host(u64),
-}
-
 /// A borrowed, read-only strided view of device memory (see the module docs).
 pub struct TensorView<'a> {
     src: ReadSrc<'a>,
@@ -315,8 +232,9 @@ impl<'a> TensorView<'a> {
         dims.check_fits("TensorView::host", T::DTYPE, std::mem::size_of_val(data))?;
         Ok(TensorView { src: ReadSrc::Host(data.as_ptr() as u64), dtype: T::DTYPE, dims, _borrow: PhantomData })
     }
-    pub(crate) fn of_tensor(t: &'a Tensor) -> Self {
-        TensorView { src: ReadSrc::Storage(t.storage()), dtype: t.dtype(), dims: *t.dims(), _borrow: PhantomData }
+    /// A view of storage owned by this crate (a tensor's).
+    pub(crate) fn of_storage(storage: &'a Storage, dtype: DType, dims: Dims) -> Self {
+        TensorView { src: ReadSrc::Storage(storage), dtype, dims, _borrow: PhantomData }
     }
     /// The same memory with another layout (checked against the buffer's size where known).
     pub fn with_layout(self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Self> {
@@ -353,14 +271,6 @@ impl<'a> TensorView<'a> {
     }
     pub(crate) fn src(&self) -> &ReadSrc<'a> {
         &self.src
-    }
-    /// The registered form, given the address of the memory's byte 0.
-    pub(crate) fn bound(&self, base: u64) -> crate::backend::args::Bound {
-        crate::backend::args::Bound {
-            addr: base + (self.dims.offset() * self.dtype.size()) as u64,
-            dtype: self.dtype,
-            dims: self.dims,
-        }
     }
 }
 
@@ -408,8 +318,9 @@ impl<'a> TensorViewMut<'a> {
     }
     /// A writable view of a tensor. Crate-private: `Tensor` is a shared handle, so the Tensor
     /// API checks aliasing itself before it hands views to the ops.
-    pub(crate) fn of_tensor(t: &'a Tensor) -> Self {
-        TensorViewMut { src: WriteSrc::Storage(t.storage()), dtype: t.dtype(), dims: *t.dims(), _borrow: PhantomData }
+    /// A writable view of storage owned by this crate (a tensor's).
+    pub(crate) fn of_storage(storage: &'a Storage, dtype: DType, dims: Dims) -> Self {
+        TensorViewMut { src: WriteSrc::Storage(storage), dtype, dims, _borrow: PhantomData }
     }
     pub fn dtype(&self) -> DType {
         self.dtype

@@ -35,7 +35,7 @@ pub fn bitwise_equal(a: &[Vec<f64>], b: &[Vec<f64>]) -> bool {
 /// Runs a case under the three schedules: every run passes, and all outputs agree bit for bit.
 pub fn assert_schedules_agree(
     what: &str,
-    run: impl Fn(&Device) -> llama_kernels::Result<llama_kernels::verify::CaseResult>,
+    run: impl Fn(&Device) -> llama_kernels::Result<llama_kernels::dev::verify::CaseResult>,
 ) {
     let runs: Vec<_> = schedule_devices().iter().map(|d| run(d).unwrap_or_else(|e| panic!("{what}: {e}"))).collect();
     for r in &runs {

@@ -1,7 +1,9 @@
 //! Test support shared by the test suite, `verify` and the benchmarks: a seeded random number
 //! generator, per-dtype tolerances, and an element-wise comparison that names the worst element.
 
-use crate::dtype::DType;
+use crate::dtype::{DType, round_to};
+use crate::spec::layer::{FfnSpec, LayerSpec};
+use crate::spec::weights::{HostFfn, HostLayerWeights, HostTensor};
 
 /// SplitMix64: small, fast, seedable, and identical on every machine.
 #[derive(Clone, Debug)]
@@ -143,6 +145,72 @@ pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {
     }
     c.pass &= c.worst_ratio <= 1.0;
     c
+}
+
+// ----------------------------------------------------------------------------- random weights
+
+impl HostTensor {
+    /// Seeded normal values with standard deviation `std`, rounded to `dtype`.
+    pub fn random(rng: &mut Rng, shape: &[usize], std: f64, dtype: DType) -> HostTensor {
+        let n: usize = shape.iter().product();
+        HostTensor { shape: shape.to_vec(), data: (0..n).map(|_| round_to(dtype, std * rng.normal()) as f32).collect() }
+    }
+    /// Seeded values uniform in [lo, hi), rounded to `dtype` (norm weights).
+    pub fn uniform(rng: &mut Rng, shape: &[usize], lo: f64, hi: f64, dtype: DType) -> HostTensor {
+        let n: usize = shape.iter().product();
+        HostTensor {
+            shape: shape.to_vec(),
+            data: (0..n).map(|_| round_to(dtype, lo + (hi - lo) * rng.uniform()) as f32).collect(),
+        }
+    }
+}
+
+impl HostLayerWeights {
+    /// Seeded random weights for `spec`, scaled so activations stay of order one (projections
+    /// with standard deviation `1 / sqrt(fan_in)`, norm weights in [0.5, 1.5)).
+    pub fn random(spec: &LayerSpec, dtype: DType, seed: u64) -> HostLayerWeights {
+        let mut rng = Rng::new(seed ^ (spec.index as u64) << 32);
+        let (h, d) = (spec.hidden, spec.head_dim);
+        let (qd, kvd) = (spec.q_heads * d, spec.kv_heads * d);
+        let s = |fan_in: usize| 1.0 / (fan_in as f64).sqrt();
+        let input_norm = HostTensor::uniform(&mut rng, &[h], 0.5, 1.5, dtype);
+        let q_proj = HostTensor::random(&mut rng, &[qd, h], s(h), dtype);
+        let k_proj = HostTensor::random(&mut rng, &[kvd, h], s(h), dtype);
+        let v_proj = HostTensor::random(&mut rng, &[kvd, h], s(h), dtype);
+        let o_proj = HostTensor::random(&mut rng, &[h, qd], s(qd), dtype);
+        let attn_bias = spec.attention_bias.then(|| {
+            [
+                HostTensor::random(&mut rng, &[qd], 0.1, dtype),
+                HostTensor::random(&mut rng, &[kvd], 0.1, dtype),
+                HostTensor::random(&mut rng, &[kvd], 0.1, dtype),
+                HostTensor::random(&mut rng, &[h], 0.1, dtype),
+            ]
+        });
+        let post_norm = HostTensor::uniform(&mut rng, &[h], 0.5, 1.5, dtype);
+        let ffn = match spec.ffn {
+            FfnSpec::Dense { intermediate: i, bias } => HostFfn::Dense {
+                gate: HostTensor::random(&mut rng, &[i, h], s(h), dtype),
+                up: HostTensor::random(&mut rng, &[i, h], s(h), dtype),
+                down: HostTensor::random(&mut rng, &[h, i], s(i), dtype),
+                bias: bias.then(|| {
+                    [
+                        HostTensor::random(&mut rng, &[i], 0.1, dtype),
+                        HostTensor::random(&mut rng, &[i], 0.1, dtype),
+                        HostTensor::random(&mut rng, &[h], 0.1, dtype),
+                    ]
+                }),
+            },
+            FfnSpec::Moe { experts: e, intermediate: i, .. } => HostFfn::Moe {
+                router: HostTensor::random(&mut rng, &[e, h], s(h), dtype),
+                experts_gate_up: HostTensor::random(&mut rng, &[e, h, 2 * i], s(h), dtype),
+                experts_down: HostTensor::random(&mut rng, &[e, i, h], s(i), dtype),
+                shared_gate: HostTensor::random(&mut rng, &[i, h], s(h), dtype),
+                shared_up: HostTensor::random(&mut rng, &[i, h], s(h), dtype),
+                shared_down: HostTensor::random(&mut rng, &[h, i], s(i), dtype),
+            },
+        };
+        HostLayerWeights { input_norm, q_proj, k_proj, v_proj, o_proj, attn_bias, post_norm, ffn }
+    }
 }
 
 #[cfg(test)]

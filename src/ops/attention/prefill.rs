@@ -1,68 +1,21 @@
-//! Flash-style grouped-query attention for prefill (kernels/attention.cu).
-//!
-//! `O = softmax(scale * Q K^T + mask) V`, tile by tile with an online softmax: the score matrix is
-//! never stored and the only workspace is about `3 * (batch + 1)` i32 values plus an error flag.
-//!
-//! ```
-//! use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace};
-//! use llama_kernels::{DType, Device, Tensor};
-//! # fn main() -> llama_kernels::Result<()> {
-//! let device = Device::best();
-//! let (q_heads, kv_heads, d) = (8, 2, 64);
-//! // Two sequences: 5 new tokens after a 3-token cached prefix, and 4 fresh tokens.
-//! let (cu_q, cu_k) = ([0, 5, 9], [0, 8, 12]);
-//! let q = Tensor::zeros(&device, DType::BF16, &[9, q_heads, d])?;
-//! let k = Tensor::zeros(&device, DType::BF16, &[12, kv_heads, d])?;
-//! let v = Tensor::zeros(&device, DType::BF16, &[12, kv_heads, d])?;
-//! let out = Tensor::zeros(&device, DType::BF16, &[9, q_heads, d])?;
-//! let mut ws = AttentionWorkspace::new(&device);
-//! let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
-//! ws.forward(&q, &k, &v, &cu_q, &cu_k, &out, None, &opts)?;
-//! # Ok(())
-//! # }
-//! ```
-//!
-//! Shapes: q and out `[total_q, q_heads, head_dim]`, k and v `[total_k, kv_heads, head_dim]`, each
-//! with its own token and head strides (views into a fused QKV buffer work), `head_dim`
-//! contiguous, one dtype; the optional log-sum-exp output is f32 `[q_heads, total_q]`, contiguous.
-//! `cu_seqlens_q` / `cu_seqlens_k` are the cumulative sequence offsets (i32, `batch + 1` values,
-//! from 0, non-decreasing); a single sequence is `[0, total_q]`, `[0, total_k]`. They can be host
-//! slices (validated here, staged through pinned memory) or device tensors ([`CuSeqlens::Device`],
-//! [`AttentionWorkspace::forward_device`]: no host copy at all, so the call can be captured in a
-//! CUDA graph). Device offsets are validated by the device: if they are invalid, the call writes
-//! nothing and raises the workspace's error flag ([`AttentionWorkspace::check_errors`]).
-//!
-//! Supported: bf16 and f16 on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async), f32 on a SIMT
-//! path; head_dim 32, 64, 96, 128 and 256. Queries align to the end of their keys (chunked prefill
-//! after a cached prefix). Fully masked rows and queries of sequences without keys write zeros
-//! with `lse = -inf`.
-//!
-//! K and V may also be read in place from the paged KV cache
-//! ([`AttentionWorkspace::forward_paged_on`], [`crate::ops::paged_attention`]): `cu_seqlens.k`
-//! then counts each sequence's keys (the cached prefix and the new tokens, already appended) and
-//! the block table names its pages.
-//!
-//! NaN and infinity: a non-finite value in K or V at a key a query attends makes that query's
-//! output NaN, as in exact arithmetic. A non-finite value at a key a query does *not* attend (a
-//! later key under the causal mask, another chunk) may still reach it, because keys are processed
-//! in tiles of 64 and a masked key's weight is an exact 0 that multiplies the NaN (FlashAttention
-//! and PyTorch's SDPA behave the same). Such outputs are either exact or NaN, never another
-//! finite value; other sequences and other KV groups are never affected.
-//! [`crate::reference::attention::nan_exposed_rows`] states exactly which rows may be hit.
+//! Flash-style grouped-query attention for prefill (kernels/attention.cu): the workspace and
+//! its launch. See [`crate::ops::attention`] for shapes and semantics.
 
-use crate::backend::{Device, KernelArgs, KernelRef, LaunchDims, PinnedStaging, Queue};
+use crate::backend::{Device, LaunchDims, PinnedStaging, Queue};
+use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::paged_attention::{PagedKv, PagedKvCache, Pool, check_block_table, check_pools};
-use crate::ops::{Heads, KernelTable, Region, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
-use crate::params::{
+use crate::launch::pool::{Pool, check_block_table, check_pools};
+use super::paged::{PagedKv, PagedKvCache};
+use crate::kernels::attention::{KERNELS, PLAN, SUPPORTED_HEAD_DIMS};
+use crate::launch::{Heads, Region, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
+use crate::ffi::params::{
     AttentionParams, AttentionPlanParams, LlkAttnMask, LlkAttnTemperature, LlkDeviceError, LlkKvSource,
 };
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
+use crate::spec::attention::{AttentionMask, Llama4Temperature};
 
 const OP: &str = "gqa_attention";
-/// Head dims with kernels.
-pub const SUPPORTED_HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 /// Rows (query token x q head) per block of the f32 SIMT kernel (kSimtRows in
 /// kernels/attention.cu).
 const ROWS_SIMT: usize = 32;
@@ -76,37 +29,6 @@ const THREADS: u32 = 128;
 /// Largest GQA pack (q heads sharing one block's K/V tiles).
 pub const MAX_PACK: usize = 16;
 
-/// Which keys a query may attend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum AttentionMask {
-    /// Every key of its sequence.
-    #[default]
-    None,
-    /// Keys up to the query's position, aligned bottom-right (`k_len - q_len + i`).
-    Causal,
-    /// Llama 4's chunked local attention: causal, and only keys in the query's chunk
-    /// `floor(position / chunk_size)` (Llama 4 uses 8192 on its RoPE layers).
-    ChunkedCausal { chunk_size: usize },
-}
-
-/// Llama 4's attention temperature tuning (`attn_temperature_tuning`, NoPE layers): the query at
-/// position p is scaled by `ln(floor((p + 1) / floor_scale) + 1) * attn_scale + 1`, as in Hugging
-/// Face's `Llama4TextAttention` (`torch.log1p(torch.floor((cache_position + 1) / floor_scale)) *
-/// attn_scale + 1`). The kernel scales the f32 scores; Hugging Face rounds the scaled q to the
-/// model dtype first, which differs by one rounding of q.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Llama4Temperature {
-    pub floor_scale: f32,
-    pub attn_scale: f32,
-}
-
-impl Default for Llama4Temperature {
-    /// Llama 4's configuration defaults: floor_scale 8192, attn_scale 0.1.
-    fn default() -> Self {
-        Llama4Temperature { floor_scale: 8192.0, attn_scale: 0.1 }
-    }
-}
-
 /// Options of one attention call.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct AttentionOptions {
@@ -119,35 +41,6 @@ pub struct AttentionOptions {
     pub gqa_pack: Option<usize>,
 }
 
-/// Every kernel, by (dtype, head_dim).
-static KERNELS: KernelTable<(DType, usize)> = KernelTable {
-    module: "attention",
-    entries: &[
-        ((DType::BF16, 32), "attention_hd32_bf16"),
-        ((DType::BF16, 64), "attention_hd64_bf16"),
-        ((DType::BF16, 96), "attention_hd96_bf16"),
-        ((DType::BF16, 128), "attention_hd128_bf16"),
-        ((DType::BF16, 256), "attention_hd256_bf16"),
-        ((DType::F16, 32), "attention_hd32_f16"),
-        ((DType::F16, 64), "attention_hd64_f16"),
-        ((DType::F16, 96), "attention_hd96_f16"),
-        ((DType::F16, 128), "attention_hd128_f16"),
-        ((DType::F16, 256), "attention_hd256_f16"),
-        ((DType::F32, 32), "attention_hd32_f32"),
-        ((DType::F32, 64), "attention_hd64_f32"),
-        ((DType::F32, 96), "attention_hd96_f32"),
-        ((DType::F32, 128), "attention_hd128_f32"),
-        ((DType::F32, 256), "attention_hd256_f32"),
-    ],
-};
-
-/// The plan kernel for device-resident sequence offsets.
-const PLAN: KernelRef = KernelRef { module: "attention", symbol: "attention_plan" };
-
-/// The symbols of this family, for static checks.
-pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
-    KERNELS.symbols().chain(std::iter::once(PLAN))
-}
 
 /// Dynamic shared memory of the tensor-core kernel: Q, and two stages of K and V, in rows padded
 /// to a power of two of 16-byte chunks (kPitch in kernels/attention.cu).
@@ -616,12 +509,7 @@ impl AttentionWorkspace {
             AttentionMask::ChunkedCausal { chunk_size } => (LlkAttnMask::LLK_ATTN_CHUNKED_CAUSAL, chunk_size),
         };
         if let Some(t) = &opts.temperature {
-            if !(t.floor_scale.is_finite() && t.floor_scale > 0.0) {
-                return Err(Error::invalid(OP, "temperature floor_scale", t.floor_scale, "must be finite and > 0"));
-            }
-            if !(t.attn_scale.is_finite() && t.attn_scale >= 0.0) {
-                return Err(Error::invalid(OP, "temperature attn_scale", t.attn_scale, "must be finite and >= 0"));
-            }
+            t.validate(OP)?;
         }
         let group = qh.heads / kh.heads;
         let pack = match opts.gqa_pack {
@@ -680,7 +568,7 @@ impl AttentionWorkspace {
                 let buf =
                     self.buf.as_ref().ok_or(Error::InvalidView { what: OP, why: "workspace not planned".into() })?;
                 let bytes = crate::tensor::as_bytes(&self.host);
-                PinnedStaging::upload(self.staging.as_mut(), &device, bytes, buf, ARRAYS * 4)?;
+                PinnedStaging::upload(self.staging.as_mut(), bytes, buf.storage(), ARRAYS * 4)?;
                 (args.read_tensor("workspace", &cq_t)?, args.read_tensor("workspace", &ck_t)?, tiles)
             }
             CuSeqlens::Device { q: cq, k: ck } => {

@@ -3,7 +3,7 @@
 //!
 //! Every op registers its tensors here before it launches: inputs with [`KernelArgs::read`],
 //! outputs with [`KernelArgs::write`]. Registration checks that the memory belongs to the
-//! launching device's context and returns its device address.
+//! launching device's context and returns an [`Arg`]: its address and layout.
 //!
 //! Ordering across streams follows cudarc's protocol: a borrowed cudarc buffer is taken with
 //! `device_ptr` (read intent: the stream waits for its last write) or `device_ptr_mut` (write
@@ -16,29 +16,35 @@ use std::sync::MutexGuard;
 
 use cudarc::driver::SyncOnDrop;
 
-use super::{Count, Device, DeviceInner, KernelParams, KernelRef, LaunchDims};
+use crate::backend::borrowed::{ReadSrc, WriteSrc};
+use crate::backend::storage::{CudaBuffer, Storage};
+use crate::backend::{Device, KernelParams, KernelRef, LaunchDims};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::tensor::storage::{CudaBuffer, Storage};
-use crate::tensor::view::{Dims, ReadSrc, TensorView, TensorViewMut, WriteSrc};
+use crate::tensor::{Dims, Tensor, TensorView, TensorViewMut};
 
 /// A registered argument: where its first element is and how it is laid out.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Bound {
+pub(crate) struct Arg {
     /// Device address of the view's first element (its offset applied).
     pub addr: u64,
-    pub dtype: crate::DType,
+    pub dtype: DType,
     pub dims: Dims,
 }
 
-impl Bound {
+impl Arg {
     pub fn shape(&self) -> &[usize] {
         self.dims.shape()
     }
     pub fn strides(&self) -> &[usize] {
         self.dims.strides()
     }
+    fn at(base: u64, dtype: DType, dims: Dims) -> Arg {
+        Arg { addr: base + (dims.offset() * dtype.size()) as u64, dtype, dims }
+    }
 }
 
+/// The memory one launch uses, registered before the launch is queued.
 pub(crate) struct KernelArgs<'a> {
     op: &'static str,
     device: &'a Device,
@@ -54,63 +60,57 @@ impl<'a> KernelArgs<'a> {
     }
 
     /// Registers an input view; returns where it is.
-    pub fn read(&mut self, what: &'static str, v: &'a TensorView<'_>) -> Result<Bound> {
+    pub fn read(&mut self, what: &'static str, v: &'a TensorView<'_>) -> Result<Arg> {
         let base = match v.src() {
             ReadSrc::Storage(s) => self.storage(what, s, false)?,
             ReadSrc::Cuda(c) => {
-                let (stream, ctx) = self.cuda_stream(what)?;
-                if c.context_ptr() != ctx {
-                    return Err(Error::DeviceMismatch { op: self.op, what });
-                }
+                let stream = self.cuda_stream(what, c.context_ptr())?;
                 let (ptr, guard) = c.read_ptr(stream);
                 self.guards.push(guard);
                 ptr
             }
             ReadSrc::Host(addr) => self.host(what, *addr)?,
         };
-        Ok(v.bound(base))
+        Ok(Arg::at(base, v.dtype(), *v.dims()))
     }
 
     /// Registers an output (or in-place) view; returns where it is.
-    pub fn write(&mut self, what: &'static str, v: &'a mut TensorViewMut<'_>) -> Result<Bound> {
-        let dtype = v.dtype();
-        let dims = *v.dims();
+    pub fn write(&mut self, what: &'static str, v: &'a mut TensorViewMut<'_>) -> Result<Arg> {
+        let (dtype, dims) = (v.dtype(), *v.dims());
         let base = match v.src_mut() {
             WriteSrc::Storage(s) => self.storage(what, s, true)?,
             WriteSrc::Cuda(c) => {
-                let (stream, ctx) = self.cuda_stream(what)?;
-                if c.context_ptr() != ctx {
-                    return Err(Error::DeviceMismatch { op: self.op, what });
-                }
+                let stream = self.cuda_stream(what, c.context_ptr())?;
                 let (ptr, guard) = c.write_ptr(stream);
                 self.guards.push(guard);
                 ptr
             }
             WriteSrc::Host(addr) => self.host(what, *addr)?,
         };
-        Ok(Bound { addr: base + (dims.offset() * dtype.size()) as u64, dtype, dims })
+        Ok(Arg::at(base, dtype, dims))
     }
 
     /// Registers a tensor of this crate (workspaces, tables) as an input.
-    pub fn read_tensor(&mut self, what: &'static str, t: &'a crate::Tensor) -> Result<u64> {
+    pub fn read_tensor(&mut self, what: &'static str, t: &'a Tensor) -> Result<u64> {
         Ok(self.storage(what, t.storage(), false)? + (t.offset() * t.dtype().size()) as u64)
     }
     /// Registers a tensor of this crate (workspaces) as an output.
-    pub fn write_tensor(&mut self, what: &'static str, t: &'a crate::Tensor) -> Result<u64> {
+    pub fn write_tensor(&mut self, what: &'static str, t: &'a Tensor) -> Result<u64> {
         Ok(self.storage(what, t.storage(), true)? + (t.offset() * t.dtype().size()) as u64)
     }
 
-    fn cuda_stream(&self, what: &'static str) -> Result<(&'a cudarc::driver::CudaStream, usize)> {
-        match &*self.device.0 {
-            DeviceInner::Cuda(c) => Ok((&c.stream, c.shared.ctx.cu_ctx() as usize)),
-            DeviceInner::Emulated(_) => Err(Error::DeviceMismatch { op: self.op, what }),
+    /// The launching stream, after checking that a borrowed buffer of context `ctx` may be used.
+    fn cuda_stream(&self, what: &'static str, ctx: usize) -> Result<&'a cudarc::driver::CudaStream> {
+        match self.device.cuda_stream_and_context() {
+            Some((stream, own)) if own == ctx => Ok(stream),
+            _ => Err(Error::DeviceMismatch { op: self.op, what }),
         }
     }
 
     fn host(&self, what: &'static str, addr: u64) -> Result<u64> {
-        match &*self.device.0 {
-            DeviceInner::Emulated(_) => Ok(addr),
-            DeviceInner::Cuda(_) => Err(Error::DeviceMismatch { op: self.op, what }),
+        match self.device.cuda_stream_and_context() {
+            None => Ok(addr),
+            Some(_) => Err(Error::DeviceMismatch { op: self.op, what }),
         }
     }
 
@@ -128,7 +128,8 @@ impl<'a> KernelArgs<'a> {
     /// Queues the kernel. Buffers are locked and their guards dropped only after the launch call
     /// returned. On the emulated target, the guard zones of every buffer are checked afterwards.
     pub fn launch<P: KernelParams>(self, kernel: KernelRef, dims: LaunchDims, params: &P) -> Result<()> {
-        self.dispatch(kernel.symbol, |c| c.launch(kernel, dims, params), |e| e.launch(kernel, dims, params))
+        let device = self.device;
+        self.dispatch(kernel.symbol, || device.launch_kernel(kernel, dims, params))
     }
 
     /// Queues a library call instead of one of our kernels: cuBLAS on the CUDA target (`cuda` gets
@@ -142,28 +143,16 @@ impl<'a> KernelArgs<'a> {
         cuda: impl FnOnce(&std::sync::Arc<cudarc::driver::CudaStream>) -> Result<()>,
         host: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        self.dispatch(
-            name,
-            |c| cuda(&c.stream),
-            |e| {
-                let _stream = e.stream.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                host()
-            },
-        )
+        let device = self.device;
+        self.dispatch(name, || device.launch_call(cuda, host))
     }
 
-    fn dispatch(
-        self,
-        symbol: &'static str,
-        cuda: impl FnOnce(&super::cuda::CudaDevice) -> Result<()>,
-        emulated: impl FnOnce(&super::emulated::EmuBackend) -> Result<()>,
-    ) -> Result<()> {
+    fn dispatch(self, symbol: &'static str, queue: impl FnOnce() -> Result<()>) -> Result<()> {
         let KernelArgs { op, device, mut storages, guards } = self;
         // Lock in address order, so that two launches sharing buffers cannot deadlock.
         storages.sort_by_key(|(s, _, _)| s.address());
-        device.count(Count::Launch);
-        match &*device.0 {
-            DeviceInner::Cuda(c) => {
+        match device.cuda_stream_and_context() {
+            Some((stream, _)) => {
                 // Lock each tensor-owned buffer once (deduplicated above), then take it with the
                 // strongest intent any of its views needs.
                 let mut locks: Vec<(MutexGuard<'a, CudaBuffer>, bool)> = Vec::with_capacity(storages.len());
@@ -173,17 +162,17 @@ impl<'a> KernelArgs<'a> {
                 }
                 let mut storage_guards: Vec<SyncOnDrop<'_>> = Vec::with_capacity(locks.len());
                 for (lock, write) in locks.iter_mut() {
-                    let g = if *write { lock.ptr_mut(&c.stream).1 } else { lock.ptr(&c.stream).1 };
+                    let g = if *write { lock.ptr_mut(stream).1 } else { lock.ptr(stream).1 };
                     storage_guards.push(g);
                 }
-                let result = cuda(c);
+                let result = queue();
                 drop(storage_guards);
                 drop(locks);
                 drop(guards);
                 result
             }
-            DeviceInner::Emulated(e) => {
-                let result = emulated(e);
+            None => {
+                let result = queue();
                 drop(guards);
                 // A write into a buffer's guard zone (the bytes between the end of the data and
                 // the guard page) is an out-of-bounds write the guard page could not catch.

@@ -5,11 +5,13 @@
 //! shuffle, divergent barriers) that the emulator must expose. Never launch a planted bug on a
 //! GPU: a deadlock there hangs the device, which is exactly what the emulator exists to prevent.
 
-use crate::backend::{KernelArgs, KernelRef, LaunchDims, Target};
+use crate::backend::{Device, KernelRef, LaunchDims, Target};
+use crate::kernels::paged_attention::FP8_CONVERT;
+use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{check_dtype, grid_x, to_i64};
-use crate::params::{LlkSelftestVariant, SelftestParams};
+use crate::launch::{check_dtype, grid_x, to_i64};
+use crate::ffi::params::{Fp8ConvertParams, LlkSelftestVariant, SelftestParams};
 use crate::tensor::Tensor;
 
 /// Threads per block of `selftest_stencil` (kBlock in kernels/selftest.cu).
@@ -187,4 +189,29 @@ pub fn launch(
         dyn_smem: if matches!(kernel, Kernel::DynSmem | Kernel::Guards) { (block * 4) as u32 } else { 0 },
     };
     args.launch(KernelRef { module: "selftest", symbol: kernel.symbol() }, dims, &params)
+}
+
+// ----------------------------------------------------------------------------- fp8 conversions
+/// The kernels' own e4m3fn conversions, run on `device`: the code of every input value (f32 ->
+/// e4m3fn as kv_append rounds), and the value of every code by the scalar decode and by the four
+/// packed paths of the decode kernel (`[5][256]`, see `Fp8ConvertParams` in kernels/params.h).
+/// For tests that compare them with [`crate::dtype::f8e4m3_encode`] and
+/// [`crate::dtype::f8e4m3_decode`].
+pub fn fp8_kernel_conversions(device: &Device, input: &[f32]) -> Result<(Vec<u8>, Vec<f32>)> {
+    const OP: &str = "fp8_e4m3_convert";
+    let n = input.len();
+    let inp = Tensor::from_slice(device, input, &[n.max(1)].map(|x| if n == 0 { 0 } else { x }))?;
+    let codes = Tensor::zeros(device, DType::F8E4M3, &[n])?;
+    let decoded = Tensor::zeros(device, DType::F32, &[5 * 256])?;
+    let mut args = KernelArgs::new(OP, device);
+    let params = Fp8ConvertParams {
+        input: args.read_tensor("input", &inp)?,
+        codes: args.write_tensor("codes", &codes)?,
+        decoded: args.write_tensor("decoded", &decoded)?,
+        n: to_i64(OP, "n", n)?,
+    };
+    let dims = LaunchDims { grid: (grid_x(OP, n.max(256).div_ceil(256))?, 1, 1), block: (256, 1, 1), dyn_smem: 0 };
+    args.launch(FP8_CONVERT, dims, &params)?;
+    let codes = codes.to_vec::<crate::dtype::F8E4M3>()?.into_iter().map(|c| c.0).collect();
+    Ok((codes, decoded.to_vec::<f32>()?))
 }

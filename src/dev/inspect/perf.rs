@@ -457,7 +457,7 @@ pub const SPECS: &[Spec] = &[
         vec: 0,
         stores_per_elem: 0,
         bytes_per_elem: 0.0,
-        cold_source: Some(include_str!("../../kernels/attention.cu")),
+        cold_source: Some(include_str!("../../../kernels/attention.cu")),
     },
 ];
 

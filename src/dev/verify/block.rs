@@ -30,8 +30,8 @@ use crate::ops::moe::{MoeRouting, WeightLayout};
 use crate::reference::block as rb;
 use crate::reference::moe as rm;
 use crate::tensor::Tensor;
-use crate::testing::{Comparison, Rng, Tolerance, compare};
-use crate::verify as vm;
+use crate::dev::testing::{Comparison, Rng, Tolerance, compare};
+use crate::dev::verify::moe as vm;
 
 /// One row of the stage table.
 #[derive(Clone, Debug)]
@@ -99,7 +99,7 @@ const SLOTS: usize = 4;
 /// Tolerance of a matrix product's output: the output rounding plus f32 accumulation over `k`
 /// terms of size up to `scale` (max |x| x max |w|).
 pub fn linear_tolerance(dtype: DType, k: usize, scale: f64) -> Tolerance {
-    let base = crate::testing::Tolerance::rounded_output(dtype);
+    let base = crate::dev::testing::Tolerance::rounded_output(dtype);
     let acc = 2.0 * (k as f64).sqrt() * (k as f64) * scale * 5.960464477539063e-8;
     Tolerance { atol: base.atol + acc, rtol: base.rtol }
 }
@@ -175,8 +175,8 @@ pub fn check_layer(
     let (qkv_w, o_w) =
         (wmax(&host.q_proj.data).max(wmax(&host.k_proj.data)).max(wmax(&host.v_proj.data)), wmax(&host.o_proj.data));
     let (rope_tol, attn_tol, round_tol) = (
-        crate::verify::rope_tolerance(dtype),
-        crate::verify::attention_tolerance(dtype),
+        crate::dev::verify::elementwise::rope_tolerance(dtype),
+        crate::dev::verify::attention::attention_tolerance(dtype),
         Tolerance::rounded_output(dtype),
     );
     for batch in steps {
@@ -285,7 +285,7 @@ pub fn check_layer(
 
 /// An MoE layer's weights in f64, for [`rm::moe_ffn`] (Hugging Face Llama 4 layouts).
 struct MoeRefWeights {
-    spec: rm::FfnSpec,
+    spec: rm::MoeFfnConfig,
     router: Vec<f64>,
     gate_up: Vec<f64>,
     down: Vec<f64>,
@@ -303,7 +303,7 @@ impl MoeRefWeights {
         };
         let f = |t: &crate::block::HostTensor| t.data.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
         Some(MoeRefWeights {
-            spec: rm::FfnSpec {
+            spec: rm::MoeFfnConfig {
                 hidden: spec.hidden,
                 intermediate,
                 experts,
@@ -318,7 +318,7 @@ impl MoeRefWeights {
         })
     }
 
-    fn reference(&self) -> (rm::FfnSpec, rm::FfnWeights<'_>) {
+    fn reference(&self) -> (rm::MoeFfnConfig, rm::FfnWeights<'_>) {
         let s = self.spec;
         let m = |data, k, n| rm::ExpertMatrix { data, layout: WeightLayout::InOut, experts: s.experts, k, n };
         (

@@ -4,16 +4,17 @@
 
 use std::time::Instant;
 
-use super::{CaseResult, LSE_TOLERANCE, attention_tolerance, worst_of};
+use super::attention::{LSE_TOLERANCE, attention_tolerance};
+use super::common::{CaseResult, worst_of};
 use crate::backend::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::paged_attention::{
+use crate::ops::attention::{
     DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKv, kv_append_on,
 };
 use crate::reference::paged_attention::{self as refp, DecodeSpec, PoolShape};
 use crate::tensor::{Tensor, TensorViewMut};
-use crate::testing::{Rng, Tolerance, compare};
+use crate::dev::testing::{Rng, Tolerance, compare};
 
 /// K and V pools on the device: two tensors, or two views of one `[num_pages, 2, page_size,
 /// kv_heads, head_dim]` buffer (FlashInfer's layout: K and V of a page side by side).

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::{CaseResult, worst_of};
+use super::common::{CaseResult, Outcome, rows_tensor, worst_of};
 use crate::backend::Device;
 use crate::dtype::{DType, round_to};
 use crate::error::Result;
@@ -13,7 +13,7 @@ use crate::ops::moe::{
 };
 use crate::reference::moe as reference;
 use crate::tensor::Tensor;
-use crate::testing::{Comparison, Rng, Tolerance, compare};
+use crate::dev::testing::{Comparison, Rng, Tolerance, compare};
 
 /// Compares with NaN == NaN (routing weights of all-NaN rows are NaN by specification).
 fn compare_nan_aware(got: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {
@@ -164,7 +164,7 @@ pub fn moe_route_case(device: &Device, case: &MoeRouteCase) -> Result<CaseResult
         }
         b
     });
-    let (lt, _lfull) = super::rows_tensor(device, dtype, &logits, tokens, experts, pad)?;
+    let (lt, _lfull) = rows_tensor(device, dtype, &logits, tokens, experts, pad)?;
     let bt = bias_v.as_ref().map(|b| Tensor::from_f64(device, DType::F32, b, &[experts])).transpose()?;
     let ids = Tensor::poisoned(device, DType::I32, &[tokens, top_k])?;
     let weights = Tensor::poisoned(device, DType::F32, &[tokens, top_k])?;
@@ -430,7 +430,7 @@ pub fn moe_gemm_case(device: &Device, case: &MoeGemmCase) -> Result<CaseResult> 
     };
     let w_experts = if dense { 1 } else { experts };
     let x = rng.normal_vec(rows * k, 1.0, dtype);
-    let (xt, _xfull) = super::rows_tensor(device, dtype, &x, rows, k, pad)?;
+    let (xt, _xfull) = rows_tensor(device, dtype, &x, rows, k, pad)?;
     let yfull = Tensor::poisoned(device, dtype, &[rows, n + pad])?;
     let yt = yfull.narrow(1, 0, n)?;
     let out_cols = if weights == GemmWeights::SwiGluPacked { 2 * n } else { n };
@@ -720,7 +720,7 @@ pub fn moe_ffn_case(device: &Device, case: &MoeFfnCase) -> Result<CaseResult> {
         down: dm,
         shared: (si > 0).then_some((&sg[..], &su[..], &sd[..])),
     };
-    let spec = reference::FfnSpec {
+    let spec = reference::MoeFfnConfig {
         hidden: h,
         intermediate: i,
         experts: e,
@@ -771,9 +771,9 @@ pub fn moe_ffn_case(device: &Device, case: &MoeFfnCase) -> Result<CaseResult> {
 // ------------------------------------------------------------------------------------ verify rows
 
 /// Every MoE case `verify` runs (`quick`: shapes for the emulator).
-pub fn moe_cases(device: &Device, quick: bool) -> Vec<super::Outcome> {
-    let mut out: Vec<super::Outcome> = Vec::new();
-    fn push<C: std::fmt::Debug>(out: &mut Vec<super::Outcome>, case: C, r: Result<CaseResult>) {
+pub fn moe_cases(device: &Device, quick: bool) -> Vec<Outcome> {
+    let mut out: Vec<Outcome> = Vec::new();
+    fn push<C: std::fmt::Debug>(out: &mut Vec<Outcome>, case: C, r: Result<CaseResult>) {
         out.push(r.map_err(|e| (format!("{case:?}"), e)));
     }
     let tokens = if quick { 64 } else { 4096 };

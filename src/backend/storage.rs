@@ -18,7 +18,9 @@ use std::sync::{Mutex, MutexGuard};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, SyncOnDrop};
 use half::{bf16, f16};
 
-use crate::backend::{Count, Device, DeviceInner, Target};
+use super::counters::Count;
+use super::device::{Device, DeviceInner};
+use crate::target::Target;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -309,8 +311,19 @@ impl Storage {
         }
     }
 
+    /// Wraps an engine's cudarc buffer, which must belong to `device`'s CUDA context.
+    pub(crate) fn wrap_cuda(device: &Device, buf: CudaBuffer) -> Result<Storage> {
+        let DeviceInner::Cuda(c) = &*device.0 else {
+            return Err(Error::WrongTarget { what: "Tensor::from_cuda", expected: Target::Cuda, got: device.target() });
+        };
+        if buf.context().cu_ctx() != c.shared.ctx.cu_ctx() {
+            return Err(Error::DeviceMismatch { op: "Tensor::from_cuda", what: "slice" });
+        }
+        Ok(Self::from_cuda_buffer(device, buf))
+    }
+
     /// Wraps a cudarc buffer (its context was checked by the caller).
-    pub(crate) fn from_cuda_buffer(device: &Device, buf: CudaBuffer) -> Storage {
+    fn from_cuda_buffer(device: &Device, buf: CudaBuffer) -> Storage {
         let bytes = buf.num_bytes();
         let addr = match &*device.0 {
             DeviceInner::Cuda(c) => buf.ptr(&c.stream).0,

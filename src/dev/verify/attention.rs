@@ -1,0 +1,258 @@
+//! `verify` cases of prefill attention (contiguous and paged K/V).
+
+use std::time::Instant;
+
+use crate::backend::Device;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature};
+use crate::reference;
+use crate::tensor::Tensor;
+use crate::dev::testing::{Rng, Tolerance, compare};
+use super::common::*;
+
+// -------------------------------------------------------------------------------- Attention
+
+/// An attention case: a varlen batch of (q_len, k_len) sequences.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionCase {
+    pub dtype: DType,
+    pub seqlens: Vec<(usize, usize)>,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub opts: AttentionOptions,
+    pub with_lse: bool,
+    /// q, k and v are views into one `[tokens, q_heads + 2 kv_heads, head_dim]` buffer (needs
+    /// q_len == k_len for every sequence).
+    pub fused_qkv: bool,
+    /// Pass the sequence offsets as device tensors (`forward_device`) instead of host slices.
+    pub device_offsets: bool,
+    /// Read K and V from a paged cache of this page size (scrambled pages) instead of tensors.
+    pub paged: Option<usize>,
+    pub seed: u64,
+}
+
+impl AttentionCase {
+    pub fn new(
+        dtype: DType,
+        seqlens: &[(usize, usize)],
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        mask: AttentionMask,
+    ) -> Self {
+        AttentionCase {
+            dtype,
+            seqlens: seqlens.to_vec(),
+            q_heads,
+            kv_heads,
+            head_dim,
+            opts: AttentionOptions { mask, ..Default::default() },
+            with_lse: true,
+            fused_qkv: false,
+            device_offsets: false,
+            paged: None,
+            seed: 9,
+        }
+    }
+    /// One sequence of `len` queries and keys.
+    pub fn single(
+        dtype: DType,
+        len: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        mask: AttentionMask,
+    ) -> Self {
+        Self::new(dtype, &[(len, len)], q_heads, kv_heads, head_dim, mask)
+    }
+}
+
+/// Tolerances for attention outputs: the output is a convex combination of V with P rounded to
+/// the storage type for the P V product (as in FlashAttention), so a few units of roundoff of
+/// that type, relative to |V| ~ 1, plus the output rounding.
+pub fn attention_tolerance(dtype: DType) -> Tolerance {
+    match dtype {
+        DType::F32 => Tolerance { atol: 1e-5, rtol: 1e-5 },
+        _ => Tolerance { atol: 4.0 * dtype.unit_roundoff(), rtol: 2.0 * dtype.unit_roundoff() },
+    }
+}
+
+/// Tolerance for the f32 log-sum-exp.
+pub const LSE_TOLERANCE: Tolerance = Tolerance { atol: 1e-4, rtol: 1e-5 };
+
+pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResult> {
+    let AttentionCase {
+        dtype,
+        ref seqlens,
+        q_heads,
+        kv_heads,
+        head_dim: d,
+        opts,
+        with_lse,
+        fused_qkv,
+        device_offsets,
+        paged,
+        seed,
+    } = *case;
+    let mut cu_q = vec![0i32];
+    let mut cu_k = vec![0i32];
+    for &(ql, kl) in seqlens {
+        cu_q.push(cu_q[cu_q.len() - 1] + ql as i32);
+        cu_k.push(cu_k[cu_k.len() - 1] + kl as i32);
+    }
+    let (tq, tk) = (cu_q[cu_q.len() - 1] as usize, cu_k[cu_k.len() - 1] as usize);
+    let mut rng = Rng::new(seed ^ (tq as u64) << 20 ^ (d as u64) << 40 ^ (q_heads as u64) << 8);
+    let q = rng.normal_vec(tq * q_heads * d, 1.0, dtype);
+    let k = rng.normal_vec(tk * kv_heads * d, 1.0, dtype);
+    let v = rng.normal_vec(tk * kv_heads * d, 1.0, dtype);
+    let (qt, kt, vt) = if fused_qkv {
+        if tq != tk {
+            return Err(crate::Error::invalid("verify", "fused_qkv", "q_len != k_len", "needs q_len == k_len"));
+        }
+        fused_qkv_views(device, dtype, [&q, &k, &v], tq, q_heads, kv_heads, d)?
+    } else {
+        (
+            Tensor::from_f64(device, dtype, &q, &[tq, q_heads, d])?,
+            Tensor::from_f64(device, dtype, &k, &[tk, kv_heads, d])?,
+            Tensor::from_f64(device, dtype, &v, &[tk, kv_heads, d])?,
+        )
+    };
+    let out = Tensor::poisoned(device, dtype, &[tq, q_heads, d])?;
+    let lse = if with_lse { Some(Tensor::poisoned(device, DType::F32, &[q_heads, tq])?) } else { None };
+    let mut ws = AttentionWorkspace::new(device);
+    let start = Instant::now();
+    if let Some(page_size) = paged {
+        // Each sequence's keys on its own pages, in scrambled order; the contiguous K/V go unused.
+        let pages: Vec<usize> = seqlens.iter().map(|s| s.1.div_ceil(page_size)).collect();
+        let width = pages.iter().copied().max().unwrap_or(0).max(1);
+        let num_pages = pages.iter().sum::<usize>() + 1;
+        let mut ids: Vec<i32> = (0..num_pages as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let row = kv_heads * d;
+        let mut kp = rng.normal_vec(num_pages * page_size * row, 1.0, dtype);
+        let mut vp = rng.normal_vec(num_pages * page_size * row, 1.0, dtype);
+        let mut table = vec![-1i32; seqlens.len() * width];
+        let mut next = 0;
+        for (b, &(_, kl)) in seqlens.iter().enumerate() {
+            for j in 0..pages[b] {
+                table[b * width + j] = ids[next];
+                next += 1;
+            }
+            for key in 0..kl {
+                let slot = table[b * width + key / page_size] as usize * page_size + key % page_size;
+                let src = (cu_k[b] as usize + key) * row;
+                kp[slot * row..(slot + 1) * row].copy_from_slice(&k[src..src + row]);
+                vp[slot * row..(slot + 1) * row].copy_from_slice(&v[src..src + row]);
+            }
+        }
+        let shape = [num_pages, page_size, kv_heads, d];
+        let (kpt, vpt) = (Tensor::from_f64(device, dtype, &kp, &shape)?, Tensor::from_f64(device, dtype, &vp, &shape)?);
+        let tt = Tensor::from_slice(device, &table, &[seqlens.len(), width])?;
+        let (kv, vv) = (kpt.view(), vpt.view());
+        let scales = crate::ops::attention::KvScales::default();
+        let kv = crate::ops::attention::PagedKv { k_pages: &kv, v_pages: &vv, scales: &scales };
+        let (cq, ck) =
+            (Tensor::from_slice(device, &cu_q, &[cu_q.len()])?, Tensor::from_slice(device, &cu_k, &[cu_k.len()])?);
+        let (cqv, ckv) = (cq.view(), ck.view());
+        let cu = if device_offsets {
+            crate::ops::attention::CuSeqlens::Device { q: &cqv, k: &ckv }
+        } else {
+            crate::ops::attention::CuSeqlens::Host { q: &cu_q, k: &cu_k }
+        };
+        let mut lv = lse.as_ref().map(crate::tensor::TensorViewMut::of_tensor);
+        ws.forward_paged_on(
+            device,
+            &qt.view(),
+            &kv,
+            &tt.view(),
+            cu,
+            &mut crate::tensor::TensorViewMut::of_tensor(&out),
+            lv.as_mut(),
+            &opts,
+        )?;
+    }
+    if paged.is_some() {
+        // (ran above: the pool and table live in that scope)
+    } else if device_offsets {
+        let cq = Tensor::from_slice(device, &cu_q, &[cu_q.len()])?;
+        let ck = Tensor::from_slice(device, &cu_k, &[cu_k.len()])?;
+        ws.forward_device(&qt, &kt, &vt, &cq, &ck, &out, lse.as_ref(), &opts)?;
+    } else {
+        ws.forward(&qt, &kt, &vt, &cu_q, &cu_k, &out, lse.as_ref(), &opts)?;
+    }
+    device.synchronize()?;
+    ws.check_errors()?;
+    let millis = start.elapsed().as_secs_f64() * 1e3;
+
+    let spec = reference::attention::AttentionSpec {
+        q_heads,
+        kv_heads,
+        head_dim: d,
+        mask: opts.mask,
+        scale: f64::from(opts.scale.unwrap_or(1.0 / (d as f32).sqrt())),
+        temperature: opts.temperature,
+    };
+    let (oref, lref) = reference::attention::attention(&q, &k, &v, &cu_q, &cu_k, &spec)?;
+    let og = out.to_f64_vec()?;
+    let mut parts = vec![(compare(&og, &oref, attention_tolerance(dtype)), vec![tq, q_heads, d])];
+    let mut outputs = vec![og];
+    if let Some(l) = &lse {
+        let lg = l.to_f64_vec()?;
+        parts.push((compare(&lg, &lref, LSE_TOLERANCE), vec![q_heads, tq]));
+        outputs.push(lg);
+    }
+    let (comparison, worst_shape) = worst_of(parts);
+    let mask = match opts.mask {
+        AttentionMask::None => "full".to_string(),
+        AttentionMask::Causal => "causal".to_string(),
+        AttentionMask::ChunkedCausal { chunk_size } => format!("chunk {chunk_size}"),
+    };
+    let lens = if seqlens.len() == 1 && seqlens[0].0 == seqlens[0].1 {
+        format!("s{}", seqlens[0].0)
+    } else {
+        format!("{} seqs q{tq}/k{tk}", seqlens.len())
+    };
+    Ok(CaseResult {
+        op: "gqa_attention".into(),
+        dtype,
+        shape: format!(
+            "{lens} {q_heads}/{kv_heads}x{d} {mask}{}{}",
+            if opts.temperature.is_some() { " +temp" } else { "" },
+            if fused_qkv { " qkv" } else { "" },
+        ) + if device_offsets { " dev-cu" } else { "" }
+            + &paged.map_or(String::new(), |p| format!(" paged p{p}")),
+        pass: comparison.pass,
+        comparison,
+        worst_shape,
+        gaps_untouched: true,
+        millis,
+        outputs,
+    })
+}
+
+/// The attention cases `verify` runs.
+pub fn attention_cases(quick: bool) -> Vec<AttentionCase> {
+    let len = if quick { 65 } else { 1024 };
+    let mut v = Vec::new();
+    for dtype in DType::FLOATS {
+        v.push(AttentionCase::single(dtype, len, 8, 2, 128, AttentionMask::Causal));
+        v.push(AttentionCase::single(dtype, len, 4, 4, 64, AttentionMask::None));
+        v.push(AttentionCase::new(dtype, &[(17, 40), (0, 5), (33, 33)], 8, 1, 128, AttentionMask::Causal));
+        let mut device_offsets =
+            AttentionCase::new(dtype, &[(9, 20), (0, 3), (40, 40)], 8, 2, 64, AttentionMask::Causal);
+        device_offsets.device_offsets = true;
+        v.push(device_offsets);
+        let mut chunked = AttentionCase::single(dtype, len, 4, 1, 64, AttentionMask::ChunkedCausal { chunk_size: 16 });
+        chunked.opts.temperature = Some(Llama4Temperature { floor_scale: 8.0, attn_scale: 0.1 });
+        v.push(chunked);
+        // Chunked prefill after a cached prefix, K/V read from the paged cache.
+        let mut paged = AttentionCase::new(dtype, &[(17, 60), (0, 5), (33, 33)], 8, 2, 128, AttentionMask::Causal);
+        paged.paged = Some(16);
+        v.push(paged);
+    }
+    v
+}

@@ -1,0 +1,38 @@
+//! Op verification: run every op on a device and check it against the reference.
+//!
+//! Each case builds seeded random inputs, poisons its outputs (0xFF bytes: NaN), runs the kernel
+//! through the public API, and compares every output with the f64 reference under a per-dtype
+//! tolerance. Strided cases put the rows inside a wider poisoned buffer and also check that the
+//! gaps between rows were not written. The same case functions back the test suite.
+
+pub(crate) mod attention;
+pub mod block;
+pub(crate) mod common;
+pub(crate) mod elementwise;
+pub(crate) mod moe;
+pub(crate) mod paged;
+
+pub use attention::*;
+pub use common::{CaseResult, Outcome, gaps_poisoned, rows_tensor, table};
+pub use elementwise::*;
+pub use moe::*;
+pub use paged::*;
+
+use crate::backend::Device;
+use common::outcome;
+
+/// Runs every case on `device`. Errors (a failed launch) become failing rows, not aborts.
+pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
+    let mut out: Vec<Outcome> =
+        rms_norm_cases(quick).into_iter().map(|c| outcome(c, rms_norm_case(device, c))).collect();
+    out.extend(rope_cases(quick).into_iter().map(|c| outcome(c, rope_case(device, c))));
+    out.extend(swiglu_cases(quick).into_iter().map(|c| outcome(c, swiglu_case(device, c))));
+    out.extend(
+        attention_cases(quick).into_iter().map(|c| attention_case(device, &c).map_err(|e| (format!("{c:?}"), e))),
+    );
+    let (append, decode) = paged_cases(quick);
+    out.extend(append.into_iter().map(|c| kv_append_case(device, &c).map_err(|e| (format!("{c:?}"), e))));
+    out.extend(decode.into_iter().map(|c| paged_decode_case(device, &c).map_err(|e| (format!("{c:?}"), e))));
+    out.extend(moe_cases(device, quick));
+    out
+}

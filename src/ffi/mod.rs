@@ -1,0 +1,11 @@
+//! The C ABI shared with the kernels, as bindgen mirrors of the headers (generated, committed,
+//! checked for staleness by `tests/params_mirror.rs`; regenerate with `scripts/regen-params.sh`).
+//!
+//! * [`params`]: `kernels/params.h`, one params struct per kernel family plus every tile and
+//!   shared-memory constant both sides need.
+//! * [`emu_abi`]: `kernels/emu/emu_abi.h`, the emulator's launch and report structs.
+//!
+//! Crate-private: the safe API in [`crate::ops`] is the only way to fill these structs.
+
+pub(crate) mod emu_abi;
+pub(crate) mod params;

@@ -1,0 +1,52 @@
+//! The device-side error flag: one i32 that kernels raise (an `atomicOr` of
+//! `LlkDeviceError` bits) on invalid device-resident input, read and cleared on the host.
+
+use crate::backend::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ffi::params::LlkDeviceError;
+use crate::tensor::Tensor;
+
+/// A device-side error flag (one i32) that kernels raise on invalid device-resident input (page
+/// ids, slots, sequence lengths). Allocated once; [`ErrorFlag::check`] reads and clears it.
+#[derive(Debug)]
+pub struct ErrorFlag {
+    flag: Tensor,
+}
+
+impl ErrorFlag {
+    pub fn new(device: &Device) -> Result<ErrorFlag> {
+        Ok(ErrorFlag { flag: Tensor::zeros(device, DType::I32, &[1])? })
+    }
+    pub fn device(&self) -> &Device {
+        self.flag.device()
+    }
+    pub(crate) fn tensor(&self) -> &Tensor {
+        &self.flag
+    }
+    /// Reads and clears the flag (waits for the device): `Err` names what the kernels found.
+    pub fn check(&self, op: &'static str) -> Result<()> {
+        check_flag(op, &self.flag)
+    }
+}
+
+/// Reads and clears an i32 error flag, naming its bits.
+pub(crate) fn check_flag(op: &'static str, flag: &Tensor) -> Result<()> {
+    let bits = flag.to_vec::<i32>()?[0];
+    if bits == 0 {
+        return Ok(());
+    }
+    flag.copy_from_slice(&[0i32])?;
+    let mut what = Vec::new();
+    if bits & LlkDeviceError::LLK_DEVICE_BAD_SEQLENS as i32 != 0 {
+        what.push("sequence lengths or offsets (negative, decreasing, or past the block table)");
+    }
+    if bits & LlkDeviceError::LLK_DEVICE_BAD_PAGE as i32 != 0 {
+        what.push("a page id or slot outside the page pool (its keys were skipped)");
+    }
+    if what.is_empty() {
+        what.push("unknown error bits");
+    }
+    Err(Error::DeviceReported { op, what: format!("{} [flag {bits:#x}]", what.join("; ")) })
+}
+

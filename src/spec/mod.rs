@@ -1,0 +1,9 @@
+//! The specification's vocabulary: what each op computes, as types both the kernels' wrappers
+//! ([`crate::ops`]) and the f64 reference ([`crate::reference`]) are written against. Nothing here
+//! knows how a kernel is launched.
+
+pub mod attention;
+pub mod layer;
+pub mod moe;
+pub mod rope;
+pub mod weights;
