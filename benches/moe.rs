@@ -21,10 +21,8 @@ mod common;
 use std::collections::HashSet;
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
-use llama_kernels::ops::moe::{
-    self, ExpertTensors, GateUpTensors, GemmGroups, MoeAlign, MoeFfn, MoeFfnConfig, MoeFfnWeights, MoeRouting,
-    SharedExpertTensors, WeightLayout,
-};
+use llama_kernels::block::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
+use llama_kernels::ops::moe::{self, ExpertTensors, GemmGroups, MoeAlign, MoeFfnConfig, MoeRouting, WeightLayout};
 use llama_kernels::dev::testing::Rng;
 use llama_kernels::{DType, Device, Tensor};
 

@@ -7,9 +7,9 @@
 
 mod common;
 
+use llama_kernels::block::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
 use llama_kernels::ops::moe::{
-    self, ExpertTensors, GateUpTensors, GemmGroups, MoeAlign, MoeFfn, MoeFfnConfig, MoeFfnWeights, MoeResidual,
-    MoeRouting, SharedExpertTensors, WeightLayout,
+    self, ExpertTensors, GemmGroups, MoeAlign, MoeFfnConfig, MoeResidual, MoeRouting, WeightLayout,
 };
 use llama_kernels::dev::verify::{
     CaseResult, GemmWeights, IdPattern, LogitPattern, MoeAlignCase, MoeCombineCase, MoeFfnCase, MoeGatherCase,

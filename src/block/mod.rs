@@ -56,10 +56,18 @@
 
 pub mod checkpoint;
 pub mod config;
+mod kv_cache;
 pub mod layer;
+mod step;
+mod workspace;
+pub mod moe_ffn;
 pub mod weights;
 
 pub use checkpoint::Checkpoint;
 pub use config::{FfnSpec, LayerSpec, Llama4TextConfig, LlamaConfig, ModelConfig, ModelKind};
-pub use layer::{DEFAULT_PAGE_SIZE, DecoderLayer, KvCache, KvCacheConfig, LayerWorkspace, Step, StepSeq, Trace};
+pub use moe_ffn::{GateUpTensors, MoeFfn, MoeFfnStages, MoeFfnWeights, MoeWorkspace, SharedExpertTensors};
+pub use kv_cache::{DEFAULT_PAGE_SIZE, KvCache, KvCacheConfig};
+pub use layer::{DecoderLayer, Trace};
+pub use step::{Step, StepSeq};
+pub use workspace::LayerWorkspace;
 pub use weights::{HostFfn, HostLayerWeights, HostTensor, LayerWeights};

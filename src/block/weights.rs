@@ -13,7 +13,8 @@ use crate::spec::layer::LayerSpec;
 use crate::backend::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::moe::{GateUpTensors, MoeFfnWeights, SharedExpertTensors, WeightLayout};
+use crate::block::moe_ffn::{GateUpTensors, MoeFfnWeights, SharedExpertTensors};
+use crate::ops::moe::WeightLayout;
 use crate::tensor::Tensor;
 
 /// The feed-forward weights of one layer on the device.

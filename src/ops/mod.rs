@@ -25,7 +25,7 @@ pub use attention::{
 };
 pub use linear::{linear, linear_add, linear_add_on, linear_on};
 pub use moe::{
-    GemmGroups, MoeAlign, MoeFfn, MoeFfnConfig, MoeFfnWeights, MoeResidual, MoeRouting, MoeWorkspace, WeightLayout,
+    GemmGroups, MoeAlign, MoeFfnConfig, MoeResidual, MoeRouting, WeightLayout,
     moe_combine, moe_combine_on, moe_gather, moe_gather_on, moe_grouped_gemm, moe_grouped_gemm_on, moe_route,
     moe_route_on,
 };

@@ -22,7 +22,7 @@ use crate::backend::Device;
 use crate::block::Checkpoint;
 use crate::block::HostFfn;
 use crate::block::config::{FfnSpec, LayerSpec, ModelConfig};
-use crate::block::layer::{DecoderLayer, KvCache, LayerWorkspace};
+use crate::block::{DecoderLayer, KvCache, LayerWorkspace};
 use crate::block::weights::HostLayerWeights;
 use crate::dtype::DType;
 use crate::error::Result;

@@ -7,9 +7,10 @@ use super::common::{CaseResult, Outcome, rows_tensor, worst_of};
 use crate::backend::Device;
 use crate::dtype::{DType, round_to};
 use crate::error::Result;
+use crate::block::moe_ffn::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
 use crate::ops::moe::{
-    ExpertTensors, GateUpTensors, GemmGroups, MoeAlign, MoeFfn, MoeFfnConfig, MoeFfnWeights, MoeRouting,
-    SharedExpertTensors, WeightLayout, moe_combine, moe_gather, moe_grouped_gemm, moe_route,
+    ExpertTensors, GemmGroups, MoeAlign, MoeFfnConfig, MoeRouting,
+    WeightLayout, moe_combine, moe_gather, moe_grouped_gemm, moe_route,
 };
 use crate::reference::moe as reference;
 use crate::tensor::Tensor;
