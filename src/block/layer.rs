@@ -44,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::ops::attention::{AttentionMask, AttentionOptions, CuSeqlens};
 use crate::block::moe_ffn::MoeWorkspace;
 use crate::ops::attention::{
-    PagedDecodeOptions, PagedKv,
+    PagedDecodeOptions, PagedKv, PagedKvCache,
 };
 use crate::ops::rope::Rope;
 use crate::ops::swiglu::GateUp;
@@ -53,7 +53,7 @@ use crate::tensor::{Tensor, TensorViewMut};
 
 use super::kv_cache::KvCache;
 use super::step::Step;
-use super::workspace::{LayerWorkspace, moe_config};
+use super::workspace::{LayerWorkspace, StepMeta, moe_config};
 
 const OP: &str = "DecoderLayer::forward";
 
@@ -75,6 +75,20 @@ enum Probe<'a> {
     None,
     Trace(&'a mut Trace),
     Mark(&'a mut dyn FnMut(&'static str) -> Result<()>),
+}
+
+impl Probe<'_> {
+    /// After `stage`, which wrote `tensor`.
+    fn snap(&mut self, stage: &'static str, tensor: &Tensor) -> Result<()> {
+        match self {
+            Probe::None => Ok(()),
+            Probe::Trace(tr) => {
+                tr.stages.push((stage, tensor.to_f64_vec()?));
+                Ok(())
+            }
+            Probe::Mark(mark) => mark(stage),
+        }
+    }
 }
 
 /// One decoder layer on a device.
@@ -165,8 +179,17 @@ impl DecoderLayer {
         hidden: &Tensor,
         mut probe: Probe<'_>,
     ) -> Result<()> {
-        let s = &self.spec;
         ws.check_step(step)?;
+        self.check_call(ws, cache, cache_layer, step, hidden)?;
+        let pool = cache.layer(cache_layer)?;
+        let meta = ws.meta_views(step)?;
+        let normed = self.attention_half(ws, pool, &meta, step, hidden, &mut probe)?;
+        self.ffn_half(ws, &normed, hidden, &mut probe)
+    }
+
+    /// Checks that the workspace, the cache and `hidden` fit this layer and the step.
+    fn check_call(&self, ws: &LayerWorkspace, cache: &KvCache, cache_layer: usize, step: &Step, hidden: &Tensor) -> Result<()> {
+        let s = &self.spec;
         let t = step.tokens;
         if hidden.dtype() != self.dtype {
             return Err(Error::DTypeMismatch { op: OP, what: "hidden", got: hidden.dtype(), expected: self.dtype });
@@ -211,84 +234,103 @@ impl DecoderLayer {
                 "the cache changed since begin_step (already committed, cleared, or another cache?)",
             ));
         }
-        let pool = cache.layer(cache_layer)?;
-        let snap = |probe: &mut Probe<'_>, stage: &'static str, tensor: &Tensor| -> Result<()> {
-            match probe {
-                Probe::None => Ok(()),
-                Probe::Trace(tr) => {
-                    tr.stages.push((stage, tensor.to_f64_vec()?));
-                    Ok(())
-                }
-                Probe::Mark(mark) => mark(stage),
-            }
-        };
-        let w = &self.weights;
+        Ok(())
+    }
+
+    /// norm -> qkv -> rope -> append k, v -> attention -> o_proj -> fused residual add + norm.
+    /// Returns the normed hidden states the feed-forward reads.
+    fn attention_half(
+        &self,
+        ws: &mut LayerWorkspace,
+        pool: &PagedKvCache,
+        meta: &StepMeta,
+        step: &Step,
+        hidden: &Tensor,
+        probe: &mut Probe<'_>,
+    ) -> Result<Tensor> {
+        let (s, w, t) = (&self.spec, &self.weights, step.tokens);
         let (d, qh, kvh) = (s.head_dim, s.q_heads, s.kv_heads);
         let normed = ws.normed.narrow(0, 0, t)?;
         let qkv = ws.qkv.narrow(0, 0, t)?;
         let attn = ws.attn.narrow(0, 0, t)?;
         let proj = ws.proj.narrow(0, 0, t)?;
-        let meta = ws.meta_views(step)?;
-
-        // Attention half.
         ops::rms_norm(hidden, &w.input_norm, s.rms_norm_eps, &normed)?;
-        snap(&mut probe, "norm", &normed)?;
+        probe.snap("norm", &normed)?;
         linear::linear(&normed, &w.qkv, w.qkv_bias.as_ref(), &qkv)?;
-        snap(&mut probe, "qkv", &qkv)?;
+        probe.snap("qkv", &qkv)?;
         let heads = qkv.reshape(&[t, qh + 2 * kvh, d])?;
         if let Some(rope) = &self.rope {
             // q and k heads are adjacent in the fused buffer: one view rotates (and qk-norms) both.
             rope.apply(&heads.narrow(1, 0, qh + kvh)?, None, &meta.positions)?;
-            snap(&mut probe, "rope", &qkv)?;
+            probe.snap("rope", &qkv)?;
         }
         // The new k and v go straight from the fused buffer to their pages (strided views).
         pool.append(&heads.narrow(1, qh, kvh)?, &heads.narrow(1, qh + kvh, kvh)?, &meta.slot_mapping)?;
         let attn_heads = attn.reshape(&[t, qh, d])?;
-        let q = heads.narrow(1, 0, qh)?;
-        if step.decode {
-            // One new token per sequence: split-KV decode on the pages.
+        self.attend(ws, pool, meta, step.decode, &heads.narrow(1, 0, qh)?, &attn_heads, hidden)?;
+        probe.snap("attention", &attn)?;
+        linear::linear(&attn, &w.o, w.o_bias.as_ref(), &proj)?;
+        probe.snap("o_proj", &proj)?;
+        ops::fused_add_rms_norm(&proj, hidden, &w.post_norm, s.rms_norm_eps, &normed)?;
+        probe.snap("residual", hidden)?;
+        probe.snap("post_norm", &normed)?;
+        Ok(normed)
+    }
+
+    /// Attention of `q` over the pages: split-KV decode when every sequence has one new token,
+    /// else varlen prefill over the paged K/V with device-resident offsets.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        ws: &mut LayerWorkspace,
+        pool: &PagedKvCache,
+        meta: &StepMeta,
+        decode: bool,
+        q: &Tensor,
+        out: &Tensor,
+        hidden: &Tensor,
+    ) -> Result<()> {
+        let s = &self.spec;
+        if decode {
             let chunk_size = match s.mask {
                 AttentionMask::ChunkedCausal { chunk_size } => Some(chunk_size),
                 AttentionMask::Causal | AttentionMask::None => None,
             };
             let opts = PagedDecodeOptions { scale: None, chunk_size, temperature: s.temperature };
-            ws.decode.forward(&q, pool, &meta.block_table, &meta.seq_lens, &attn_heads, None, &opts)?;
-        } else {
-            // Prefill, chunked prefill after a cached prefix, and mixed steps: varlen attention
-            // over the pages (cached prefix and new tokens alike), offsets on the device.
-            let opts = AttentionOptions { mask: s.mask, temperature: s.temperature, scale: None, gqa_pack: None };
-            let (kp, vp) = (pool.k_pages().view(), pool.v_pages().view());
-            let kv = PagedKv { k_pages: &kp, v_pages: &vp, scales: pool.scales() };
-            let (cq, ck) = (meta.cu_q.view(), meta.cu_k.view());
-            ws.attention.forward_paged_on(
-                hidden.device(),
-                &q.view(),
-                &kv,
-                &meta.block_table.view(),
-                CuSeqlens::Device { q: &cq, k: &ck },
-                &mut TensorViewMut::of_tensor(&attn_heads),
-                None,
-                &opts,
-            )?;
+            return ws.decode.forward(q, pool, &meta.block_table, &meta.seq_lens, out, None, &opts);
         }
-        snap(&mut probe, "attention", &attn)?;
-        linear::linear(&attn, &w.o, w.o_bias.as_ref(), &proj)?;
-        snap(&mut probe, "o_proj", &proj)?;
-        ops::fused_add_rms_norm(&proj, hidden, &w.post_norm, s.rms_norm_eps, &normed)?;
-        snap(&mut probe, "residual", hidden)?;
-        snap(&mut probe, "post_norm", &normed)?;
+        // Prefill, chunked prefill after a cached prefix, and mixed steps: the cached prefix and
+        // the new tokens alike are read from the pages.
+        let opts = AttentionOptions { mask: s.mask, temperature: s.temperature, scale: None, gqa_pack: None };
+        let (kp, vp) = (pool.k_pages().view(), pool.v_pages().view());
+        let kv = PagedKv { k_pages: &kp, v_pages: &vp, scales: pool.scales() };
+        let (cq, ck) = (meta.cu_q.view(), meta.cu_k.view());
+        ws.attention.forward_paged_on(
+            hidden.device(),
+            &q.view(),
+            &kv,
+            &meta.block_table.view(),
+            CuSeqlens::Device { q: &cq, k: &ck },
+            &mut TensorViewMut::of_tensor(out),
+            None,
+            &opts,
+        )
+    }
 
-        // Feed-forward half; the residual add is fused into the down projection.
+    /// The feed-forward half; the residual add is fused into the down projection (dense) or
+    /// the combine (MoE).
+    fn ffn_half(&self, ws: &mut LayerWorkspace, normed: &Tensor, hidden: &Tensor, probe: &mut Probe<'_>) -> Result<()> {
+        let (s, w, t) = (&self.spec, &self.weights, normed.shape()[0]);
         match (&w.ffn, s.ffn) {
             (FfnWeights::Dense { gate_up, gate_up_bias, down, down_bias }, FfnSpec::Dense { intermediate: i, .. }) => {
                 let gu = ws.gate_up.narrow(0, 0, t)?.narrow(1, 0, 2 * i)?;
-                linear::linear(&normed, gate_up, gate_up_bias.as_ref(), &gu)?;
-                snap(&mut probe, "gate_up", &gu)?;
+                linear::linear(normed, gate_up, gate_up_bias.as_ref(), &gu)?;
+                probe.snap("gate_up", &gu)?;
                 let act = gu.narrow(1, 0, i)?;
                 ops::swiglu(GateUp::GateThenUp(&gu), &act)?;
-                snap(&mut probe, "swiglu", &act)?;
+                probe.snap("swiglu", &act)?;
                 linear::linear_add(&act, down, down_bias.as_ref(), hidden)?;
-                snap(&mut probe, "output", hidden)?;
+                probe.snap("output", hidden)?;
                 Ok(())
             }
             (FfnWeights::Moe(weights), FfnSpec::Moe { .. }) => {
@@ -298,8 +340,8 @@ impl DecoderLayer {
                 })?;
                 // hidden += moe(normed): combine adds the routed experts and the shared expert to
                 // the residual in place.
-                moe.forward(weights, &normed, Some(hidden), hidden)?;
-                if let Probe::Trace(tr) = &mut probe {
+                moe.forward(weights, normed, Some(hidden), hidden)?;
+                if let Probe::Trace(tr) = probe {
                     let st = moe.stages()?;
                     tr.stages.push(("router", st.logits.to_f64_vec()?));
                     tr.stages.push(("routing", st.ids.to_f64_vec()?));
@@ -308,7 +350,7 @@ impl DecoderLayer {
                         tr.stages.push(("shared", shared.to_f64_vec()?));
                     }
                 }
-                snap(&mut probe, "output", hidden)?;
+                probe.snap("output", hidden)?;
                 Ok(())
             }
             _ => Err(Error::invalid(OP, "weights", s.index, "feed-forward weights do not match the spec")),

@@ -300,6 +300,61 @@ impl MoeWorkspace {
         residual: MoeResidual<'_, '_>,
         out: &mut TensorViewMut<'_>,
     ) -> Result<()> {
+        let tokens = self.check_call(queue, x, out)?;
+        self.last_tokens = tokens;
+        self.last_shared = weights.shared.is_some();
+        if tokens == 0 {
+            return Ok(());
+        }
+        let MoeFfnConfig { experts, top_k, weights_on_input, .. } = self.config;
+        let slots = tokens * top_k;
+        let block_m = preferred_block_m(slots, experts);
+        let rows = padded_rows(slots, experts, block_m);
+        let logits = self.logits.narrow(0, 0, tokens)?;
+        let ids = self.ids.narrow(0, 0, tokens)?;
+        let rw = self.route_weights.narrow(0, 0, tokens)?;
+        let (xp, h, y) = (self.xp.narrow(0, 0, rows)?, self.h.narrow(0, 0, rows)?, self.y.narrow(0, 0, rows)?);
+        let w = weights;
+        let layout = w.layout;
+        self.route(queue, x, w, &logits, &ids, &rw)?;
+        self.align.align_on(queue, &ids.view(), block_m)?;
+        let rwv = rw.view();
+        moe_gather_on(queue, x, &self.align, weights_on_input.then_some(&rwv), &mut TensorViewMut::of_tensor(&xp))?;
+        let groups = GemmGroups::Experts(&self.align);
+        let mut hv = TensorViewMut::of_tensor(&h);
+        match &w.gate_up {
+            GateUpTensors::Packed(gu) => moe_grouped_gemm_on(
+                queue,
+                &xp.view(),
+                layout,
+                ExpertWeights::SwiGluPacked(&gu.view()),
+                groups,
+                &mut hv,
+            )?,
+            GateUpTensors::Separate { gate, up } => moe_grouped_gemm_on(
+                queue,
+                &xp.view(),
+                layout,
+                ExpertWeights::SwiGluSeparate { gate: &gate.view(), up: &up.view() },
+                groups,
+                &mut hv,
+            )?,
+        }
+        moe_grouped_gemm_on(
+            queue,
+            &h.view(),
+            layout,
+            ExpertWeights::Plain(&w.down.view()),
+            groups,
+            &mut TensorViewMut::of_tensor(&y),
+        )?;
+        let shared = self.shared_expert(queue, x, w, tokens)?;
+        let sv = shared.as_ref().map(Tensor::view);
+        moe_combine_on(queue, &y.view(), &self.align, (!weights_on_input).then_some(&rwv), sv.as_ref(), residual, out)
+    }
+
+    /// Checks the call against the planned configuration; returns the token count.
+    fn check_call(&self, queue: &impl Queue, x: &TensorView<'_>, out: &TensorViewMut<'_>) -> Result<usize> {
         const OP: &str = OP_FFN;
         let device = queue.queue_device()?;
         if !device.same_context(&self.device) {
@@ -335,29 +390,27 @@ impl MoeWorkspace {
                 format!("exceeds the planned {} (MoeFfn::new)", self.max_tokens),
             ));
         }
-        self.last_tokens = tokens;
-        self.last_shared = weights.shared.is_some();
-        if tokens == 0 {
-            return Ok(());
-        }
-        let MoeFfnConfig { experts, top_k, routing, weights_on_input, .. } = self.config;
-        let slots = tokens * top_k;
-        let block_m = preferred_block_m(slots, experts);
-        let rows = padded_rows(slots, experts, block_m);
-        let logits = self.logits.narrow(0, 0, tokens)?;
-        let ids = self.ids.narrow(0, 0, tokens)?;
-        let rw = self.route_weights.narrow(0, 0, tokens)?;
-        let (xp, h, y) = (self.xp.narrow(0, 0, rows)?, self.h.narrow(0, 0, rows)?, self.y.narrow(0, 0, rows)?);
-        let w = weights;
-        let layout = w.layout;
-        // Router: logits = x router^T (one group).
+        Ok(tokens)
+    }
+
+    /// The router GEMM (`logits = x router^T`, one group) and top-k routing.
+    fn route(
+        &self,
+        queue: &impl Queue,
+        x: &TensorView<'_>,
+        w: &MoeFfnWeights,
+        logits: &Tensor,
+        ids: &Tensor,
+        rw: &Tensor,
+    ) -> Result<()> {
+        let routing = self.config.routing;
         moe_grouped_gemm_on(
             queue,
             x,
             WeightLayout::OutIn,
             ExpertWeights::Plain(&w.router.view()),
             GemmGroups::Dense,
-            &mut TensorViewMut::of_tensor(&logits),
+            &mut TensorViewMut::of_tensor(logits),
         )?;
         let bias = w.router_bias.as_ref().map(Tensor::view);
         moe_route_on(
@@ -365,41 +418,15 @@ impl MoeWorkspace {
             &logits.view(),
             bias.as_ref(),
             routing,
-            &mut TensorViewMut::of_tensor(&ids),
-            &mut TensorViewMut::of_tensor(&rw),
+            &mut TensorViewMut::of_tensor(ids),
+            &mut TensorViewMut::of_tensor(rw),
         )?;
-        self.align.align_on(queue, &ids.view(), block_m)?;
-        let rwv = rw.view();
-        moe_gather_on(queue, x, &self.align, weights_on_input.then_some(&rwv), &mut TensorViewMut::of_tensor(&xp))?;
-        let groups = GemmGroups::Experts(&self.align);
-        let mut hv = TensorViewMut::of_tensor(&h);
-        match &w.gate_up {
-            GateUpTensors::Packed(gu) => moe_grouped_gemm_on(
-                queue,
-                &xp.view(),
-                layout,
-                ExpertWeights::SwiGluPacked(&gu.view()),
-                groups,
-                &mut hv,
-            )?,
-            GateUpTensors::Separate { gate, up } => moe_grouped_gemm_on(
-                queue,
-                &xp.view(),
-                layout,
-                ExpertWeights::SwiGluSeparate { gate: &gate.view(), up: &up.view() },
-                groups,
-                &mut hv,
-            )?,
-        }
-        moe_grouped_gemm_on(
-            queue,
-            &h.view(),
-            layout,
-            ExpertWeights::Plain(&w.down.view()),
-            groups,
-            &mut TensorViewMut::of_tensor(&y),
-        )?;
-        let shared = match &w.shared {
+        Ok(())
+    }
+
+    /// The shared expert (two one-group GEMMs, SwiGLU fused into the first), when there is one.
+    fn shared_expert(&self, queue: &impl Queue, x: &TensorView<'_>, w: &MoeFfnWeights, tokens: usize) -> Result<Option<Tensor>> {
+        Ok(match &w.shared {
             Some(s) => {
                 let si = s.gate.shape().first().copied().unwrap_or(0);
                 let sh = self.shared_h.narrow(0, 0, tokens * si)?.reshape(&[tokens, si])?;
@@ -423,9 +450,7 @@ impl MoeWorkspace {
                 Some(so)
             }
             None => None,
-        };
-        let sv = shared.as_ref().map(Tensor::view);
-        moe_combine_on(queue, &y.view(), &self.align, (!weights_on_input).then_some(&rwv), sv.as_ref(), residual, out)
+        })
     }
 }
 

@@ -26,27 +26,30 @@ impl ErrorFlag {
     }
     /// Reads and clears the flag (waits for the device): `Err` names what the kernels found.
     pub fn check(&self, op: &'static str) -> Result<()> {
-        check_flag(op, &self.flag)
+        check_flag(op, &self.flag, PAGED)
     }
 }
 
-/// Reads and clears an i32 error flag, naming its bits.
-pub(crate) fn check_flag(op: &'static str, flag: &Tensor) -> Result<()> {
+/// What each bit means to an op, in the words of its inputs.
+pub(crate) type Meanings = [(LlkDeviceError, &'static str)];
+
+/// The paged cache's meanings (append and decode).
+pub(crate) const PAGED: &Meanings = &[
+    (LlkDeviceError::LLK_DEVICE_BAD_SEQLENS, "sequence lengths or offsets (negative, decreasing, or past the block table)"),
+    (LlkDeviceError::LLK_DEVICE_BAD_PAGE, "a page id or slot outside the page pool (its keys were skipped)"),
+];
+
+/// Reads and clears an i32 error flag (waits for the device), naming its bits by `meanings`.
+pub(crate) fn check_flag(op: &'static str, flag: &Tensor, meanings: &Meanings) -> Result<()> {
     let bits = flag.to_vec::<i32>()?[0];
     if bits == 0 {
         return Ok(());
     }
     flag.copy_from_slice(&[0i32])?;
-    let mut what = Vec::new();
-    if bits & LlkDeviceError::LLK_DEVICE_BAD_SEQLENS as i32 != 0 {
-        what.push("sequence lengths or offsets (negative, decreasing, or past the block table)");
-    }
-    if bits & LlkDeviceError::LLK_DEVICE_BAD_PAGE as i32 != 0 {
-        what.push("a page id or slot outside the page pool (its keys were skipped)");
-    }
+    let mut what: Vec<&str> =
+        meanings.iter().filter(|(bit, _)| bits & *bit as i32 != 0).map(|(_, meaning)| *meaning).collect();
     if what.is_empty() {
         what.push("unknown error bits");
     }
     Err(Error::DeviceReported { op, what: format!("{} [flag {bits:#x}]", what.join("; ")) })
 }
-

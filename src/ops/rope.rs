@@ -35,7 +35,7 @@ use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::rope::{KERNELS};
-use crate::launch::{Heads, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
+use crate::launch::{Arg, Heads, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::ffi::params::{LlkIndexType, LlkRopeLayout, LlkRopeNorm, RopeParams};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 pub use crate::spec::rope::{Llama3Scaling, MAX_POSITION, MAX_ROTARY_DIM, RopeConfig, RopeLayout};
@@ -104,7 +104,6 @@ impl Rope {
         k: Option<&mut TensorViewMut<'_>>,
         positions: &TensorView<'_>,
     ) -> Result<()> {
-        let cfg = &self.config;
         let device = queue.queue_device()?;
         let dtype = q.dtype();
         check_float(OP, "q", dtype)?;
@@ -118,7 +117,6 @@ impl Rope {
                 return Err(Error::UnsupportedDType { op: OP, what: "positions", dtype: other, supported: "i32, i64" });
             }
         };
-        let has_k = k.is_some();
         let mut args = KernelArgs::new(OP, &device);
         let qb = args.write("q", q)?;
         let kb = match k {
@@ -127,8 +125,22 @@ impl Rope {
         };
         let pb = args.read("positions", positions)?;
         let table = args.read_tensor("rope table", &self.table)?;
+        let (qh, kh) = self.check_shapes(&qb, kb.as_ref(), &pb)?;
+        let kv_heads = kh.map_or(0, |h| h.heads);
+        if qh.tokens == 0 || qh.heads.saturating_add(kv_heads) == 0 || qh.head_dim == 0 {
+            return Ok(());
+        }
+        let params = self.params(&qh, kh.as_ref(), pb.addr, table, position_type)?;
+        let (dims, vectorized) = self.launch_dims(&device, dtype, &qh, kh.as_ref())?;
+        let key = (self.config.layout, vectorized, self.config.qk_norm_eps.is_some(), dtype);
+        args.launch(KERNELS.find(OP, "q", key, dtype)?, dims, &params)
+    }
+
+    /// Checks q, k and the positions against the configuration and each other.
+    fn check_shapes(&self, qb: &Arg, kb: Option<&Arg>, pb: &Arg) -> Result<(Heads, Option<Heads>)> {
+        let cfg = &self.config;
         let qh = Heads::of(OP, "q", &qb)?;
-        let kh = kb.as_ref().map(|k| Heads::of(OP, "k", k)).transpose()?;
+        let kh = kb.map(|k| Heads::of(OP, "k", k)).transpose()?;
         if qh.head_dim != cfg.head_dim {
             return Err(Error::ShapeMismatch {
                 op: OP,
@@ -137,7 +149,7 @@ impl Rope {
                 expected: format!("head_dim {}", cfg.head_dim),
             });
         }
-        if let (Some(kb), Some(kh)) = (&kb, &kh) {
+        if let (Some(kb), Some(kh)) = (kb, &kh) {
             if kh.head_dim != qh.head_dim {
                 return Err(Error::ShapeMismatch {
                     op: OP,
@@ -169,24 +181,18 @@ impl Rope {
         if let Some(kh) = kh {
             check_disjoint(OP, ("k", kh), ("positions", pr))?;
         }
-        let kv_heads = kh.map_or(0, |h| h.heads);
-        if qh.tokens == 0 || qh.heads.saturating_add(kv_heads) == 0 || qh.head_dim == 0 {
-            return Ok(());
-        }
+        Ok((qh, kh))
+    }
 
-        let kk = kh.unwrap_or(Heads {
-            addr: 0,
-            elem: dtype.size(),
-            tokens: 0,
-            heads: 0,
-            head_dim: 0,
-            token_stride: 0,
-            head_stride: 0,
-        });
-        let params = RopeParams {
-            q: qb.addr,
-            k: kb.map_or(0, |k| k.addr),
-            positions: pb.addr,
+    /// Fills the params struct (`k`: k's heads, when there is a k).
+    fn params(&self, qh: &Heads, k: Option<&Heads>, positions: u64, table: u64, position_type: LlkIndexType) -> Result<RopeParams> {
+        let cfg = &self.config;
+        let kv_heads = k.map_or(0, |h| h.heads);
+        let kk = k.copied().unwrap_or(Heads { addr: 0, elem: qh.elem, tokens: 0, heads: 0, head_dim: 0, token_stride: 0, head_stride: 0 });
+        Ok(RopeParams {
+            q: qh.addr,
+            k: k.map_or(0, |k| k.addr),
+            positions,
             inv_freq: table,
             tokens: to_i64(OP, "tokens", qh.tokens)?,
             q_heads: to_i64(OP, "q heads", qh.heads)?,
@@ -204,12 +210,18 @@ impl Rope {
             position_type,
             norm: if cfg.qk_norm_eps.is_some() { LlkRopeNorm::LLK_ROPE_L2_NORM } else { LlkRopeNorm::LLK_ROPE_NO_NORM },
             norm_eps: cfg.qk_norm_eps.unwrap_or(0.0),
-        };
+        })
+    }
+
+    /// Grid and block of the kernel, and whether it takes the 16-byte path.
+    fn launch_dims(&self, device: &Device, dtype: DType, qh: &Heads, kh: Option<&Heads>) -> Result<(LaunchDims, bool)> {
+        let cfg = &self.config;
+        let kv_heads = kh.map_or(0, |h| h.heads);
         // The 16-byte path: whole vectors per chunk, 16-byte aligned heads in q and k.
         let v = dtype.vec16();
         let chunk_elems = if cfg.layout == RopeLayout::Interleaved { cfg.rotary_dim } else { cfg.rotary_dim / 2 };
         let aligned = |addr: u64, h: &Heads| addr % 16 == 0 && h.token_stride % v == 0 && h.head_stride % v == 0;
-        let vectorized = chunk_elems % v == 0 && aligned(params.q, &qh) && (!has_k || aligned(params.k, &kk));
+        let vectorized = chunk_elems % v == 0 && aligned(qh.addr, qh) && kh.is_none_or(|k| aligned(k.addr, k));
         let vec = if vectorized {
             v
         } else if cfg.layout == RopeLayout::Interleaved {
@@ -245,7 +257,6 @@ impl Rope {
             block: (g as u32, heads_per_block as u32, 1),
             dyn_smem: 0,
         };
-        let key = (cfg.layout, vectorized, cfg.qk_norm_eps.is_some(), dtype);
-        args.launch(KERNELS.find(OP, "q", key, dtype)?, dims, &params)
+        Ok((dims, vectorized))
     }
 }

@@ -2,71 +2,30 @@
 //! ([`PagedDecodeWorkspace::plan`]) and the launch of the decode and merge kernels. See
 //! [`crate::ops::attention`] for the semantics.
 
-use crate::backend::{Device, LaunchDims, Queue};
+use crate::backend::{Device, Queue};
 use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::spec::attention::Llama4Temperature;
 use crate::kernels::attention::SUPPORTED_HEAD_DIMS;
-use crate::kernels::paged_attention::{DECODE_KERNELS, MERGE_KERNELS};
-use crate::launch::pool::{Pool, check_block_table, check_pools, table_rows};
-use crate::launch::{Heads, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
+use crate::launch::check_float;
 use crate::ffi::params::{
-    LLK_DECODE_KEYS, LLK_DECODE_MAX_Q_LEN, LLK_DECODE_MAX_SPLITS,
-    LLK_DECODE_ROWS_MMA, LLK_DECODE_ROWS_SIMT, LLK_DECODE_THREADS, LlkAttnMask, LlkAttnTemperature, MergeStatesParams, PagedDecodeParams,
+    LLK_DECODE_MAX_Q_LEN, LLK_DECODE_MAX_SPLITS,
+    LLK_DECODE_ROWS_MMA, LLK_DECODE_ROWS_SIMT,
 };
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 use crate::ops::error_flag::ErrorFlag;
+use super::decode_launch::{DecodeBound, DecodeShape, KEYS_PER_TILE, OP, Outputs, check_dtypes, kernel, launch_dims, merge_splits, params};
 use super::paged::{PagedKv, PagedKvCache};
+use super::variant::Variant;
+use crate::spec::attention::AttentionMask;
 
-const DECODE: &str = "paged_decode_attention";
 /// Most query tokens per sequence in one decode call.
 pub const MAX_Q_LEN: usize = LLK_DECODE_MAX_Q_LEN as usize;
 /// Most splits per sequence.
 pub const MAX_SPLITS: usize = LLK_DECODE_MAX_SPLITS as usize;
-const KEYS_PER_TILE: usize = LLK_DECODE_KEYS as usize;
-const THREADS: u32 = LLK_DECODE_THREADS;
 
-/// Dynamic shared memory of a tensor-core decode kernel (DecodeLayout in
-/// kernels/paged_attention.cu): Q rows, and 2 or 3 stages of K and V tiles plus a byte per key.
-pub fn decode_smem_bytes(head_dim: usize, page_elem: usize) -> usize {
-    let pitch = |chunks: usize| {
-        if chunks <= 8 {
-            8
-        } else if chunks <= 16 {
-            16
-        } else {
-            32
-        }
-    };
-    let rows = LLK_DECODE_ROWS_MMA as usize;
-    let q = rows * pitch(head_dim / 8) * 16;
-    let tile = KEYS_PER_TILE * pitch(head_dim * page_elem / 16) * 16;
-    let stages = if q + 3 * 2 * tile + 3 * KEYS_PER_TILE <= 131072 { 3 } else { 2 };
-    q + stages * (2 * tile + KEYS_PER_TILE)
-}
-
-/// The batch shape a decode plan is made for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DecodeShape {
-    /// Largest batch (sequences) of the calls.
-    pub batch: usize,
-    /// New tokens per sequence (1..=8).
-    pub q_len: usize,
-    pub q_heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    /// Longest context (keys, the new tokens included) the calls may have: it sizes the split
-    /// count, and every call's block table must hold at least `ceil(max_seq_len / page_size)`
-    /// pages per row. A longer sequence on the device is clamped to its block-table row and
-    /// flagged.
-    pub max_seq_len: usize,
-    /// q and output dtype.
-    pub dtype: DType,
-    /// Page dtype: the q dtype or fp8 for bf16/f16, f32 for f32.
-    pub page_dtype: DType,
-}
 
 /// Options of one decode call.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
@@ -115,7 +74,6 @@ impl PagedDecodeWorkspace {
         shape: &DecodeShape,
         num_splits: Option<usize>,
     ) -> Result<PagedDecodeWorkspace> {
-        const OP: &str = DECODE;
         let s = *shape;
         check_float(OP, "q", s.dtype)?;
         let pages_ok = match s.dtype {
@@ -193,7 +151,7 @@ impl PagedDecodeWorkspace {
     }
     /// Reads and clears the device-side error flag (waits for the device).
     pub fn check_errors(&self) -> Result<()> {
-        self.errors.check(DECODE)
+        self.errors.check(OP)
     }
 
     /// Decode over a [`PagedKvCache`] (see the module docs); `block_table` `[batch, max_pages]`
@@ -238,194 +196,50 @@ impl PagedDecodeWorkspace {
         lse: Option<&mut TensorViewMut<'_>>,
         opts: &PagedDecodeOptions,
     ) -> Result<()> {
-        const OP: &str = DECODE;
         let mut lse = lse;
         let device = queue.queue_device()?;
         if !device.same_context(&self.device) {
             return Err(Error::DeviceMismatch { op: OP, what: "workspace" });
         }
         let plan = self.shape;
-        check_dtype(OP, "q", q.dtype(), plan.dtype)?;
-        check_dtype(OP, "out", out.dtype(), plan.dtype)?;
-        check_dtype(OP, "k_pages", kv.k_pages.dtype(), plan.page_dtype)?;
-        check_dtype(OP, "seq_lens", seq_lens.dtype(), DType::I32)?;
-        if let Some(l) = &lse {
-            check_dtype(OP, "lse", l.dtype(), DType::F32)?;
-        }
+        check_dtypes(&plan, q, kv, seq_lens, out, lse.as_deref())?;
         let mut args = KernelArgs::new(OP, &device);
-        let ob = args.write("out", out)?;
-        let lb = match lse.as_deref_mut() {
-            Some(l) => Some(args.write("lse", l)?),
-            None => None,
+        let b = DecodeBound::new(&mut args, &plan, q, kv, block_table, seq_lens, out, lse.as_deref_mut())?;
+        let error_flag = args.write_tensor("error flag", self.errors.tensor())?;
+        let scales = kv.scales.per_head(OP, b.kp.dtype, b.kp.kv_heads)?;
+        let mask = match opts.chunk_size {
+            None => AttentionMask::Causal,
+            Some(chunk_size) => AttentionMask::ChunkedCausal { chunk_size },
         };
-        let qb = args.read("q", q)?;
-        let (kpb, vpb) = (args.read("k_pages", kv.k_pages)?, args.read("v_pages", kv.v_pages)?);
-        let (tb, sb) = (args.read("block_table", block_table)?, args.read("seq_lens", seq_lens)?);
-        let flag = args.write_tensor("error flag", self.errors.tensor())?;
-        let (kp, vp) = (Pool::of(OP, "k_pages", &kpb)?, Pool::of(OP, "v_pages", &vpb)?);
-        check_pools(OP, &kp, &vp)?;
-        if (kp.kv_heads, kp.head_dim) != (plan.kv_heads, plan.head_dim) {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "k_pages",
-                got: kpb.shape().to_vec(),
-                expected: format!(
-                    "[pages, page_size, {}, {}] (the planned kv_heads and head_dim)",
-                    plan.kv_heads, plan.head_dim
-                ),
-            });
-        }
-        // Batch from seq_lens.
-        if sb.shape().len() != 1 || !sb.dims.is_contiguous() {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "seq_lens",
-                got: sb.shape().to_vec(),
-                expected: "a contiguous [batch] vector".into(),
-            });
-        }
-        let batch = sb.shape()[0];
-        if batch > plan.batch {
-            return Err(Error::invalid(OP, "batch", batch, format!("exceeds the planned batch {}", plan.batch)));
-        }
-        let tokens = batch * plan.q_len;
-        let (qh, oh) = (Heads::of(OP, "q", &qb)?, Heads::of(OP, "out", &ob)?);
-        for (what, b, h) in [("q", &qb, &qh), ("out", &ob, &oh)] {
-            if (h.tokens, h.heads, h.head_dim) != (tokens, plan.q_heads, plan.head_dim) {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what,
-                    got: b.shape().to_vec(),
-                    expected: format!(
-                        "[{tokens}, {}, {}] (batch {batch} x q_len {}, q_heads, head_dim)",
-                        plan.q_heads, plan.head_dim, plan.q_len
-                    ),
-                });
-            }
-        }
-        let (max_pages, table_stride) = check_block_table(OP, &tb, batch)?;
-        let needed = plan.max_seq_len.div_ceil(kp.page_size);
-        if max_pages < needed {
-            return Err(Error::invalid(
-                OP,
-                "block_table",
-                format!("{max_pages} pages per row"),
-                format!("too narrow: max_seq_len {} needs {needed} pages of {}", plan.max_seq_len, kp.page_size),
-            ));
-        }
-        if let Some(l) = &lb {
-            if l.shape() != [plan.q_heads, tokens] || !l.dims.is_contiguous() {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what: "lse",
-                    got: l.shape().to_vec(),
-                    expected: format!("contiguous [{}, {tokens}] (q_heads, batch * q_len)", plan.q_heads),
-                });
-            }
-        }
-        let (k_scale, v_scale) = kv.scales.per_head(OP, kp.dtype, kp.kv_heads)?;
-        // Options.
-        let scale = opts.scale.unwrap_or(1.0 / (plan.head_dim as f32).sqrt());
-        if !(scale.is_finite() && scale > 0.0) {
-            return Err(Error::invalid(OP, "scale", scale, "must be finite and > 0"));
-        }
-        let (mask, chunk_size) = match opts.chunk_size {
-            None => (LlkAttnMask::LLK_ATTN_CAUSAL, 0),
-            Some(0) => return Err(Error::invalid(OP, "chunk_size", 0, "must be > 0")),
-            Some(c) => (LlkAttnMask::LLK_ATTN_CHUNKED_CAUSAL, c),
-        };
-        if let Some(t) = &opts.temperature {
-            t.validate(OP)?;
-        }
-        // Aliasing: out and lse are written.
-        let tables = table_rows(&tb, max_pages, table_stride);
-        let lens = Rows { addr: sb.addr, elem: 4, rows: 1, cols: batch, row_stride: batch };
-        check_disjoint(OP, ("out", oh), ("q", qh))?;
-        for (what, r) in [("k_pages", kp.rows()), ("v_pages", vp.rows()), ("block_table", tables), ("seq_lens", lens)] {
-            check_disjoint(OP, ("out", oh), (what, r))?;
-        }
-        if let Some(l) = &lb {
-            let lrows =
-                Rows { addr: l.addr, elem: 4, rows: 1, cols: plan.q_heads * tokens, row_stride: plan.q_heads * tokens };
-            check_disjoint(OP, ("lse", lrows), ("q", qh))?;
-            check_disjoint(OP, ("lse", lrows), ("out", oh))?;
-            for (what, r) in
-                [("k_pages", kp.rows()), ("v_pages", vp.rows()), ("block_table", tables), ("seq_lens", lens)]
-            {
-                check_disjoint(OP, ("lse", lrows), (what, r))?;
-            }
-        }
-        // Layout: 16-byte rows for the vector and cp.async paths.
-        for (what, h) in [("q", &qh), ("out", &oh)] {
-            h.check_rows_aligned(OP, what)?;
-        }
-        kp.check_aligned(OP, "k_pages")?;
-        vp.check_aligned(OP, "v_pages")?;
-        if batch == 0 || plan.q_heads == 0 {
+        let variant = Variant::new(OP, mask, opts.scale, opts.temperature, plan.head_dim)?;
+        b.check_disjoint(&plan)?;
+        b.check_aligned()?;
+        if b.batch == 0 || plan.q_heads == 0 {
             return Ok(());
         }
 
         let group = plan.q_heads / plan.kv_heads;
-        let row_blocks = (group * plan.q_len).div_ceil(self.rows_per_block);
-        let splits = self.num_splits;
-        let grid_y = u32::try_from(plan.kv_heads * row_blocks)
-            .ok()
-            .filter(|&y| y <= 65535)
-            .ok_or_else(|| Error::invalid(OP, "kv_heads", plan.kv_heads, "too many head blocks for grid.y (65535)"))?;
-        let (po, pl) = match &self.partial {
+        let (partial_out, partial_lse) = match &self.partial {
             Some((o, l)) => (args.write_tensor("workspace", o)?, args.write_tensor("workspace", l)?),
             None => (0, 0),
         };
-        let params = PagedDecodeParams {
-            q: qb.addr,
-            k_pages: kpb.addr,
-            v_pages: vpb.addr,
-            block_table: tb.addr,
-            seq_lens: sb.addr,
-            out: if splits == 1 { ob.addr } else { 0 },
-            lse: if splits == 1 { lb.map_or(0, |l| l.addr) } else { 0 },
-            partial_out: po,
-            partial_lse: pl,
-            error_flag: flag,
-            batch: to_i64(OP, "batch", batch)?,
-            q_len: to_i64(OP, "q_len", plan.q_len)?,
-            q_heads: to_i64(OP, "q_heads", plan.q_heads)?,
-            kv_heads: to_i64(OP, "kv_heads", plan.kv_heads)?,
-            head_dim: to_i64(OP, "head_dim", plan.head_dim)?,
-            num_pages: to_i64(OP, "num_pages", kp.num_pages)?,
-            page_size: to_i64(OP, "page_size", kp.page_size)?,
-            max_pages: to_i64(OP, "max_pages", max_pages)?,
-            block_table_stride: to_i64(OP, "block table stride", table_stride)?,
-            q_token_stride: to_i64(OP, "q token stride", qh.token_stride)?,
-            q_head_stride: to_i64(OP, "q head stride", qh.head_stride)?,
-            out_token_stride: to_i64(OP, "out token stride", oh.token_stride)?,
-            out_head_stride: to_i64(OP, "out head stride", oh.head_stride)?,
-            k_page_stride: to_i64(OP, "k page stride", kp.page_stride)?,
-            v_page_stride: to_i64(OP, "v page stride", vp.page_stride)?,
-            num_splits: to_i64(OP, "num_splits", splits)?,
-            row_blocks: to_i64(OP, "row blocks", row_blocks)?,
-            chunk_size: to_i64(OP, "chunk_size", chunk_size)?,
-            mask,
-            temperature: temperature_kind(opts.temperature),
-            scale,
-            temp_floor_scale: opts.temperature.map_or(1.0, |t| t.floor_scale),
-            temp_attn_scale: opts.temperature.map_or(0.0, |t| t.attn_scale),
-            k_scale,
-            v_scale,
+        let outputs = Outputs {
+            partial_out,
+            partial_lse,
+            error_flag,
+            num_splits: self.num_splits,
+            row_blocks: (group * plan.q_len).div_ceil(self.rows_per_block),
         };
-        let mma = plan.dtype != DType::F32;
-        let dims = LaunchDims {
-            grid: (grid_x(OP, batch * splits)?, grid_y, 1),
-            block: (THREADS, 1, 1),
-            dyn_smem: if mma { decode_smem_bytes(plan.head_dim, kp.dtype.size()) as u32 } else { 0 },
-        };
-        let kernel = DECODE_KERNELS.find(OP, "q", (plan.dtype, kp.dtype, plan.head_dim), plan.dtype)?;
-        if splits == 1 {
-            return args.launch(kernel, dims, &params);
+        let dims = launch_dims(&plan, &b, &outputs)?;
+        let params = params(&plan, &b, &outputs, &variant, scales)?;
+        let kernel = kernel(&plan, b.kp.dtype)?;
+        let (tokens, oh) = (b.batch * plan.q_len, b.oh);
+        args.launch(kernel, dims, &params)?;
+        if outputs.num_splits == 1 {
+            return Ok(());
         }
         // The splits, then their merge into out (and lse), in a second launch.
-        args.launch(kernel, dims, &params)?;
-        let Some((po_t, pl_t)) = &self.partial else {
+        let Some((po, pl)) = &self.partial else {
             return Err(Error::InvalidView { what: OP, why: "workspace not planned".into() });
         };
         let mut margs = KernelArgs::new(OP, &device);
@@ -434,41 +248,7 @@ impl PagedDecodeWorkspace {
             Some(l) => Some(margs.write("lse", l)?),
             None => None,
         };
-        let merge = MergeStatesParams {
-            v_a: margs.read_tensor("workspace", po_t)?,
-            lse_a: margs.read_tensor("workspace", pl_t)?,
-            v_b: 0,
-            lse_b: 0,
-            out: ob.addr,
-            lse_out: lb.map_or(0, |l| l.addr),
-            tokens: to_i64(OP, "tokens", tokens)?,
-            heads: to_i64(OP, "q_heads", plan.q_heads)?,
-            head_dim: to_i64(OP, "head_dim", plan.head_dim)?,
-            num_states: to_i64(OP, "num_splits", splits)?,
-            a_token_stride: 0,
-            a_head_stride: 0,
-            b_token_stride: 0,
-            b_head_stride: 0,
-            out_token_stride: to_i64(OP, "out token stride", oh.token_stride)?,
-            out_head_stride: to_i64(OP, "out head stride", oh.head_stride)?,
-            lse_a_token_stride: 0,
-            lse_a_head_stride: 0,
-            lse_b_token_stride: 0,
-            lse_b_head_stride: 0,
-            lse_out_token_stride: 1,
-            lse_out_head_stride: to_i64(OP, "tokens", tokens)?,
-        };
-        let rows = tokens * plan.q_heads;
-        let mdims = LaunchDims { grid: (grid_x(OP, rows.div_ceil(4))?, 1, 1), block: (THREADS, 1, 1), dyn_smem: 0 };
-        margs.launch(MERGE_KERNELS.find(OP, "out", (true, plan.dtype), plan.dtype)?, mdims, &merge)
-    }
-}
-
-fn temperature_kind(t: Option<Llama4Temperature>) -> LlkAttnTemperature {
-    if t.is_some() {
-        LlkAttnTemperature::LLK_ATTN_LLAMA4_TEMPERATURE
-    } else {
-        LlkAttnTemperature::LLK_ATTN_NO_TEMPERATURE
+        merge_splits(margs, &plan, (po, pl), (ob, lb), &oh, tokens, outputs.num_splits)
     }
 }
 

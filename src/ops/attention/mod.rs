@@ -128,14 +128,19 @@
 //! attention over a shared prefix.
 
 mod decode;
+mod decode_launch;
 mod merge;
 mod paged;
 mod prefill;
+mod prefill_launch;
+mod variant;
 
 pub use crate::kernels::attention::SUPPORTED_HEAD_DIMS;
 pub use crate::ops::error_flag::ErrorFlag;
 pub use crate::spec::attention::{AttentionMask, Llama4Temperature};
-pub use decode::{DecodeShape, MAX_Q_LEN, MAX_SPLITS, PagedDecodeOptions, PagedDecodeWorkspace, decode_smem_bytes, plan_splits, tiles_of};
+pub use decode::{MAX_Q_LEN, MAX_SPLITS, PagedDecodeOptions, PagedDecodeWorkspace, plan_splits, tiles_of};
+pub use decode_launch::{DecodeShape, decode_smem_bytes};
 pub use merge::{merge_attention_states, merge_attention_states_on};
 pub use paged::{KvScale, KvScales, MAX_SCALED_KV_HEADS, PagedKv, PagedKvCache, PagedKvConfig, kv_append_on};
-pub use prefill::{AttentionOptions, AttentionWorkspace, CuSeqlens, MAX_PACK, gqa_attention, gqa_attention_on};
+pub use prefill::{AttentionOptions, AttentionWorkspace, gqa_attention, gqa_attention_on};
+pub use prefill_launch::{CuSeqlens, MAX_PACK};

@@ -14,6 +14,7 @@ use crate::ffi::params::{
 use crate::tensor::{Tensor, TensorView};
 
 use super::route::MAX_EXPERTS;
+use crate::ops::error_flag::{Meanings, check_flag};
 use super::rows::{contiguous_rows, to_i32};
 
 const OP_ALIGN: &str = "moe_align";
@@ -168,18 +169,9 @@ impl MoeAlign {
     /// Reads and clears the device-side error flag (waits for the device): `Err` when an earlier
     /// alignment met an expert id outside `[0, experts)` (those slots were dropped).
     pub fn check_errors(&self) -> Result<()> {
-        let flag = &self.arrays()?.flag;
-        let bits = flag.to_vec::<i32>()?[0];
-        if bits != 0 {
-            flag.copy_from_slice(&[0i32])?;
-            let what = if bits & LlkDeviceError::LLK_DEVICE_BAD_EXPERT_ID as i32 != 0 {
-                "an expert id outside [0, experts) (its slot was dropped)"
-            } else {
-                "unknown error bits"
-            };
-            return Err(Error::DeviceReported { op: OP_ALIGN, what: format!("{what} [flag {bits:#x}]") });
-        }
-        Ok(())
+        const MEANINGS: &Meanings =
+            &[(LlkDeviceError::LLK_DEVICE_BAD_EXPERT_ID, "an expert id outside [0, experts) (its slot was dropped)")];
+        check_flag(OP_ALIGN, &self.arrays()?.flag, MEANINGS)
     }
 
     /// Aligns `ids` (`[tokens, k]` i32, contiguous) for GEMM blocks of `block_m` rows (16 or
