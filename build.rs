@@ -27,6 +27,9 @@ use std::path::{Path, PathBuf};
 
 use device_code::{Manifest, REGENERATE, Toolchain};
 
+/// The family of emulator self-test kernels, left out of builds without the `dev` feature.
+const SELFTEST_FAMILY: &str = "selftest";
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Auto,
@@ -65,7 +68,11 @@ fn run() -> Result<(), String> {
         Ok("prebuilt") => Mode::Prebuilt,
         Ok(other) => return Err(format!("LLK_DEVICE_CODE={other} is not one of: source, prebuilt, auto")),
     };
-    let families = device_code::families(&root)?;
+    // The emulator self-test kernels (selftest.cu) are test support: built only with the `dev`
+    // feature (this crate's own tests, benches and command-line front end).
+    let dev = std::env::var_os("CARGO_FEATURE_DEV").is_some();
+    let families: Vec<String> =
+        device_code::families(&root)?.into_iter().filter(|f| dev || f != SELFTEST_FAMILY).collect();
 
     let nvcc = match mode {
         // A forced prebuilt build still points LLK_CUDA_BIN at a toolchain when there is one.
@@ -180,7 +187,7 @@ fn generated_module_table(families: &[String]) -> String {
     s.push_str("unsafe extern \"C\" {\n");
     for f in families {
         let _ =
-            writeln!(s, "    fn llk_emu_kernels_{f}(count: *mut u64) -> *const crate::backend::emu_abi::LlkEmuKernel;");
+            writeln!(s, "    fn llk_emu_kernels_{f}(count: *mut u64) -> *const crate::ffi::emu_abi::LlkEmuKernel;");
     }
     s.push_str("}\n\n/// Every kernel family, in file-name order.\npub(crate) static MODULES: &[ModuleSource] = &[\n");
     for f in families {

@@ -91,7 +91,7 @@ fn main() {
     let mut c = common::criterion();
     let mut group = c.benchmark_group("attention");
     let mut rows = Vec::new();
-    let mut ws = AttentionWorkspace::with_capacity(&device, 64).expect("workspace");
+    let mut ws = AttentionWorkspace::plan(&device, 64).expect("workspace");
     for s in &shapes {
         let tokens = s.seq * s.batch;
         let q = Tensor::zeros(&device, DType::BF16, &[tokens, s.q_heads, s.head_dim]).expect("alloc");

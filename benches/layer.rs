@@ -87,7 +87,7 @@ fn setup(device: &Device, c: &Case) -> Result<(DecoderLayer, KvCache, LayerWorks
     let layer = DecoderLayer::new(device, DType::BF16, c.spec, &host)?;
     let slots = c.decode.unwrap_or(1);
     let mut cache = KvCache::for_layers(device, DType::BF16, &[c.spec], slots, c.context + c.tokens.max(1))?;
-    let mut ws = LayerWorkspace::new(device, DType::BF16, &[c.spec], c.tokens, &cache)?;
+    let mut ws = LayerWorkspace::plan(device, DType::BF16, &[c.spec], c.tokens, &cache)?;
     let batch: Vec<(usize, usize)> = match c.decode {
         Some(b) => {
             for s in 0..b {

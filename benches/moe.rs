@@ -22,7 +22,7 @@ use std::collections::HashSet;
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use llama_kernels::block::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
-use llama_kernels::ops::moe::{self, ExpertTensors, GemmGroups, MoeAlign, MoeFfnConfig, MoeRouting, WeightLayout};
+use llama_kernels::ops::moe::{self, ExpertWeights, GemmGroups, MoeAlign, MoeFfnConfig, MoeRouting, WeightLayout};
 use llama_kernels::dev::testing::Rng;
 use llama_kernels::{DType, Device, Tensor};
 
@@ -158,7 +158,7 @@ fn main() {
         let slots = tokens * k;
         let ids = Tensor::from_slice(&device, &random_ids(tokens, experts, k, 2), &[tokens, k]).expect("upload");
         let w = zeros(&device, DType::F32, &[tokens, k]);
-        let mut align = MoeAlign::new(&device, experts, slots).expect("plan");
+        let mut align = MoeAlign::plan(&device, experts, slots).expect("plan");
         let bm = moe::preferred_block_m(slots, experts);
         let us = common::gpu_time_us(&device, 200, || align.align(&ids, bm));
         mem_rows.push(common::Row {
@@ -199,7 +199,7 @@ fn main() {
             let id_vec = random_ids(tokens, e, layer.top_k, 3);
             let ids = Tensor::from_slice(&device, &id_vec, &[tokens, layer.top_k]).expect("upload");
             let bm = moe::preferred_block_m(slots, e);
-            let mut align = MoeAlign::new(&device, e, slots).expect("plan");
+            let mut align = MoeAlign::plan(&device, e, slots).expect("plan");
             align.align(&ids, bm).expect("align");
             let rows = moe::padded_rows(slots, e, bm);
             let xp = zeros(&device, dt, &[rows, h]);
@@ -207,10 +207,10 @@ fn main() {
             let y = zeros(&device, dt, &[rows, h]);
             let groups = GemmGroups::Experts(&align);
             let us1 = common::gpu_time_us(&device, 20, || {
-                moe::moe_grouped_gemm(&xp, layer.layout, ExpertTensors::SwiGluPacked(&gate_up), groups, &hbuf)
+                moe::moe_grouped_gemm(&xp, layer.layout, ExpertWeights::SwiGluPacked(&gate_up), groups, &hbuf)
             });
             let us2 = common::gpu_time_us(&device, 20, || {
-                moe::moe_grouped_gemm(&hbuf, layer.layout, ExpertTensors::Plain(&down), groups, &y)
+                moe::moe_grouped_gemm(&hbuf, layer.layout, ExpertWeights::Plain(&down), groups, &y)
             });
             let f1 = 2.0 * (slots * h * 2 * i) as f64;
             let f2 = 2.0 * (slots * i * h) as f64;
@@ -292,7 +292,7 @@ fn main() {
             routing: layer.routing,
             weights_on_input: layer.weights_on_input,
         };
-        let mut ffn = MoeFfn::new(&device, config, weights, 4096).expect("plan");
+        let mut ffn = MoeFfn::plan(&device, config, weights, 4096).expect("plan");
         for tokens in [1usize, 8, 512, 4096] {
             let x = Tensor::from_f64(&device, dt, &rng.normal_vec(tokens * h, 1.0, dt), &[tokens, h]).expect("upload");
             let out = zeros(&device, dt, &[tokens, h]);

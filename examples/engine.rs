@@ -147,7 +147,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             // Planned once, on the stream's context: the RoPE table and the attention workspace.
             let device = Device::cuda_on_stream(stream.clone())?;
             let rope = Rope::new(&device, cfg)?;
-            let mut ws = AttentionWorkspace::with_capacity(&device, 8)?;
+            let mut ws = AttentionWorkspace::plan(&device, 8)?;
             println!("GPU: {}", device.description());
             step(&stream, &rope, &mut ws, &mut b)?;
             summary(&b, &ws)?;
@@ -168,7 +168,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 cu_seqlens,
             };
             let rope = Rope::new(&device, cfg)?;
-            let mut ws = AttentionWorkspace::with_capacity(&device, 8)?;
+            let mut ws = AttentionWorkspace::plan(&device, 8)?;
             let before = device.counters();
             step(&device, &rope, &mut ws, &mut b)?;
             let after = device.counters();

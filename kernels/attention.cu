@@ -52,14 +52,17 @@
 #include "common/llk.cuh"
 #include "common/ptx.cuh"
 #include "common/paged.cuh"
+#include "common/attention_math.cuh"
+#include "common/device_error.cuh"
 
 namespace {
 
 constexpr int kBlockN = 64;   // keys per K/V tile (tensor-core path)
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+using llk::kLn2;
+using llk::kLog2e;
+using llk::KeyInterval;
 
 // ------------------------------------------------------------------------- shared helpers
 struct Sequence {
@@ -97,29 +100,12 @@ __device__ Sequence locate(const AttentionParams& p, int64_t tile) {
   return s;
 }
 
-// The keys a query at absolute position `pos` may attend form one interval [lo, hi] (hi < lo when
-// none): all keys, or up to pos (causal), or from the start of pos's chunk up to pos (chunked).
-// Sequence lengths are i32, so key indices fit in int.
-struct KeyInterval {
-  int lo, hi;
-  __device__ bool contains(int key) const { return key >= lo && key <= hi; }
-};
-
+// The keys the query at `pos` attends, and its base-2 score scale (attention_math.cuh).
 __device__ __forceinline__ KeyInterval key_interval(const AttentionParams& p, int64_t pos, int64_t k_len) {
-  KeyInterval iv{0, int(k_len) - 1};
-  if (p.mask != LLK_ATTN_NONE) iv.hi = int(min(pos, k_len - 1));  // pos < 0: hi < 0 <= lo, nothing
-  if (p.mask == LLK_ATTN_CHUNKED_CAUSAL && pos > 0) iv.lo = int((pos / p.chunk_size) * p.chunk_size);
-  return iv;
+  return llk::key_interval(p.variant, pos, k_len);
 }
-
-// Softmax scale of the row at absolute position `pos`, in the base-2 domain.
 __device__ __forceinline__ float row_scale_log2(const AttentionParams& p, int64_t pos) {
-  float s = p.scale * kLog2e;
-  if (p.temperature == LLK_ATTN_LLAMA4_TEMPERATURE) {
-    const float q = floorf(float(max(pos, int64_t(0)) + 1) / p.temp_floor_scale);
-    s *= logf(q + 1.f) * p.temp_attn_scale + 1.f;
-  }
-  return s;
+  return llk::score_scale_log2(p.variant, pos, 1.f);
 }
 
 // The query positions [pos_lo, pos_hi] of a block's tokens [first, first + count) and the key
@@ -133,9 +119,9 @@ __device__ BlockKeys block_keys(const AttentionParams& p, const Sequence& s, int
   const int64_t last_token = min(s.q_len, first_token + tokens) - 1;
   b.pos_lo = s.k_len - s.q_len + first_token;
   b.pos_hi = s.k_len - s.q_len + last_token;
-  b.end = p.mask == LLK_ATTN_NONE ? s.k_len : min(s.k_len, max(b.pos_hi + 1, int64_t(0)));
+  b.end = p.variant.mask == LLK_ATTN_NONE ? s.k_len : min(s.k_len, max(b.pos_hi + 1, int64_t(0)));
   b.begin = 0;
-  if (p.mask == LLK_ATTN_CHUNKED_CAUSAL && b.pos_lo > 0) b.begin = min(b.end, (b.pos_lo / p.chunk_size) * p.chunk_size);
+  b.begin = min(b.end, llk::chunk_start(p.variant, b.pos_lo));
   return b;
 }
 
@@ -244,8 +230,8 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
   // Tiles [free_lo, free_hi) need no mask: all their keys are in the sequence and allowed for
   // every row of the block (causal: up to the first row's position; chunked: from the last row's
   // chunk start, since rows below may start later).
-  const int free_hi = int(min(s.k_len / kBlockN, p.mask == LLK_ATTN_NONE ? s.k_len : max(bk.pos_lo + 1, int64_t(0)) / kBlockN));
-  const int free_lo = p.mask == LLK_ATTN_CHUNKED_CAUSAL ? int((key_interval(p, bk.pos_hi, s.k_len).lo + kBlockN - 1) / kBlockN) : 0;
+  const int free_hi = int(min(s.k_len / kBlockN, p.variant.mask == LLK_ATTN_NONE ? s.k_len : max(bk.pos_lo + 1, int64_t(0)) / kBlockN));
+  const int free_lo = p.variant.mask == LLK_ATTN_CHUNKED_CAUSAL ? int((key_interval(p, bk.pos_hi, s.k_len).lo + kBlockN - 1) / kBlockN) : 0;
 
   // Q tile: rows outside the sequence are zero-filled.
   for (int i = tid; i < kRows * kChunks; i += kThreads) {
@@ -278,7 +264,7 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
         bool ok = key < s.k_len;
         if (ok) {
           ok = pages.locate(key, ko, vo);
-          if (!ok && ld_c == 0) atomicOr(reinterpret_cast<int*>(p.error_flag), int(LLK_DEVICE_BAD_PAGE));
+          if (!ok && ld_c == 0) llk::raise_device_error(p.error_flag, LLK_DEVICE_BAD_PAGE);
         }
         llk::cp_async_16(dk + swz<D>(r, ld_c), ok ? k + ko + ld_c * 8 : k, ok ? 16 : 0);
         llk::cp_async_16(dv + swz<D>(r, ld_c), ok ? v + vo + ld_c * 8 : v, ok ? 16 : 0);
@@ -582,7 +568,7 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
       bool ok = n0 + j < s.k_len;
       if (ok && paged) {
         ok = pages.locate(n0 + j, ko, vo);
-        if (!ok && d == 0) atomicOr(reinterpret_cast<int*>(p.error_flag), int(LLK_DEVICE_BAD_PAGE));
+        if (!ok && d == 0) llk::raise_device_error(p.error_flag, LLK_DEVICE_BAD_PAGE);
       } else if (ok) {
         ko = (s.k_start + n0 + j) * p.k_token_stride + kv_head * p.k_head_stride;
         vo = (s.k_start + n0 + j) * p.v_token_stride + kv_head * p.v_head_stride;
@@ -647,7 +633,7 @@ __device__ void attention_plan_kernel(const AttentionPlanParams& p) {
     if (i < p.batch) cu_tiles[i + 1] = int32_t(carry + tiles);
     carry += __shfl_sync(0xffffffffu, tiles, 31);
   }
-  if (bad && lane == 0) atomicOr(reinterpret_cast<int*>(p.error_flag), int(LLK_DEVICE_BAD_SEQLENS));
+  if (bad && lane == 0) llk::raise_device_error(p.error_flag, LLK_DEVICE_BAD_SEQLENS);
 }
 
 }  // namespace

@@ -72,6 +72,7 @@
 // gather rounds x * w once to the storage type.
 #include "common/llk.cuh"
 #include "common/ptx.cuh"
+#include "common/device_error.cuh"
 
 namespace {
 
@@ -272,7 +273,7 @@ __device__ void align_walk(const MoeAlignParams& p, int32_t* hist, Visit visit) 
     if (id >= 0 && lane == 31 - __clz(int(peers))) hist[warp * E + id] += __popc(peers);
     __syncwarp();
   }
-  if (__any_sync(kFull, bad) && lane == 0) atomicOr(reinterpret_cast<int*>(p.error_flag), int(LLK_DEVICE_BAD_EXPERT_ID));
+  if (__any_sync(kFull, bad) && lane == 0) llk::raise_device_error(p.error_flag, LLK_DEVICE_BAD_EXPERT_ID);
 }
 
 __device__ void moe_align_histogram_kernel(const MoeAlignParams& p) {

@@ -47,6 +47,8 @@
 #include "common/ptx.cuh"
 #include "common/fp8.cuh"
 #include "common/paged.cuh"
+#include "common/attention_math.cuh"
+#include "common/device_error.cuh"
 
 namespace {
 
@@ -54,12 +56,9 @@ using fp8_t = uint8_t;  // page element of e4m3fn pages
 
 constexpr int kThreads = LLK_DECODE_THREADS;
 constexpr int kKeys = LLK_DECODE_KEYS;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ void raise_error(uint64_t flag, int bits) {
-  atomicOr(reinterpret_cast<int*>(flag), bits);
-}
+using llk::kLn2;
+using llk::kLog2e;
+using llk::KeyInterval;
 
 // ------------------------------------------------------------------------------ kv_append
 template <class S, class P>
@@ -80,7 +79,7 @@ __device__ void kv_append_kernel(const KvAppendParams& p) {
   if (slot == -1) return;  // padding
   const int64_t page = slot >= 0 ? slot / p.page_size : -1;
   if (slot < -1 || page >= p.num_pages) {
-    if (vec == 0 && head == 0 && !is_v) raise_error(p.error_flag, LLK_DEVICE_BAD_PAGE);
+    if (vec == 0 && head == 0 && !is_v) llk::raise_device_error(p.error_flag, LLK_DEVICE_BAD_PAGE);
     return;
   }
   const int64_t row = slot - page * p.page_size;
@@ -131,14 +130,12 @@ __device__ DecodeSeq decode_seq(const PagedDecodeParams& p) {
   const int64_t cap = p.max_pages * p.page_size;
   if (len < 0 || len > cap) {
     // Invalid: never read past the block-table row. Reported once per sequence.
-    if (s.split == 0 && blockIdx.y == 0 && threadIdx.x == 0) raise_error(p.error_flag, LLK_DEVICE_BAD_SEQLENS);
+    if (s.split == 0 && blockIdx.y == 0 && threadIdx.x == 0) llk::raise_device_error(p.error_flag, LLK_DEVICE_BAD_SEQLENS);
     len = len < 0 ? 0 : cap;
   }
   s.len = int(len);
   // Keys any of the sequence's queries may attend: [lo, len).
-  int64_t lo = 0;
-  const int64_t pos_min = len - p.q_len;
-  if (p.mask == LLK_ATTN_CHUNKED_CAUSAL && pos_min > 0) lo = (pos_min / p.chunk_size) * p.chunk_size;
+  const int64_t lo = llk::chunk_start(p.variant, len - p.q_len);
   const int64_t t0 = lo / kKeys, t1 = (len + kKeys - 1) / kKeys;
   const int64_t per_split = (t1 - t0 + p.num_splits - 1) / p.num_splits;
   s.tile_begin = min(t1, t0 + s.split * per_split);
@@ -146,26 +143,13 @@ __device__ DecodeSeq decode_seq(const PagedDecodeParams& p) {
   return s;
 }
 
-// The keys [lo, hi] the query at absolute position `pos` attends (hi < lo: none).
-struct KeyInterval {
-  int lo, hi;
-  __device__ bool contains(int key) const { return key >= lo && key <= hi; }
-};
-
+// The keys the query at `pos` attends (the mask is causal or chunked), and its base-2 score
+// scale with K's dequantization (attention_math.cuh).
 __device__ __forceinline__ KeyInterval decode_interval(const PagedDecodeParams& p, int64_t pos, int len) {
-  KeyInterval iv{0, int(min(pos, int64_t(len) - 1))};
-  if (p.mask == LLK_ATTN_CHUNKED_CAUSAL && pos > 0) iv.lo = int((pos / p.chunk_size) * p.chunk_size);
-  return iv;
+  return llk::key_interval(p.variant, pos, len);
 }
-
-// Base-2 score scale of the query at `pos` (softmax scale, temperature, K's dequantization).
 __device__ __forceinline__ float decode_scale_log2(const PagedDecodeParams& p, int64_t pos, float k_scale) {
-  float s = p.scale * kLog2e * k_scale;
-  if (p.temperature == LLK_ATTN_LLAMA4_TEMPERATURE) {
-    const float q = floorf(float(max(pos, int64_t(0)) + 1) / p.temp_floor_scale);
-    s *= logf(q + 1.f) * p.temp_attn_scale + 1.f;
-  }
-  return s;
+  return llk::score_scale_log2(p.variant, pos, k_scale);
 }
 
 // Row r of a block: query token and q head.
@@ -301,7 +285,7 @@ __device__ void paged_decode_mma_kernel(const PagedDecodeParams& p) {
       int64_t ko = 0, vo = 0;
       if (ok) {
         ok = pages.locate(key, ko, vo);
-        if (!ok && ld_c == 0) raise_error(p.error_flag, LLK_DEVICE_BAD_PAGE);
+        if (!ok && ld_c == 0) llk::raise_device_error(p.error_flag, LLK_DEVICE_BAD_PAGE);
       }
       llk::cp_async_16(dk + swz(L::kKVPitch, r, ld_c), ok ? kp + ko + ld_c * kChunkElems : kp, ok ? 16 : 0);
       llk::cp_async_16(dv + swz(L::kKVPitch, r, ld_c), ok ? vp + vo + ld_c * kChunkElems : vp, ok ? 16 : 0);
@@ -577,7 +561,7 @@ __device__ void paged_decode_simt_kernel(const PagedDecodeParams& p) {
       int64_t ko = 0, vo = 0;
       if (ok) {
         ok = pages.locate(key, ko, vo);
-        if (!ok && d == 0) raise_error(p.error_flag, LLK_DEVICE_BAD_PAGE);
+        if (!ok && d == 0) llk::raise_device_error(p.error_flag, LLK_DEVICE_BAD_PAGE);
       }
       const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
       *reinterpret_cast<float4*>(&sK[j][d]) = ok ? *reinterpret_cast<const float4*>(kp + ko + d) : zero;
@@ -664,30 +648,6 @@ __device__ void merge_kernel(const MergeStatesParams& p) {
         sum == 0.f ? -INFINITY : base + logf(sum);
 }
 
-// ------------------------------------------------------------------------------ fp8 test support
-__device__ void fp8_convert_kernel(const Fp8ConvertParams& p) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < p.n)
-    reinterpret_cast<uint8_t*>(p.codes)[i] = uint8_t(llk::e4m3_from_f32(reinterpret_cast<const float*>(p.input)[i]));
-  if (i < 256) {
-    float* out = reinterpret_cast<float*>(p.decoded);
-    out[i] = llk::e4m3_to_f32(uint32_t(i));
-    // The packed paths, on a word whose four codes are i, i + 1, i + 2, i + 3 (mod 256): code i
-    // is element 0 of the in-order pairs and of the across pairs.
-    const uint32_t w = uint32_t(i) | (uint32_t((i + 1) & 255) << 8) | (uint32_t((i + 2) & 255) << 16) |
-                       (uint32_t((i + 3) & 255) << 24);
-    uint32_t lo, hi;
-    llk::e4m3x4_to_pairs<__half>(w, lo, hi);
-    out[256 + i] = llk::unpack2(lo, __half()).x * llk::kFp8Unscale;
-    llk::e4m3x4_to_pairs<__nv_bfloat16>(w, lo, hi);
-    out[512 + i] = llk::unpack2(lo, __nv_bfloat16()).x * llk::kFp8Unscale;
-    llk::e4m3x4_to_pairs_across<__half>(w, lo, hi);
-    out[768 + i] = llk::unpack2(lo, __half()).x * llk::kFp8Unscale;
-    llk::e4m3x4_to_pairs_across<__nv_bfloat16>(w, lo, hi);
-    out[1024 + i] = llk::unpack2(lo, __nv_bfloat16()).x * llk::kFp8Unscale;
-  }
-}
-
 }  // namespace
 
 // Symbols:
@@ -720,7 +680,6 @@ __device__ void fp8_convert_kernel(const Fp8ConvertParams& p) {
   X(paged_decode_merge_bf16, MergeStatesParams, (kThreads), (merge_kernel<__nv_bfloat16, true>))       \
   X(merge_states_f32, MergeStatesParams, (kThreads), (merge_kernel<float, false>))                     \
   X(merge_states_f16, MergeStatesParams, (kThreads), (merge_kernel<__half, false>))                    \
-  X(merge_states_bf16, MergeStatesParams, (kThreads), (merge_kernel<__nv_bfloat16, false>))            \
-  X(fp8_e4m3_convert, Fp8ConvertParams, (256), (fp8_convert_kernel))
+  X(merge_states_bf16, MergeStatesParams, (kThreads), (merge_kernel<__nv_bfloat16, false>))
 
 LLK_EXPORT_KERNELS(paged_attention, PAGED_ATTENTION_KERNELS)

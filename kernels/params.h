@@ -112,6 +112,17 @@ typedef enum LlkAttnTemperature {
   LLK_ATTN_LLAMA4_TEMPERATURE = 1,
 } LlkAttnTemperature;
 
+// The attention variant prefill and decode share (kernels/common/attention_math.cuh): which keys
+// a query sees, the softmax scale and Llama 4's temperature.
+typedef struct LlkAttnVariant {
+  int64_t chunk_size;     // LLK_ATTN_CHUNKED_CAUSAL only
+  LlkAttnMask mask;
+  LlkAttnTemperature temperature;
+  float scale;            // softmax scale, 1/sqrt(head_dim) by default
+  float temp_floor_scale; // Llama 4: 8192
+  float temp_attn_scale;  // Llama 4: 0.1
+} LlkAttnVariant;
+
 // Bits a kernel ORs into a workspace's device-side error flag when it finds invalid
 // device-resident input (which the host could not validate without waiting for the device).
 typedef enum LlkDeviceError {
@@ -152,12 +163,7 @@ typedef struct AttentionParams {
   int64_t out_token_stride;
   int64_t out_head_stride;
   int64_t pack;           // q heads of one KV group handled by one block (divides q_heads / kv_heads)
-  int64_t chunk_size;     // LLK_ATTN_CHUNKED_CAUSAL only
-  LlkAttnMask mask;
-  LlkAttnTemperature temperature;
-  float scale;            // softmax scale, 1/sqrt(head_dim) by default
-  float temp_floor_scale; // Llama 4: 8192
-  float temp_attn_scale;  // Llama 4: 0.1
+  LlkAttnVariant variant;
   // Paged K/V (kv_source == LLK_KV_PAGED): k and v are the page pools, k_token_stride and
   // k_head_stride (v_...) address a key inside its page, k_page_stride (v_...) the pages.
   LlkKvSource kv_source;
@@ -250,12 +256,7 @@ typedef struct PagedDecodeParams {
   int64_t v_page_stride;
   int64_t num_splits;     // grid.x = batch * num_splits
   int64_t row_blocks;     // grid.y = kv_heads * row_blocks
-  int64_t chunk_size;     // LLK_ATTN_CHUNKED_CAUSAL only
-  LlkAttnMask mask;       // LLK_ATTN_CAUSAL or LLK_ATTN_CHUNKED_CAUSAL
-  LlkAttnTemperature temperature;
-  float scale;
-  float temp_floor_scale;
-  float temp_attn_scale;
+  LlkAttnVariant variant; // mask LLK_ATTN_CAUSAL or LLK_ATTN_CHUNKED_CAUSAL
   float k_scale[LLK_KV_MAX_SCALES];  // per KV head (1 for 16/32-bit pages)
   float v_scale[LLK_KV_MAX_SCALES];
 } PagedDecodeParams;

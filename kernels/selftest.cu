@@ -8,6 +8,7 @@
 // the emulated results (the PLANTED_BUG variants are never launched there).
 #include "common/llk.cuh"
 #include "common/ptx.cuh"
+#include "common/fp8.cuh"
 
 namespace {
 
@@ -225,6 +226,31 @@ __device__ void out_of_bounds_kernel(const SelftestParams& p) {
     out[p.n + int64_t(reinterpret_cast<const float*>(p.input)[0])] = 2.f;
 }
 
+// The fp8 e4m3fn conversions of kv_append and of the decode kernels' packed paths, so tests can
+// compare them with the Rust conversions on every code (see Fp8ConvertParams in params.h).
+__device__ void fp8_convert_kernel(const Fp8ConvertParams& p) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < p.n)
+    reinterpret_cast<uint8_t*>(p.codes)[i] = uint8_t(llk::e4m3_from_f32(reinterpret_cast<const float*>(p.input)[i]));
+  if (i < 256) {
+    float* out = reinterpret_cast<float*>(p.decoded);
+    out[i] = llk::e4m3_to_f32(uint32_t(i));
+    // The packed paths, on a word whose four codes are i, i + 1, i + 2, i + 3 (mod 256): code i
+    // is element 0 of the in-order pairs and of the across pairs.
+    const uint32_t w = uint32_t(i) | (uint32_t((i + 1) & 255) << 8) | (uint32_t((i + 2) & 255) << 16) |
+                       (uint32_t((i + 3) & 255) << 24);
+    uint32_t lo, hi;
+    llk::e4m3x4_to_pairs<__half>(w, lo, hi);
+    out[256 + i] = llk::unpack2(lo, __half()).x * llk::kFp8Unscale;
+    llk::e4m3x4_to_pairs<__nv_bfloat16>(w, lo, hi);
+    out[512 + i] = llk::unpack2(lo, __nv_bfloat16()).x * llk::kFp8Unscale;
+    llk::e4m3x4_to_pairs_across<__half>(w, lo, hi);
+    out[768 + i] = llk::unpack2(lo, __half()).x * llk::kFp8Unscale;
+    llk::e4m3x4_to_pairs_across<__nv_bfloat16>(w, lo, hi);
+    out[1024 + i] = llk::unpack2(lo, __nv_bfloat16()).x * llk::kFp8Unscale;
+  }
+}
+
 #define SELFTEST_KERNELS(X)                                                               \
   X(selftest_stencil, SelftestParams, (kBlock), (stencil_kernel))                         \
   X(selftest_deadlock, SelftestParams, (1024), (deadlock_kernel))                         \
@@ -239,6 +265,7 @@ __device__ void out_of_bounds_kernel(const SelftestParams& p) {
   X(selftest_mma_f16, SelftestParams, (32), (mma_kernel<__half>))                         \
   X(selftest_ldmatrix, SelftestParams, (32), (ldmatrix_kernel))                           \
   X(selftest_cp_async, SelftestParams, (32), (cp_async_kernel))                            \
-  X(selftest_out_of_bounds, SelftestParams, (1024), (out_of_bounds_kernel))
+  X(selftest_out_of_bounds, SelftestParams, (1024), (out_of_bounds_kernel))           \
+  X(fp8_e4m3_convert, Fp8ConvertParams, (256), (fp8_convert_kernel))
 
 LLK_EXPORT_KERNELS(selftest, SELFTEST_KERNELS)

@@ -5,6 +5,7 @@ use half::{bf16, f16};
 
 /// The dtype of a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DType {
     F32,
     F16,

@@ -20,7 +20,7 @@
 //! | [`ops::MoeAlign`] | ids i32 | device-side counts, padded offsets, rows ordered by token inside each expert, block -> expert map |
 //! | [`ops::moe_gather()`], [`ops::moe_combine()`] | f32, f16, bf16 | expert-contiguous rows (optionally scaled); f32 combine in slot order + shared expert + residual |
 //! | [`ops::moe_grouped_gemm()`] | bf16, f16 (tensor cores), f32 (SIMT) | all experts in one launch; `[E, in, out]` or `[E, out, in]` weights; plain or SwiGLU epilogue |
-//! | [`ops::MoeFfn`] | f32, f16, bf16 | the whole MoE layer with shared expert, planned once, no host sync |
+//! | [`block::MoeFfn`] | f32, f16, bf16 | the whole MoE layer with shared expert, planned once, no host sync |
 //! | [`ops::linear()`] / [`ops::linear_add()`] | f32, f16, bf16 (f32 accumulation, one rounding) | `y (+)= x W^T + bias`, W `[out, in]`; cuBLAS on CUDA, a CPU GEMM on the emulated target |
 //!
 //! [`block`] composes them into Llama 3 and Llama 4 decoder layers loaded from Hugging Face
@@ -73,7 +73,8 @@
 //! front end use (seeded generators and tolerances, the `verify` cases, `inspect`, the
 //! emulator self-test kernels). Not needed to use the kernels.
 
-#![warn(missing_debug_implementations)]
+#![warn(missing_debug_implementations, missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod backend;
 pub mod block;
@@ -94,3 +95,8 @@ pub use backend::{CpAsyncTiming, Device, DeviceCounters, EmuOptions, KernelRef, 
 pub use dtype::{DType, Element, F8E4M3};
 pub use error::{Error, Result};
 pub use tensor::{CudaBuffer, CudaBufferGuard, CudaElement, Tensor, TensorView, TensorViewMut};
+
+// The README's Rust examples are compiled (and run, unless marked `no_run`) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

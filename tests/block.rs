@@ -310,7 +310,7 @@ fn the_stage_checks_catch_a_wrong_layer() {
         // a wrong device layer by comparing a forward of `wrong` with the reference of `w`.
         let layer = DecoderLayer::new(&d, DType::BF16, spec, &wrong).unwrap();
         let mut cache = KvCache::for_layers(&d, DType::BF16, &[spec], 1, 8).unwrap();
-        let mut ws = LayerWorkspace::new(&d, DType::BF16, &[spec], 8, &cache).unwrap();
+        let mut ws = LayerWorkspace::plan(&d, DType::BF16, &[spec], 8, &cache).unwrap();
         let step = ws.begin_step(&mut cache, &[(0, 4)]).unwrap();
         let x: Vec<f64> = (0..4 * spec.hidden).map(|i| ((i * 7919) % 13) as f64 / 13.0 - 0.5).collect();
         let hidden = Tensor::from_f64(&d, DType::BF16, &x, &[4, spec.hidden]).unwrap();
@@ -340,7 +340,7 @@ fn a_planned_step_allocates_nothing_and_never_waits() {
         for (specs, layers) in [stack(LLAMA3_SMALL, &[0, 0]), stack(LLAMA4_SMALL, &[0, 1, 2, 3])] {
             let spec = specs[0];
             let mut cache = KvCache::for_layers(&d, DType::BF16, &specs, 4, 32).unwrap();
-            let mut ws = LayerWorkspace::new(&d, DType::BF16, &specs, 32, &cache).unwrap();
+            let mut ws = LayerWorkspace::plan(&d, DType::BF16, &specs, 32, &cache).unwrap();
             let hidden = Tensor::zeros(&d, DType::BF16, &[32, spec.hidden]).unwrap();
             let before = d.counters();
             for batch in [vec![(0, 9), (2, 5)], vec![(0, 1), (1, 12), (2, 1)], vec![(0, 1), (1, 1), (2, 1)]] {
@@ -370,7 +370,7 @@ fn layer_outputs_do_not_depend_on_the_schedule() {
     for d in common::schedule_devices().iter().take(2) {
         let layer = DecoderLayer::new(d, DType::BF16, spec, &w).unwrap();
         let mut cache = KvCache::for_layers(d, DType::BF16, &[spec], 2, 24).unwrap();
-        let mut ws = LayerWorkspace::new(d, DType::BF16, &[spec], 24, &cache).unwrap();
+        let mut ws = LayerWorkspace::plan(d, DType::BF16, &[spec], 24, &cache).unwrap();
         let mut out = Vec::new();
         for batch in [vec![(0, 17), (1, 5)], vec![(0, 1), (1, 1)]] {
             let step = ws.begin_step(&mut cache, &batch).unwrap();
@@ -393,7 +393,7 @@ fn a_workspace_not_planned_for_a_layers_moe_is_a_named_error_before_launching() 
     let layer = DecoderLayer::new(&d, DType::BF16, spec, &w).unwrap();
     let mut cache = KvCache::for_layers(&d, DType::BF16, &[spec], 1, 8).unwrap();
     // Planned for the dense layer only: no MoE buffers.
-    let mut ws = LayerWorkspace::new(&d, DType::BF16, &[dense], 8, &cache).unwrap();
+    let mut ws = LayerWorkspace::plan(&d, DType::BF16, &[dense], 8, &cache).unwrap();
     let step = ws.begin_step(&mut cache, &[(0, 3)]).unwrap();
     let hidden = Tensor::zeros(&d, DType::BF16, &[3, spec.hidden]).unwrap();
     let before = d.counters().launches;
@@ -407,7 +407,7 @@ fn a_workspace_not_planned_for_a_layers_moe_is_a_named_error_before_launching() 
     if let llama_kernels::block::FfnSpec::Moe { experts, top_k, intermediate } = spec.ffn {
         other.ffn = llama_kernels::block::FfnSpec::Moe { experts: experts * 2, top_k, intermediate };
     }
-    match LayerWorkspace::new(&d, DType::BF16, &[spec, other], 8, &cache) {
+    match LayerWorkspace::plan(&d, DType::BF16, &[spec, other], 8, &cache) {
         Err(Error::InvalidArgument { name, .. }) => assert_eq!(name, "specs"),
         other => panic!("expected InvalidArgument(specs), got {other:?}"),
     }
@@ -419,7 +419,7 @@ fn step_validation_errors_are_named() {
     let (spec, w) = built_in(LLAMA3_SMALL, 0, DType::BF16);
     let layer = DecoderLayer::new(&d, DType::BF16, spec, &w).unwrap();
     let mut cache = KvCache::for_layers(&d, DType::BF16, &[spec], 2, 8).unwrap();
-    let mut ws = LayerWorkspace::new(&d, DType::BF16, &[spec], 8, &cache).unwrap();
+    let mut ws = LayerWorkspace::plan(&d, DType::BF16, &[spec], 8, &cache).unwrap();
     fn name<T>(r: llama_kernels::Result<T>) -> &'static str {
         match r {
             Err(Error::InvalidArgument { name, .. }) => name,
@@ -461,7 +461,7 @@ fn a_small_page_pool_is_shared_reused_and_exhausted_by_name() {
     let layer = DecoderLayer::new(&d, DType::BF16, spec, &w).unwrap();
     let config = KvCacheConfig { slots: 3, max_len: 64, page_size: 16, num_pages: Some(5) };
     let mut cache = KvCache::for_layers_with(&d, DType::BF16, &[spec], &config).unwrap();
-    let mut ws = LayerWorkspace::new(&d, DType::BF16, &[spec], 40, &cache).unwrap();
+    let mut ws = LayerWorkspace::plan(&d, DType::BF16, &[spec], 40, &cache).unwrap();
     let input = |tokens: usize, seed: usize| -> Tensor {
         let x: Vec<f64> = (0..tokens * spec.hidden).map(|i| (((i + seed) * 7919) % 29) as f64 / 29.0 - 0.5).collect();
         Tensor::from_f64(&d, DType::BF16, &x, &[tokens, spec.hidden]).unwrap()
@@ -494,7 +494,7 @@ fn a_small_page_pool_is_shared_reused_and_exhausted_by_name() {
     cache.commit(&step).unwrap();
     assert_eq!(cache.pages(2), &[0, 1, 4]);
     let mut fresh = KvCache::for_layers(&d, DType::BF16, &[spec], 3, 64).unwrap();
-    let mut ws2 = LayerWorkspace::new(&d, DType::BF16, &[spec], 40, &fresh).unwrap();
+    let mut ws2 = LayerWorkspace::plan(&d, DType::BF16, &[spec], 40, &fresh).unwrap();
     let step2 = ws2.begin_step(&mut fresh, &[(2, 33)]).unwrap();
     let x2 = input(33, 3);
     layer.forward(&mut ws2, &fresh, 0, &step2, &x2).unwrap();

@@ -43,7 +43,7 @@ fn planned_ops_capture_into_a_cuda_graph_and_replay_exactly() {
     let pos = Tensor::from_slice(&device, &pos, &[t]).unwrap();
     let cu = Tensor::from_slice(&device, &[0i32, 40, 96], &[3]).unwrap();
     let rope = Rope::new(&device, RopeConfig::llama3_1(hd)).unwrap();
-    let mut ws = AttentionWorkspace::with_capacity(&device, 8).unwrap();
+    let mut ws = AttentionWorkspace::plan(&device, 8).unwrap();
     let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
     // The paged cache: the rotated k and v of the 96 tokens go to pages 0..5; two sequences of
     // 40 and 96 keys decode one token each over them, in 3 splits.

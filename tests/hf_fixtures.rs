@@ -75,7 +75,7 @@ fn check_model(name: &str, expect_layers: usize) {
             // The device composer, in prefill / chunked prefill / decode steps.
             let layer = DecoderLayer::new(&device, DType::F32, spec, &host).expect("upload");
             let mut cache = KvCache::for_layers(&device, DType::F32, &[spec], 2, seq).expect("cache");
-            let mut ws = LayerWorkspace::new(&device, DType::F32, &[spec], 2 * seq, &cache).expect("workspace");
+            let mut ws = LayerWorkspace::plan(&device, DType::F32, &[spec], 2 * seq, &cache).expect("workspace");
             let mut got = vec![f64::NAN; batch * seq * h];
             for batch_steps in STEPS {
                 let step = ws.begin_step(&mut cache, batch_steps).expect("step");

@@ -96,7 +96,7 @@ fn view_level_calls_match_the_tensor_api_bit_for_bit() {
     )
     .unwrap();
     let expect = bits_f32(&out_t.to_vec::<f32>().unwrap());
-    let mut ws = AttentionWorkspace::with_capacity(&d, 4).unwrap();
+    let mut ws = AttentionWorkspace::plan(&d, 4).unwrap();
     for device_offsets in [false, true] {
         let mut out = vec![f32::NAN; 10 * hq * hd];
         {
@@ -140,7 +140,7 @@ fn planned_calls_allocate_copy_and_wait_for_nothing() {
     let (cu_host, cu) = ([0i32, 3, 6], Tensor::from_slice(&d, &[0i32, 3, 6], &[3]).unwrap());
     // Planning: the only allocations and uploads.
     let rope = Rope::new(&d, RopeConfig::llama3_1(hd)).unwrap();
-    let mut ws = AttentionWorkspace::with_capacity(&d, 8).unwrap();
+    let mut ws = AttentionWorkspace::plan(&d, 8).unwrap();
     let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
 
     let before = d.counters();
@@ -194,7 +194,7 @@ fn device_offsets_match_host_offsets_and_invalid_ones_write_nothing() {
     let (hq, hk, hd) = (4, 1, 64);
     let q = Tensor::zeros(&d, DType::BF16, &[9, hq, hd]).unwrap();
     let kv = Tensor::zeros(&d, DType::BF16, &[9, hk, hd]).unwrap();
-    let mut ws = AttentionWorkspace::with_capacity(&d, 4).unwrap();
+    let mut ws = AttentionWorkspace::plan(&d, 4).unwrap();
     let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
     for bad in [[0, 5, 3, 9], [1, 3, 5, 9], [0, 3, 5, 8], [0, 3, 5, 10], [0, -4, 5, 9]] {
         let cu = Tensor::from_slice(&d, &bad, &[4]).unwrap();

@@ -5,7 +5,7 @@
 mod common;
 
 use half::bf16;
-use llama_kernels::ops::linear::{linear, linear_add, linear_add_on, linear_on, prepare};
+use llama_kernels::ops::linear::{linear, linear_add, linear_add_on, linear_on, plan};
 use llama_kernels::reference;
 use llama_kernels::dev::testing::{Rng, Tolerance, compare};
 use llama_kernels::dev::verify::rows_tensor;
@@ -119,7 +119,7 @@ fn view_level_matches_the_tensor_level_bit_for_bit() {
 #[test]
 fn a_planned_product_allocates_nothing_and_never_waits() {
     for d in common::devices() {
-        prepare(&d, DType::BF16, 64).unwrap();
+        plan(&d, DType::BF16, 64).unwrap();
         let x = Tensor::zeros(&d, DType::BF16, &[16, 64]).unwrap();
         let w = Tensor::zeros(&d, DType::BF16, &[32, 64]).unwrap();
         let b = Tensor::zeros(&d, DType::BF16, &[32]).unwrap();

@@ -9,7 +9,7 @@ mod common;
 
 use llama_kernels::block::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
 use llama_kernels::ops::moe::{
-    self, ExpertTensors, GemmGroups, MoeAlign, MoeFfnConfig, MoeResidual, MoeRouting, WeightLayout,
+    self, ExpertWeights, GemmGroups, MoeAlign, MoeFfnConfig, MoeResidual, MoeRouting, WeightLayout,
 };
 use llama_kernels::dev::verify::{
     CaseResult, GemmWeights, IdPattern, LogitPattern, MoeAlignCase, MoeCombineCase, MoeFfnCase, MoeGatherCase,
@@ -362,7 +362,7 @@ fn small_layer(d: &Device, dtype: DType, max_tokens: usize) -> MoeFfn {
         down: t(&[e, i, h]),
         shared: Some(SharedExpertTensors { gate: t(&[i, h]), up: t(&[i, h]), down: t(&[h, i]) }),
     };
-    MoeFfn::new(d, MoeFfnConfig::llama4(h, i, e, 1), weights, max_tokens).unwrap()
+    MoeFfn::plan(d, MoeFfnConfig::llama4(h, i, e, 1), weights, max_tokens).unwrap()
 }
 
 #[test]
@@ -474,9 +474,9 @@ fn every_routing_error_is_named() {
 fn every_permutation_gemm_and_combine_error_is_named() {
     let d = Device::emulated();
     let t = |dtype, s: &[usize]| Tensor::zeros(&d, dtype, s).unwrap();
-    invalid(MoeAlign::new(&d, 513, 8).map(|_| ()), "experts");
-    invalid(MoeAlign::new(&d, 0, 8).map(|_| ()), "experts");
-    let mut a = MoeAlign::new(&d, 8, 16).unwrap();
+    invalid(MoeAlign::plan(&d, 513, 8).map(|_| ()), "experts");
+    invalid(MoeAlign::plan(&d, 0, 8).map(|_| ()), "experts");
+    let mut a = MoeAlign::plan(&d, 8, 16).unwrap();
     let ids = Tensor::from_slice(&d, &[0i32, 1, 2, 3, 4, 5], &[3, 2]).unwrap();
     invalid(a.align(&ids, 32), "block_m");
     shape(a.align(&ids.reshape(&[6]).unwrap(), 16), "ids");
@@ -497,17 +497,17 @@ fn every_permutation_gemm_and_combine_error_is_named() {
     // GEMM: weights of the wrong layout or shape, dtype mismatch, k not a multiple of 8 on
     // tensor cores, output width.
     let xp = t(DType::BF16, &[rows, 64]);
-    let gemm = |x: &Tensor, layout, w: ExpertTensors<'_>, y: &Tensor| {
+    let gemm = |x: &Tensor, layout, w: ExpertWeights<'_>, y: &Tensor| {
         moe::moe_grouped_gemm(x, layout, w, GemmGroups::Experts(&a), y)
     };
     let w_io = t(DType::BF16, &[8, 64, 256]); // [E, in 64, out 2 x 128]
-    gemm(&xp, WeightLayout::InOut, ExpertTensors::SwiGluPacked(&w_io), &t(DType::BF16, &[rows, 128])).unwrap();
-    shape(gemm(&xp, WeightLayout::OutIn, ExpertTensors::SwiGluPacked(&w_io), &t(DType::BF16, &[rows, 128])), "weights");
+    gemm(&xp, WeightLayout::InOut, ExpertWeights::SwiGluPacked(&w_io), &t(DType::BF16, &[rows, 128])).unwrap();
+    shape(gemm(&xp, WeightLayout::OutIn, ExpertWeights::SwiGluPacked(&w_io), &t(DType::BF16, &[rows, 128])), "weights");
     shape(
         gemm(
             &xp,
             WeightLayout::InOut,
-            ExpertTensors::SwiGluPacked(&t(DType::BF16, &[8, 64, 255])),
+            ExpertWeights::SwiGluPacked(&t(DType::BF16, &[8, 64, 255])),
             &t(DType::BF16, &[rows, 127]),
         ),
         "weights",
@@ -516,17 +516,17 @@ fn every_permutation_gemm_and_combine_error_is_named() {
         gemm(
             &xp,
             WeightLayout::InOut,
-            ExpertTensors::Plain(&t(DType::BF16, &[4, 64, 128])),
+            ExpertWeights::Plain(&t(DType::BF16, &[4, 64, 128])),
             &t(DType::BF16, &[rows, 128]),
         ),
         "weights",
     );
-    shape(gemm(&xp, WeightLayout::InOut, ExpertTensors::Plain(&w_io), &t(DType::BF16, &[rows, 128])), "y");
+    shape(gemm(&xp, WeightLayout::InOut, ExpertWeights::Plain(&w_io), &t(DType::BF16, &[rows, 128])), "y");
     shape(
         gemm(
             &t(DType::BF16, &[rows - 1, 64]),
             WeightLayout::InOut,
-            ExpertTensors::Plain(&w_io),
+            ExpertWeights::Plain(&w_io),
             &t(DType::BF16, &[rows - 1, 256]),
         ),
         "x",
@@ -536,7 +536,7 @@ fn every_permutation_gemm_and_combine_error_is_named() {
         gemm(
             &xp,
             WeightLayout::InOut,
-            ExpertTensors::SwiGluSeparate { gate: &t(DType::BF16, &[8, 64, 128]), up: &up_other },
+            ExpertWeights::SwiGluSeparate { gate: &t(DType::BF16, &[8, 64, 128]), up: &up_other },
             &t(DType::BF16, &[rows, 128]),
         ),
         "up weights",
@@ -545,7 +545,7 @@ fn every_permutation_gemm_and_combine_error_is_named() {
         gemm(
             &xp,
             WeightLayout::InOut,
-            ExpertTensors::Plain(&t(DType::F16, &[8, 64, 128])),
+            ExpertWeights::Plain(&t(DType::F16, &[8, 64, 128])),
             &t(DType::BF16, &[rows, 128])
         ),
         Err(Error::DTypeMismatch { what: "weights", .. })
@@ -555,7 +555,7 @@ fn every_permutation_gemm_and_combine_error_is_named() {
         gemm(
             &x60,
             WeightLayout::OutIn,
-            ExpertTensors::Plain(&t(DType::BF16, &[8, 64, 60])),
+            ExpertWeights::Plain(&t(DType::BF16, &[8, 64, 60])),
             &t(DType::BF16, &[rows, 64]),
         ),
         "k",
@@ -564,7 +564,7 @@ fn every_permutation_gemm_and_combine_error_is_named() {
         gemm(
             &xp,
             WeightLayout::InOut,
-            ExpertTensors::Plain(&t(DType::BF16, &[8, 64, 60])),
+            ExpertWeights::Plain(&t(DType::BF16, &[8, 64, 60])),
             &t(DType::BF16, &[rows, 60]),
         ),
         "n",
@@ -573,7 +573,7 @@ fn every_permutation_gemm_and_combine_error_is_named() {
     moe::moe_grouped_gemm(
         &t(DType::F32, &[rows, 60]),
         WeightLayout::OutIn,
-        ExpertTensors::Plain(&t(DType::F32, &[8, 60, 60])),
+        ExpertWeights::Plain(&t(DType::F32, &[8, 60, 60])),
         GemmGroups::Experts(&a),
         &t(DType::F32, &[rows, 60]),
     )
@@ -585,7 +585,7 @@ fn every_permutation_gemm_and_combine_error_is_named() {
         gemm(
             &skewed,
             WeightLayout::InOut,
-            ExpertTensors::Plain(&t(DType::BF16, &[8, 64, 64])),
+            ExpertWeights::Plain(&t(DType::BF16, &[8, 64, 64])),
             &t(DType::BF16, &[rows, 64])
         ),
         Err(Error::BadLayout { what: "x", .. })
@@ -594,7 +594,7 @@ fn every_permutation_gemm_and_combine_error_is_named() {
     let both = t(DType::BF16, &[rows, 64]);
     let w64 = t(DType::BF16, &[8, 64, 64]);
     assert!(matches!(
-        moe::moe_grouped_gemm(&both, WeightLayout::OutIn, ExpertTensors::Plain(&w64), GemmGroups::Experts(&a), &both),
+        moe::moe_grouped_gemm(&both, WeightLayout::OutIn, ExpertWeights::Plain(&w64), GemmGroups::Experts(&a), &both),
         Err(Error::Overlap { .. })
     ));
     // Combine: y rows, out tokens, shared shape, weights dtype.
@@ -623,7 +623,7 @@ fn every_layer_error_is_named() {
         shared: None,
     };
     let cfg = MoeFfnConfig::llama4(h, i, e, 1);
-    let new = |c: MoeFfnConfig, w: MoeFfnWeights| MoeFfn::new(&d, c, w, 8).map(|_| ());
+    let new = |c: MoeFfnConfig, w: MoeFfnWeights| MoeFfn::plan(&d, c, w, 8).map(|_| ());
     new(cfg, good()).unwrap();
     // Weights of the wrong layout: [E, out, in] passed as [E, in, out].
     shape(new(cfg, MoeFfnWeights { down: t(DType::BF16, &[e, h, i]), ..good() }), "down");
@@ -649,7 +649,7 @@ fn every_layer_error_is_named() {
     };
     invalid(new(grouped, good()), "n_group");
     // Forward: too many tokens, wrong hidden, dtype.
-    let mut ffn = MoeFfn::new(&d, cfg, good(), 8).unwrap();
+    let mut ffn = MoeFfn::plan(&d, cfg, good(), 8).unwrap();
     invalid(ffn.forward(&t(DType::BF16, &[9, h]), None, &t(DType::BF16, &[9, h])), "tokens");
     shape(ffn.forward(&t(DType::BF16, &[4, h + 8]), None, &t(DType::BF16, &[4, h + 8])), "x");
     shape(ffn.forward(&t(DType::BF16, &[4, h]), None, &t(DType::BF16, &[3, h])), "out");

@@ -10,7 +10,7 @@ mod common;
 use llama_kernels::dtype::{f8e4m3_decode, f8e4m3_encode};
 use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature};
 use llama_kernels::ops::attention::{
-    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKv, PagedKvCache,
+    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvView, PagedKvCache,
     PagedKvConfig, kv_append_on, merge_attention_states,
 };
 use llama_kernels::reference;
@@ -682,7 +682,7 @@ fn every_decode_validation_error_is_named() {
     let (odd_k, odd_v) = (t(DType::BF16, &[4, 24, kv_heads, hd]), t(DType::BF16, &[4, 24, kv_heads, hd]));
     let (okv, ovv) = (odd_k.view(), odd_v.view());
     let none = KvScales::default();
-    let odd = PagedKv { k_pages: &okv, v_pages: &ovv, scales: &none };
+    let odd = PagedKvView { k_pages: &okv, v_pages: &ovv, scales: &none };
     let mut o1_buf = vec![half::bf16::ZERO; 2 * q_heads * hd];
     let mut o1 = TensorViewMut::host(&mut o1_buf, &[2, q_heads, hd]).unwrap();
     named(ws.forward_on(&d, &q.view(), &odd, &table.view(), &lens.view(), &mut o1, None, &opts), "page_size");
@@ -692,7 +692,7 @@ fn every_decode_validation_error_is_named() {
     let (k8v, v8v) = (k8.view(), v8.view());
     for bad in [0.0, -2.0, f32::NAN, f32::NEG_INFINITY] {
         let sc = KvScales::per_tensor(1.0, bad);
-        let kv = PagedKv { k_pages: &k8v, v_pages: &v8v, scales: &sc };
+        let kv = PagedKvView { k_pages: &k8v, v_pages: &v8v, scales: &sc };
         named(ws8.forward_on(&d, &q.view(), &kv, &table.view(), &lens.view(), &mut o1, None, &opts), "v_scale");
     }
     let mut elsewhere = PagedDecodeWorkspace::plan(&Device::emulated(), &shape).unwrap();

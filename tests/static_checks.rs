@@ -32,6 +32,26 @@ fn every_symbol_the_wrappers_load_exists_everywhere() {
     }
 }
 
+/// The other direction: every kernel in the PTX of either architecture is reachable from
+/// exactly one row of the kernel tables (no dead kernel ships, no kernel is listed twice).
+#[test]
+fn every_ptx_kernel_is_reachable_from_exactly_one_table_row() {
+    let rows = llama_kernels::dev::kernel_symbols();
+    let mut checked = 0;
+    for m in kernel_modules() {
+        for (arch, ptx) in [("sm_90", m.ptx_sm90), ("sm_80", m.ptx_sm80)] {
+            let entries = ptx_entries(ptx);
+            assert!(!entries.is_empty(), "module {} has no kernels for {arch}", m.name);
+            for entry in entries {
+                let n = rows.iter().filter(|k| k.module == m.name && k.symbol == entry).count();
+                assert_eq!(n, 1, "{entry} of module {} ({arch}) is named by {n} kernel-table rows", m.name);
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= rows.len(), "{checked} PTX entries for {} table rows", rows.len());
+}
+
 #[test]
 fn no_kernel_spills_at_sm_90() {
     for m in kernel_modules() {

@@ -226,6 +226,11 @@ impl CudaShared {
     }
 }
 
+thread_local! {
+    /// The stream last queued on from this thread (its address) and its context's shared state.
+    static LAST_QUEUE: std::cell::RefCell<Option<(usize, Weak<CudaShared>)>> = const { std::cell::RefCell::new(None) };
+}
+
 /// One stream of a context.
 pub(crate) struct CudaDevice {
     pub shared: Arc<CudaShared>,
@@ -248,6 +253,23 @@ impl CudaDevice {
         probe()?;
         let shared = shared_for(stream.context())?;
         Ok(CudaDevice { shared, stream })
+    }
+
+    /// [`CudaDevice::on_stream`] for a queue: the last stream queued on from this thread keeps
+    /// its context's shared state, so a launch on an engine's `Arc<CudaStream>` makes no driver
+    /// call and takes no global lock (the first call per stream and thread does both).
+    pub fn for_queue(stream: &Arc<CudaStream>) -> Result<Self> {
+        let ptr = Arc::as_ptr(stream) as usize;
+        let hit = LAST_QUEUE.with(|last| {
+            last.borrow().as_ref().filter(|(p, _)| *p == ptr).and_then(|(_, shared)| shared.upgrade())
+        });
+        // A freed stream's address may be reused by one of another context: compare the context.
+        if let Some(shared) = hit.filter(|s| s.ctx.cu_ctx() == stream.context().cu_ctx()) {
+            return Ok(CudaDevice { shared, stream: stream.clone() });
+        }
+        let device = Self::on_stream(stream.clone())?;
+        LAST_QUEUE.with(|last| *last.borrow_mut() = Some((ptr, Arc::downgrade(&device.shared))));
+        Ok(device)
     }
 
     pub fn description(&self) -> String {

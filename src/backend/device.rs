@@ -190,6 +190,7 @@ impl Device {
         }
     }
 
+    #[doc(hidden)]
     /// GPU timing of `f` with CUDA events (milliseconds), for benchmarks. `None` when emulated.
     pub fn time_with_events(&self, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<Option<f64>> {
         match &*self.0 {
@@ -198,6 +199,7 @@ impl Device {
         }
     }
 
+    #[doc(hidden)]
     /// GPU time of `iters` calls of `f` (milliseconds, summed), each timed alone by its own event
     /// pair with `between` queued before it and not timed (benchmarks flush the L2 cache there).
     /// `None` when emulated.
@@ -268,7 +270,8 @@ impl Queue for Device {
 }
 
 impl Queue for Arc<cudarc::driver::CudaStream> {
+    /// No driver call and no global lock after the first call on this stream (per thread).
     fn queue_device(&self) -> Result<Device> {
-        Device::cuda_on_stream(self.clone())
+        Ok(Device(Arc::new(DeviceInner::Cuda(cuda::CudaDevice::for_queue(self)?))))
     }
 }

@@ -26,9 +26,6 @@ mod modules;
 mod staging;
 pub(crate) mod storage;
 
-// The generated module table names `crate::backend::emu_abi`.
-pub(crate) use crate::ffi::emu_abi;
-
 pub(crate) use counters::Count;
 pub use counters::DeviceCounters;
 pub use cuda::{CudaKernelInfo, ImageKind};

@@ -14,7 +14,7 @@
 //! feed-forward is fused into the down projection (cuBLAS `beta = 1`: one rounding of the sum).
 //!
 //! **Planning.** [`KvCache::new`] (or [`KvCache::with_config`]) allocates the cache;
-//! [`LayerWorkspace::new`] allocates every buffer for `max_tokens` tokens over that cache
+//! [`LayerWorkspace::plan`] allocates every buffer for `max_tokens` tokens over that cache
 //! (activations, the step metadata, the attention and decode workspaces, the MoE workspace when
 //! a layer is MoE, the pinned staging buffer, the cuBLAS handle). After that, a step
 //! ([`LayerWorkspace::begin_step`] + one [`DecoderLayer::forward`] per layer) allocates nothing
@@ -22,7 +22,7 @@
 //! (positions, sequence offsets, sequence lengths, the block table and the slot mapping, for
 //! every layer of the step); it waits only if the device is more than four steps behind (the
 //! staging ring is full). The one exception is the first call with a bias on a stream that
-//! `LayerWorkspace::new` did not plan (see `ops::linear::prepare`).
+//! `LayerWorkspace::plan` did not plan (see `ops::linear::plan`).
 //!
 //! **KV cache.** The cache is paged ([`crate::ops::attention`]): per layer, K and V pools of
 //! `[num_pages, page_size, kv_heads, head_dim]` (16-token pages by default). The host keeps each
@@ -44,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::ops::attention::{AttentionMask, AttentionOptions, CuSeqlens};
 use crate::block::moe_ffn::MoeWorkspace;
 use crate::ops::attention::{
-    PagedDecodeOptions, PagedKv, PagedKvCache,
+    PagedDecodeOptions, PagedKvView, PagedKvCache,
 };
 use crate::ops::rope::Rope;
 use crate::ops::swiglu::GateUp;
@@ -303,7 +303,7 @@ impl DecoderLayer {
         // the new tokens alike are read from the pages.
         let opts = AttentionOptions { mask: s.mask, temperature: s.temperature, scale: None, gqa_pack: None };
         let (kp, vp) = (pool.k_pages().view(), pool.v_pages().view());
-        let kv = PagedKv { k_pages: &kp, v_pages: &vp, scales: pool.scales() };
+        let kv = PagedKvView { k_pages: &kp, v_pages: &vp, scales: pool.scales() };
         let (cq, ck) = (meta.cu_q.view(), meta.cu_k.view());
         ws.attention.forward_paged_on(
             hidden.device(),
@@ -336,7 +336,7 @@ impl DecoderLayer {
             (FfnWeights::Moe(weights), FfnSpec::Moe { .. }) => {
                 // (Checked above: the workspace was planned for this MoE.)
                 let moe = ws.moe.as_mut().ok_or_else(|| {
-                    Error::invalid(OP, "workspace", s.index, "was planned without MoE layers (LayerWorkspace::new)")
+                    Error::invalid(OP, "workspace", s.index, "was planned without MoE layers (LayerWorkspace::plan)")
                 })?;
                 // hidden += moe(normed): combine adds the routed experts and the shared expert to
                 // the residual in place.

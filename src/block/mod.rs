@@ -11,7 +11,7 @@
 //! let spec = *layer.spec();
 //! // Plan once: a cache of 8 sequences x 4096 tokens, and steps of up to 512 tokens.
 //! let mut cache = KvCache::for_layers(&device, DType::BF16, &[spec], 8, 4096)?;
-//! let mut ws = LayerWorkspace::new(&device, DType::BF16, &[spec], 512, &cache)?;
+//! let mut ws = LayerWorkspace::plan(&device, DType::BF16, &[spec], 512, &cache)?;
 //! // Prefill two sequences (slots 0 and 1) of 5 and 3 tokens, then decode one token each.
 //! for batch in [vec![(0, 5), (1, 3)], vec![(0, 1), (1, 1)]] {
 //!     let step = ws.begin_step(&mut cache, &batch)?;

@@ -5,7 +5,7 @@
 
 use crate::ops::moe::check_routing;
 use crate::ops::moe::{
-    ExpertWeights, GemmGroups, MoeAlign, MoeResidual, moe_combine_on, moe_gather_on,
+    ExpertWeightsView, GemmGroups, MoeAlign, MoeResidual, moe_combine_on, moe_gather_on,
     moe_grouped_gemm_on, moe_route_on, preferred_block_m, padded_rows, BLOCK_M,
 };
 use crate::backend::{Device, Queue};
@@ -101,7 +101,7 @@ pub struct MoeFfnStages {
 
 /// Checks `weights` against `config` on `device`; returns their dtype and the shared expert's
 /// intermediate size (0 without one).
-pub fn check_ffn_weights(device: &Device, config: &MoeFfnConfig, weights: &MoeFfnWeights) -> Result<(DType, usize)> {
+pub(crate) fn check_ffn_weights(device: &Device, config: &MoeFfnConfig, weights: &MoeFfnWeights) -> Result<(DType, usize)> {
     const OP: &str = OP_FFN;
     let MoeFfnConfig { hidden, intermediate, experts, top_k, routing, .. } = *config;
     let dtype = weights.router.dtype();
@@ -173,7 +173,7 @@ pub fn check_ffn_weights(device: &Device, config: &MoeFfnConfig, weights: &MoeFf
 impl MoeWorkspace {
     /// Plans the buffers for up to `max_tokens` tokens of `dtype` and a shared expert of up to
     /// `shared_intermediate` (0: no shared expert).
-    pub fn new(
+    pub fn plan(
         device: &Device,
         config: MoeFfnConfig,
         dtype: DType,
@@ -206,7 +206,7 @@ impl MoeWorkspace {
             logits: z(dtype, &[max_tokens, experts])?,
             ids: z(DType::I32, &[max_tokens, top_k])?,
             route_weights: z(DType::F32, &[max_tokens, top_k])?,
-            align: MoeAlign::new(device, experts, slots)?,
+            align: MoeAlign::plan(device, experts, slots)?,
             xp: z(dtype, &[rows, hidden])?,
             h: z(dtype, &[rows, intermediate])?,
             y: z(dtype, &[rows, hidden])?,
@@ -285,7 +285,7 @@ impl MoeWorkspace {
                 OP,
                 "shared intermediate",
                 shared,
-                format!("exceeds the planned {} (MoeWorkspace::new)", self.shared_capacity),
+                format!("exceeds the planned {} (MoeWorkspace::plan)", self.shared_capacity),
             ));
         }
         self.run(queue, weights, x, residual, out)
@@ -327,7 +327,7 @@ impl MoeWorkspace {
                 queue,
                 &xp.view(),
                 layout,
-                ExpertWeights::SwiGluPacked(&gu.view()),
+                ExpertWeightsView::SwiGluPacked(&gu.view()),
                 groups,
                 &mut hv,
             )?,
@@ -335,7 +335,7 @@ impl MoeWorkspace {
                 queue,
                 &xp.view(),
                 layout,
-                ExpertWeights::SwiGluSeparate { gate: &gate.view(), up: &up.view() },
+                ExpertWeightsView::SwiGluSeparate { gate: &gate.view(), up: &up.view() },
                 groups,
                 &mut hv,
             )?,
@@ -344,7 +344,7 @@ impl MoeWorkspace {
             queue,
             &h.view(),
             layout,
-            ExpertWeights::Plain(&w.down.view()),
+            ExpertWeightsView::Plain(&w.down.view()),
             groups,
             &mut TensorViewMut::of_tensor(&y),
         )?;
@@ -387,7 +387,7 @@ impl MoeWorkspace {
                 OP,
                 "tokens",
                 tokens,
-                format!("exceeds the planned {} (MoeFfn::new)", self.max_tokens),
+                format!("exceeds the planned {} (MoeFfn::plan)", self.max_tokens),
             ));
         }
         Ok(tokens)
@@ -408,7 +408,7 @@ impl MoeWorkspace {
             queue,
             x,
             WeightLayout::OutIn,
-            ExpertWeights::Plain(&w.router.view()),
+            ExpertWeightsView::Plain(&w.router.view()),
             GemmGroups::Dense,
             &mut TensorViewMut::of_tensor(logits),
         )?;
@@ -435,7 +435,7 @@ impl MoeWorkspace {
                     queue,
                     x,
                     WeightLayout::OutIn,
-                    ExpertWeights::SwiGluSeparate { gate: &s.gate.view(), up: &s.up.view() },
+                    ExpertWeightsView::SwiGluSeparate { gate: &s.gate.view(), up: &s.up.view() },
                     GemmGroups::Dense,
                     &mut TensorViewMut::of_tensor(&sh),
                 )?;
@@ -443,7 +443,7 @@ impl MoeWorkspace {
                     queue,
                     &sh.view(),
                     WeightLayout::OutIn,
-                    ExpertWeights::Plain(&s.down.view()),
+                    ExpertWeightsView::Plain(&s.down.view()),
                     GemmGroups::Dense,
                     &mut TensorViewMut::of_tensor(&so),
                 )?;
@@ -456,9 +456,9 @@ impl MoeWorkspace {
 
 impl MoeFfn {
     /// Checks the weights against `config` and plans the workspace for up to `max_tokens` tokens.
-    pub fn new(device: &Device, config: MoeFfnConfig, weights: MoeFfnWeights, max_tokens: usize) -> Result<MoeFfn> {
+    pub fn plan(device: &Device, config: MoeFfnConfig, weights: MoeFfnWeights, max_tokens: usize) -> Result<MoeFfn> {
         let (dtype, shared) = check_ffn_weights(device, &config, &weights)?;
-        Ok(MoeFfn { workspace: MoeWorkspace::new(device, config, dtype, shared, max_tokens)?, weights })
+        Ok(MoeFfn { workspace: MoeWorkspace::plan(device, config, dtype, shared, max_tokens)?, weights })
     }
 
     pub fn config(&self) -> &MoeFfnConfig {

@@ -90,8 +90,8 @@ impl LayerWorkspace {
     /// Plans the buffers of the layers in `specs` (one model: same hidden size and heads) for
     /// steps of up to `max_tokens` tokens over `cache` (or any cache with at most its slots and
     /// context).
-    pub fn new(device: &Device, dtype: DType, specs: &[LayerSpec], max_tokens: usize, cache: &KvCache) -> Result<Self> {
-        let op = "LayerWorkspace::new";
+    pub fn plan(device: &Device, dtype: DType, specs: &[LayerSpec], max_tokens: usize, cache: &KvCache) -> Result<Self> {
+        let op = "LayerWorkspace::plan";
         let first = specs.first().ok_or_else(|| Error::invalid(op, "specs", "[]", "needs a layer"))?;
         if let Some(s) = specs.iter().find(|s| {
             (s.hidden, s.q_heads, s.kv_heads, s.head_dim)
@@ -126,7 +126,7 @@ impl LayerWorkspace {
             ));
         }
         let moe = match moe_specs.first() {
-            Some(&c) => Some(MoeWorkspace::new(device, c, dtype, c.intermediate, max_tokens)?),
+            Some(&c) => Some(MoeWorkspace::plan(device, c, dtype, c.intermediate, max_tokens)?),
             None => None,
         };
         let (slots, max_pages) = (cache.slots(), cache.max_pages_per_seq());
@@ -146,7 +146,7 @@ impl LayerWorkspace {
             },
         )?;
         static NEXT_ID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
-        linear::prepare(device, dtype, max_tokens)?;
+        linear::plan(device, dtype, max_tokens)?;
         Ok(LayerWorkspace {
             dtype,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -168,7 +168,7 @@ impl LayerWorkspace {
             layout,
             host_meta: vec![0; layout.len],
             staging: PinnedStaging::new(device, layout.len * 4)?,
-            attention: AttentionWorkspace::with_capacity(device, slots)?,
+            attention: AttentionWorkspace::plan(device, slots)?,
             decode,
             moe,
         })

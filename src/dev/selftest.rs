@@ -6,7 +6,6 @@
 //! GPU: a deadlock there hangs the device, which is exactly what the emulator exists to prevent.
 
 use crate::backend::{Device, KernelRef, LaunchDims, Target};
-use crate::kernels::paged_attention::FP8_CONVERT;
 use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -107,7 +106,7 @@ impl Kernel {
 
 /// The symbols of this family, for static checks.
 pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
-    Kernel::ALL.into_iter().map(|k| KernelRef { module: "selftest", symbol: k.symbol() })
+    Kernel::ALL.into_iter().map(|k| KernelRef { module: "selftest", symbol: k.symbol() }).chain(std::iter::once(FP8_CONVERT))
 }
 
 /// Launches a self-test kernel over `threads` threads in blocks of `block` threads.
@@ -192,6 +191,9 @@ pub fn launch(
 }
 
 // ----------------------------------------------------------------------------- fp8 conversions
+/// The fp8 conversion test kernel (kernels/selftest.cu).
+const FP8_CONVERT: KernelRef = KernelRef { module: "selftest", symbol: "fp8_e4m3_convert" };
+
 /// The kernels' own e4m3fn conversions, run on `device`: the code of every input value (f32 ->
 /// e4m3fn as kv_append rounds), and the value of every code by the scalar decode and by the four
 /// packed paths of the decode kernel (`[5][256]`, see `Fp8ConvertParams` in kernels/params.h).

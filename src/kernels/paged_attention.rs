@@ -51,7 +51,6 @@ pub(crate) static MERGE_KERNELS: KernelTable<(bool, DType)> = KernelTable {
     ],
 };
 
-pub(crate) const FP8_CONVERT: KernelRef = KernelRef { module: "paged_attention", symbol: "fp8_e4m3_convert" };
 
 /// The symbols of this family, for static checks.
 pub(crate) fn symbols() -> impl Iterator<Item = KernelRef> {
@@ -59,5 +58,4 @@ pub(crate) fn symbols() -> impl Iterator<Item = KernelRef> {
         .symbols()
         .chain(DECODE_KERNELS.symbols())
         .chain(MERGE_KERNELS.symbols())
-        .chain(std::iter::once(FP8_CONVERT))
 }

@@ -1,7 +1,7 @@
 //! Dense matrix products: `y = x W^T (+ bias)` with `W` in the `nn.Linear` layout `[out, in]`.
 //!
 //! Never hand-written: on the CUDA target this is cuBLAS (`cublasGemmEx` with
-//! `CUBLAS_COMPUTE_32F`, through cudarc), the anchor users trust; on the emulated target it is a
+//! `CUBLAS_COMPUTE_32F`, through cudarc); on the emulated target it is a
 //! maintained CPU GEMM (`matrixmultiply`'s f32 `sgemm`) over the host memory of the views. Both
 //! have the same semantics: bf16/f16/f32 inputs, every product and sum in f32, and **one
 //! rounding** to the output dtype at the end. The f64 reference ([`crate::reference::linear`]) is
@@ -32,10 +32,10 @@
 //! [`linear_add`] accumulates instead (`y += x W^T`): cuBLAS's `beta = 1`, which fuses a residual
 //! add into the product with a single rounding of the sum.
 //!
-//! Planning: on CUDA, one cuBLAS handle per (context, stream) is created by [`prepare`] (or the
+//! Planning: on CUDA, one cuBLAS handle per (context, stream) is created by [`plan`] (or the
 //! first call on that stream) and kept; a planned call allocates nothing and never waits on the
 //! host. A bias is broadcast into `y` by a rank-1 product with a vector of ones that
-//! [`prepare`] sizes for `max_tokens` (a larger call grows it: the only allocation). On the
+//! [`plan`] sizes for `max_tokens` (a larger call grows it: the only allocation). On the
 //! emulated target the product runs on the host under the device's stream lock, counted as one
 //! launch.
 
@@ -93,7 +93,7 @@ pub fn linear_add_on(
 /// Plans the matrix products of `queue`'s stream: creates its cuBLAS handle and sizes the
 /// bias-broadcast vector for `max_tokens` rows of `dtype`, so that later calls allocate nothing.
 /// A no-op on the emulated target.
-pub fn prepare(queue: &impl Queue, dtype: DType, max_tokens: usize) -> Result<()> {
+pub fn plan(queue: &impl Queue, dtype: DType, max_tokens: usize) -> Result<()> {
     let device = queue.queue_device()?;
     check_float(OP, "dtype", dtype)?;
     match device.cuda_stream() {

@@ -30,7 +30,7 @@ pub use moe::{
     moe_route_on,
 };
 pub use attention::{
-    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKv, PagedKvCache,
+    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvView, PagedKvCache,
     PagedKvConfig, kv_append_on, merge_attention_states, merge_attention_states_on,
 };
 pub use rms_norm::{fused_add_rms_norm, fused_add_rms_norm_on, rms_norm, rms_norm_on};

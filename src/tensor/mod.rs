@@ -16,5 +16,6 @@ pub(crate) mod view;
 pub(crate) use owned::as_bytes;
 pub use owned::Tensor;
 pub(crate) use view::numel;
-pub use view::{CudaRead, CudaWrite, Dims, MAX_RANK, TensorView, TensorViewMut, contiguous_strides};
+pub(crate) use view::Dims;
+pub use view::{CudaRead, CudaWrite, MAX_RANK, TensorView, TensorViewMut, contiguous_strides};
 pub use crate::backend::storage::{CudaBuffer, CudaBufferGuard, CudaElement};

@@ -154,7 +154,7 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
         let tt = Tensor::from_slice(device, &table, &[seqlens.len(), width])?;
         let (kv, vv) = (kpt.view(), vpt.view());
         let scales = crate::ops::attention::KvScales::default();
-        let kv = crate::ops::attention::PagedKv { k_pages: &kv, v_pages: &vv, scales: &scales };
+        let kv = crate::ops::attention::PagedKvView { k_pages: &kv, v_pages: &vv, scales: &scales };
         let (cq, ck) =
             (Tensor::from_slice(device, &cu_q, &[cu_q.len()])?, Tensor::from_slice(device, &cu_k, &[cu_k.len()])?);
         let (cqv, ckv) = (cq.view(), ck.view());

@@ -1,4 +1,4 @@
-//! The main job's block half: whole decoder layers on a device, checked stage by stage against
+//! Layer verification: whole decoder layers on a device, checked stage by stage against
 //! the f64 reference composer ([`crate::reference::block`]).
 //!
 //! For each layer, a schedule of steps runs through the composer with one cache: a varlen
@@ -164,7 +164,7 @@ pub fn check_layer(
     let max_tokens = steps.iter().map(|s| s.iter().map(|x| x.1).sum::<usize>()).max().unwrap_or(1);
     let layer = DecoderLayer::new(device, dtype, spec, host)?;
     let mut cache = KvCache::for_layers(device, dtype, &[spec], SLOTS, max_len)?;
-    let mut ws = LayerWorkspace::new(device, dtype, &[spec], max_tokens, &cache)?;
+    let mut ws = LayerWorkspace::plan(device, dtype, &[spec], max_tokens, &cache)?;
     let rl = rb::RefLayer::new(spec, host)?;
     let moe_weights = MoeRefWeights::new(&spec, host);
     let (mut e2e_cache, mut mirror) = (rb::RefCache::new(SLOTS), rb::RefCache::new(SLOTS));

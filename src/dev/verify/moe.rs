@@ -9,7 +9,7 @@ use crate::dtype::{DType, round_to};
 use crate::error::Result;
 use crate::block::moe_ffn::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
 use crate::ops::moe::{
-    ExpertTensors, GemmGroups, MoeAlign, MoeFfnConfig, MoeRouting,
+    ExpertWeights, GemmGroups, MoeAlign, MoeFfnConfig, MoeRouting,
     WeightLayout, moe_combine, moe_gather, moe_grouped_gemm, moe_route,
 };
 use crate::reference::moe as reference;
@@ -263,7 +263,7 @@ pub fn moe_align_case(device: &Device, case: &MoeAlignCase) -> Result<CaseResult
     let mut rng = Rng::new(seed ^ (tokens as u64) << 20 ^ (experts as u64) << 40);
     let ids = expert_ids(tokens, experts, top_k, pattern, &mut rng);
     let it = Tensor::from_slice(device, &ids, &[tokens, top_k])?;
-    let mut a = MoeAlign::new(device, experts, tokens * top_k)?;
+    let mut a = MoeAlign::plan(device, experts, tokens * top_k)?;
     let millis = timed(device, || a.align(&it, block_m))?;
     let r = reference::align(&ids, experts, block_m);
     let as_f64 = |v: &[i32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
@@ -312,7 +312,7 @@ pub fn moe_gather_case(device: &Device, case: &MoeGatherCase) -> Result<CaseResu
     let wt = Tensor::from_f64(device, DType::F32, &w, &[tokens, top_k])?;
     let it = Tensor::from_slice(device, &ids, &[tokens, top_k])?;
     let out = Tensor::poisoned(device, dtype, &[rows, hidden])?;
-    let mut a = MoeAlign::new(device, experts, tokens * top_k)?;
+    let mut a = MoeAlign::plan(device, experts, tokens * top_k)?;
     a.align(&it, block_m)?;
     let millis = timed(device, || moe_gather(&xt, &a, scaled.then_some(&wt), &out))?;
     let r = reference::align(&ids, experts, block_m);
@@ -421,7 +421,7 @@ pub fn moe_gemm_case(device: &Device, case: &MoeGemmCase) -> Result<CaseResult> 
     } else {
         let ids = expert_ids(tokens, experts, top_k, pattern, &mut rng);
         let it = Tensor::from_slice(device, &ids, &[tokens, top_k])?;
-        let mut a = MoeAlign::new(device, experts, tokens * top_k)?;
+        let mut a = MoeAlign::plan(device, experts, tokens * top_k)?;
         a.align(&it, block_m)?;
         let r = reference::align(&ids, experts, block_m);
         let mut re = r.row_experts();
@@ -447,9 +447,9 @@ pub fn moe_gemm_case(device: &Device, case: &MoeGemmCase) -> Result<CaseResult> 
         None => GemmGroups::Dense,
     };
     let tw = match (weights, &ut) {
-        (GemmWeights::SwiGluSeparate, Some(u)) => ExpertTensors::SwiGluSeparate { gate: &wt, up: u },
-        (GemmWeights::SwiGluPacked, _) => ExpertTensors::SwiGluPacked(&wt),
-        _ => ExpertTensors::Plain(&wt),
+        (GemmWeights::SwiGluSeparate, Some(u)) => ExpertWeights::SwiGluSeparate { gate: &wt, up: u },
+        (GemmWeights::SwiGluPacked, _) => ExpertWeights::SwiGluPacked(&wt),
+        _ => ExpertWeights::Plain(&wt),
     };
     let millis = timed(device, || moe_grouped_gemm(&xt, layout, tw, groups, &yt))?;
     let wm = reference::ExpertMatrix { data: &wd, layout, experts: w_experts, k, n: out_cols };
@@ -512,7 +512,7 @@ pub fn moe_combine_case(device: &Device, case: &MoeCombineCase) -> Result<CaseRe
     let block_m = crate::ops::moe::preferred_block_m(tokens * top_k, experts);
     let rows = crate::ops::moe::padded_rows(tokens * top_k, experts, block_m);
     let it = Tensor::from_slice(device, &ids, &[tokens, top_k])?;
-    let mut a = MoeAlign::new(device, experts, tokens * top_k)?;
+    let mut a = MoeAlign::plan(device, experts, tokens * top_k)?;
     a.align(&it, block_m)?;
     let r = reference::align(&ids, experts, block_m);
     // y: random on used rows, NaN on padding (combine must not read it).
@@ -696,7 +696,7 @@ pub fn moe_ffn_case(device: &Device, case: &MoeFfnCase) -> Result<CaseResult> {
         routing: c.routing,
         weights_on_input: c.weights_on_input,
     };
-    let mut ffn = MoeFfn::new(device, config, weights, t)?;
+    let mut ffn = MoeFfn::plan(device, config, weights, t)?;
     let xt = tensor(&x, &[t, h])?;
     let out = if c.residual { tensor(&res, &[t, h])? } else { Tensor::poisoned(device, dtype, &[t, h])? };
     let millis = timed(device, || ffn.forward(&xt, c.residual.then_some(&out), &out))?;

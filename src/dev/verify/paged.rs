@@ -10,7 +10,7 @@ use crate::backend::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::attention::{
-    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKv, kv_append_on,
+    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvView, kv_append_on,
 };
 use crate::reference::paged_attention::{self as refp, DecodeSpec, PoolShape};
 use crate::tensor::{Tensor, TensorViewMut};
@@ -387,7 +387,7 @@ pub fn paged_decode_case(device: &Device, case: &PagedDecodeCase) -> Result<Case
     let start = Instant::now();
     {
         let (kv, vv) = (pools.k.view(), pools.v.view());
-        let kv = PagedKv { k_pages: &kv, v_pages: &vv, scales };
+        let kv = PagedKvView { k_pages: &kv, v_pages: &vv, scales };
         let mut lv = lse.as_ref().map(TensorViewMut::of_tensor);
         ws.forward_on(
             device,

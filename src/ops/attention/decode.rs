@@ -17,7 +17,7 @@ use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 use crate::ops::error_flag::ErrorFlag;
 use super::decode_launch::{DecodeBound, DecodeShape, KEYS_PER_TILE, OP, Outputs, check_dtypes, kernel, launch_dims, merge_splits, params};
-use super::paged::{PagedKv, PagedKvCache};
+use super::paged::{PagedKvView, PagedKvCache};
 use super::variant::Variant;
 use crate::spec::attention::AttentionMask;
 
@@ -168,7 +168,7 @@ impl PagedDecodeWorkspace {
         opts: &PagedDecodeOptions,
     ) -> Result<()> {
         let (kv, vv) = (cache.k_pages().view(), cache.v_pages().view());
-        let kv = PagedKv { k_pages: &kv, v_pages: &vv, scales: &cache.config().scales };
+        let kv = PagedKvView { k_pages: &kv, v_pages: &vv, scales: &cache.config().scales };
         let mut lse = lse.map(TensorViewMut::of_tensor);
         self.forward_on(
             q.device(),
@@ -189,7 +189,7 @@ impl PagedDecodeWorkspace {
         &mut self,
         queue: &impl Queue,
         q: &TensorView<'_>,
-        kv: &PagedKv<'_, '_>,
+        kv: &PagedKvView<'_, '_>,
         block_table: &TensorView<'_>,
         seq_lens: &TensorView<'_>,
         out: &mut TensorViewMut<'_>,
@@ -252,7 +252,3 @@ impl PagedDecodeWorkspace {
     }
 }
 
-/// The number of 64-key tiles a context of `len` keys spans (the split granularity).
-pub fn tiles_of(len: usize) -> usize {
-    len.div_ceil(KEYS_PER_TILE)
-}

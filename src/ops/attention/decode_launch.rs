@@ -5,7 +5,7 @@
 //! Grid: x = batch x splits, y = KV heads x row blocks (the q heads of one KV group and the
 //! q_len new tokens share the mma rows); `LLK_DECODE_THREADS` threads.
 
-use super::paged::PagedKv;
+use super::paged::PagedKvView;
 use super::variant::Variant;
 use crate::backend::LaunchDims;
 use crate::dtype::DType;
@@ -45,7 +45,7 @@ pub struct DecodeShape {
 
 /// Dynamic shared memory of a tensor-core decode kernel (DecodeLayout in
 /// kernels/paged_attention.cu): Q rows, and 2 or 3 stages of K and V tiles plus a byte per key.
-pub fn decode_smem_bytes(head_dim: usize, page_elem: usize) -> usize {
+pub(crate) fn decode_smem_bytes(head_dim: usize, page_elem: usize) -> usize {
     let pitch = |chunks: usize| {
         if chunks <= 8 {
             8
@@ -66,7 +66,7 @@ pub fn decode_smem_bytes(head_dim: usize, page_elem: usize) -> usize {
 pub(super) fn check_dtypes(
     plan: &DecodeShape,
     q: &TensorView<'_>,
-    kv: &PagedKv<'_, '_>,
+    kv: &PagedKvView<'_, '_>,
     seq_lens: &TensorView<'_>,
     out: &TensorViewMut<'_>,
     lse: Option<&TensorViewMut<'_>>,
@@ -107,7 +107,7 @@ impl DecodeBound {
         args: &mut KernelArgs<'a>,
         plan: &DecodeShape,
         q: &'a TensorView<'_>,
-        kv: &'a PagedKv<'_, '_>,
+        kv: &'a PagedKvView<'_, '_>,
         block_table: &'a TensorView<'_>,
         seq_lens: &'a TensorView<'_>,
         out: &'a mut TensorViewMut<'_>,
@@ -291,12 +291,7 @@ pub(super) fn params(
         v_page_stride: to_i64(OP, "v page stride", vp.page_stride)?,
         num_splits: to_i64(OP, "num_splits", o.num_splits)?,
         row_blocks: to_i64(OP, "row blocks", o.row_blocks)?,
-        chunk_size: to_i64(OP, "chunk_size", variant.chunk_size)?,
-        mask: variant.mask,
-        temperature: variant.temperature,
-        scale: variant.scale,
-        temp_floor_scale: variant.temp_floor_scale,
-        temp_attn_scale: variant.temp_attn_scale,
+        variant: variant.raw(OP)?,
         k_scale: scales.0,
         v_scale: scales.1,
     })

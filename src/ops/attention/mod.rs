@@ -138,9 +138,11 @@ mod variant;
 pub use crate::kernels::attention::SUPPORTED_HEAD_DIMS;
 pub use crate::ops::error_flag::ErrorFlag;
 pub use crate::spec::attention::{AttentionMask, Llama4Temperature};
-pub use decode::{MAX_Q_LEN, MAX_SPLITS, PagedDecodeOptions, PagedDecodeWorkspace, plan_splits, tiles_of};
-pub use decode_launch::{DecodeShape, decode_smem_bytes};
+#[doc(hidden)]
+pub use decode::plan_splits;
+pub use decode::{MAX_Q_LEN, MAX_SPLITS, PagedDecodeOptions, PagedDecodeWorkspace};
+pub use decode_launch::DecodeShape;
 pub use merge::{merge_attention_states, merge_attention_states_on};
-pub use paged::{KvScale, KvScales, MAX_SCALED_KV_HEADS, PagedKv, PagedKvCache, PagedKvConfig, kv_append_on};
+pub use paged::{KvScale, KvScales, MAX_SCALED_KV_HEADS, PagedKvView, PagedKvCache, PagedKvConfig, kv_append_on};
 pub use prefill::{AttentionOptions, AttentionWorkspace, gqa_attention, gqa_attention_on};
 pub use prefill_launch::{CuSeqlens, MAX_PACK};

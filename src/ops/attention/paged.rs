@@ -1,5 +1,5 @@
 //! The paged KV cache (kernels/paged_attention.cu): fp8 scales ([`KvScales`]), the borrowed
-//! pools of one layer ([`PagedKv`]), appending new tokens ([`kv_append_on`]) and the owned
+//! pools of one layer ([`PagedKvView`]), appending new tokens ([`kv_append_on`]) and the owned
 //! cache of one layer ([`PagedKvCache`]). See [`crate::ops::attention`] for the layout.
 
 use crate::backend::{Device, LaunchDims, Queue};
@@ -99,7 +99,7 @@ impl KvScales {
 
 /// Borrowed K and V page pools of one layer, with their scales (the view-level cache).
 #[derive(Clone, Copy, Debug)]
-pub struct PagedKv<'r, 'a> {
+pub struct PagedKvView<'r, 'a> {
     /// `[num_pages, page_size, kv_heads, head_dim]`, each page contiguous.
     pub k_pages: &'r TensorView<'a>,
     /// Like `k_pages`.
@@ -225,7 +225,7 @@ pub struct PagedKvConfig {
 }
 
 /// A paged KV cache of one layer owned by this crate: K and V pools, their scales and an error
-/// flag (the tensor-level convenience over [`PagedKv`] and [`kv_append_on`]).
+/// flag (the tensor-level convenience over [`PagedKvView`] and [`kv_append_on`]).
 #[derive(Debug)]
 pub struct PagedKvCache {
     config: PagedKvConfig,

@@ -1,7 +1,7 @@
 //! Flash-style grouped-query attention for prefill (kernels/attention.cu): the workspace and
 //! its launch. See [`crate::ops::attention`] for shapes and semantics.
 
-use super::paged::{PagedKv, PagedKvCache};
+use super::paged::{PagedKvView, PagedKvCache};
 use super::prefill_launch::{
     Bound, CuSeqlens, KvSrc, OP, Tiles, batch_of, check_dtypes, gqa_pack, kernel, launch_dims, params, plan_on_device,
     tokens_per_block,
@@ -45,7 +45,7 @@ const ARRAYS: usize = 4;
 
 /// Reusable per-call state: a small device buffer for the sequence offsets, the tile map and a
 /// device-side error flag, and a pinned staging buffer for host offsets. Plan it once with
-/// [`AttentionWorkspace::with_capacity`] for the largest batch; calls within that capacity
+/// [`AttentionWorkspace::plan`] for the largest batch; calls within that capacity
 /// allocate nothing (a larger batch grows it, the only allocation).
 #[derive(Debug)]
 pub struct AttentionWorkspace {
@@ -62,7 +62,7 @@ impl AttentionWorkspace {
         AttentionWorkspace { device: device.clone(), buf: None, capacity: 0, host: Vec::new(), staging: None }
     }
     /// Preallocates room for batches of up to `max_batch` sequences.
-    pub fn with_capacity(device: &Device, max_batch: usize) -> Result<AttentionWorkspace> {
+    pub fn plan(device: &Device, max_batch: usize) -> Result<AttentionWorkspace> {
         let mut ws = Self::new(device);
         ws.reserve(max_batch)?;
         Ok(ws)
@@ -176,7 +176,7 @@ impl AttentionWorkspace {
         &mut self,
         queue: &impl Queue,
         q: &TensorView<'_>,
-        kv: &PagedKv<'_, '_>,
+        kv: &PagedKvView<'_, '_>,
         block_table: &TensorView<'_>,
         cu_seqlens: CuSeqlens<'_, '_>,
         out: &mut TensorViewMut<'_>,
@@ -201,7 +201,7 @@ impl AttentionWorkspace {
         opts: &AttentionOptions,
     ) -> Result<()> {
         let (kp, vp) = (cache.k_pages().view(), cache.v_pages().view());
-        let kv = PagedKv { k_pages: &kp, v_pages: &vp, scales: cache.scales() };
+        let kv = PagedKvView { k_pages: &kp, v_pages: &vp, scales: cache.scales() };
         let mut lse = lse.map(TensorViewMut::of_tensor);
         self.forward_paged_on(
             q.device(),

@@ -5,7 +5,7 @@
 //! Grid: x = query tiles (each sequence's queries in blocks of `rows / pack` tokens, listed by
 //! the cumulative tile map `cu_tiles`), y = KV heads x (group / pack) head blocks; 128 threads.
 
-use super::paged::PagedKv;
+use super::paged::PagedKvView;
 use super::variant::Variant;
 use crate::backend::{Device, LaunchDims};
 use crate::dtype::DType;
@@ -84,7 +84,7 @@ pub enum CuSeqlens<'r, 'a> {
 #[derive(Clone, Copy)]
 pub(super) enum KvSrc<'r, 'a> {
     Contiguous { k: &'r TensorView<'a>, v: &'r TensorView<'a> },
-    Paged { kv: &'r PagedKv<'r, 'a>, block_table: &'r TensorView<'a> },
+    Paged { kv: &'r PagedKvView<'r, 'a>, block_table: &'r TensorView<'a> },
 }
 
 /// Checks the dtypes of one call; returns the compute dtype (q's).
@@ -473,12 +473,7 @@ pub(super) fn params(
         out_token_stride: to_i64(OP, "out token stride", oh.token_stride)?,
         out_head_stride: to_i64(OP, "out head stride", oh.head_stride)?,
         pack: to_i64(OP, "gqa_pack", pack)?,
-        chunk_size: to_i64(OP, "chunk_size", variant.chunk_size)?,
-        mask: variant.mask,
-        temperature: variant.temperature,
-        scale: variant.scale,
-        temp_floor_scale: variant.temp_floor_scale,
-        temp_attn_scale: variant.temp_attn_scale,
+        variant: variant.raw(OP)?,
         kv_source: if paged.is_some() { LlkKvSource::LLK_KV_PAGED } else { LlkKvSource::LLK_KV_CONTIGUOUS },
         block_table: table.map_or(0, |t| t.addr),
         error_flag: tiles.error_flag,

@@ -1,10 +1,12 @@
 //! The attention variant of one call, checked and in the params struct's terms: the softmax
 //! scale, the mask (causal, Llama 4 chunked) and Llama 4's temperature. Prefill and decode fill
-//! the same params fields from one [`Variant`], so they cannot disagree on what an option means
-//! or which values it accepts.
+//! the same `LlkAttnVariant` (params.h) from one [`Variant`], so they cannot disagree on what an
+//! option means or which values it accepts, and the kernels share its math
+//! (kernels/common/attention_math.cuh).
 
 use crate::error::{Error, Result};
-use crate::ffi::params::{LlkAttnMask, LlkAttnTemperature};
+use crate::ffi::params::{LlkAttnMask, LlkAttnTemperature, LlkAttnVariant};
+use crate::launch::to_i64;
 use crate::spec::attention::{AttentionMask, Llama4Temperature};
 
 /// A checked attention variant.
@@ -56,6 +58,20 @@ impl Variant {
             },
             temp_floor_scale: temperature.map_or(1.0, |t| t.floor_scale),
             temp_attn_scale: temperature.map_or(0.0, |t| t.attn_scale),
+        })
+    }
+}
+
+impl Variant {
+    /// The params-struct form (`LlkAttnVariant`, embedded in both params structs).
+    pub fn raw(&self, op: &'static str) -> Result<LlkAttnVariant> {
+        Ok(LlkAttnVariant {
+            chunk_size: to_i64(op, "chunk_size", self.chunk_size)?,
+            mask: self.mask,
+            temperature: self.temperature,
+            scale: self.scale,
+            temp_floor_scale: self.temp_floor_scale,
+            temp_attn_scale: self.temp_attn_scale,
         })
     }
 }

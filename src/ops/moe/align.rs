@@ -25,7 +25,7 @@ pub const BLOCK_M_DECODE: usize = LLK_MOE_GEMM_BLOCK_M_DECODE as usize;
 
 /// Upper bound on the grouped GEMM's row blocks for `slots` rows over `experts` experts:
 /// `sum_e ceil(c_e / block_m) <= floor((slots + min(experts, slots) (block_m - 1)) / block_m)`.
-pub fn max_blocks(slots: usize, experts: usize, block_m: usize) -> usize {
+pub(crate) fn max_blocks(slots: usize, experts: usize, block_m: usize) -> usize {
     (slots + experts.min(slots) * (block_m - 1)) / block_m
 }
 
@@ -85,7 +85,7 @@ pub(crate) struct AlignState {
 impl MoeAlign {
     /// A permutation for `experts` experts (1..=512), planned for up to `max_slots` slots
     /// (`tokens * k`).
-    pub fn new(device: &Device, experts: usize, max_slots: usize) -> Result<MoeAlign> {
+    pub fn plan(device: &Device, experts: usize, max_slots: usize) -> Result<MoeAlign> {
         if experts == 0 || experts > MAX_EXPERTS {
             return Err(Error::invalid(OP_ALIGN, "experts", experts, format!("must be 1..={MAX_EXPERTS}")));
         }

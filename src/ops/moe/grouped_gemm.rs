@@ -30,7 +30,7 @@ fn raw_layout(layout: WeightLayout) -> LlkMoeWeightLayout {
 
 /// The weights of one grouped GEMM, and so its epilogue.
 #[derive(Clone, Copy, Debug)]
-pub enum ExpertWeights<'r, 'a> {
+pub enum ExpertWeightsView<'r, 'a> {
     /// `y = x W[e]`: `[experts, k, n]` (InOut) or `[experts, n, k]` (OutIn).
     Plain(&'r TensorView<'a>),
     /// SwiGLU over one tensor of `2n` output columns, gate first (Llama 4 `gate_up_proj`):
@@ -113,15 +113,15 @@ impl GemmBound {
         args: &mut KernelArgs<'a>,
         x: &'a TensorView<'_>,
         layout: WeightLayout,
-        weights: ExpertWeights<'a, '_>,
+        weights: ExpertWeightsView<'a, '_>,
         y: &'a mut TensorViewMut<'_>,
     ) -> Result<GemmBound> {
         const OP: &str = OP_GEMM;
         let dtype = x.dtype();
         let (wv, upv, swiglu, packed) = match weights {
-            ExpertWeights::Plain(w) => (w, None, false, false),
-            ExpertWeights::SwiGluPacked(w) => (w, None, true, true),
-            ExpertWeights::SwiGluSeparate { gate, up } => (gate, Some(up), true, false),
+            ExpertWeightsView::Plain(w) => (w, None, false, false),
+            ExpertWeightsView::SwiGluPacked(w) => (w, None, true, true),
+            ExpertWeightsView::SwiGluSeparate { gate, up } => (gate, Some(up), true, false),
         };
         let yb = args.write("y", y)?;
         let xb = args.read("x", x)?;
@@ -388,7 +388,7 @@ pub fn moe_grouped_gemm_on(
     queue: &impl Queue,
     x: &TensorView<'_>,
     layout: WeightLayout,
-    weights: ExpertWeights<'_, '_>,
+    weights: ExpertWeightsView<'_, '_>,
     groups: GemmGroups<'_>,
     y: &mut TensorViewMut<'_>,
 ) -> Result<()> {
@@ -398,8 +398,8 @@ pub fn moe_grouped_gemm_on(
     check_float(OP, "x", dtype)?;
     check_dtype(OP, "y", y.dtype(), dtype)?;
     let (wv, upv) = match weights {
-        ExpertWeights::Plain(w) | ExpertWeights::SwiGluPacked(w) => (w, None),
-        ExpertWeights::SwiGluSeparate { gate, up } => (gate, Some(up)),
+        ExpertWeightsView::Plain(w) | ExpertWeightsView::SwiGluPacked(w) => (w, None),
+        ExpertWeightsView::SwiGluSeparate { gate, up } => (gate, Some(up)),
     };
     check_dtype(OP, "weights", wv.dtype(), dtype)?;
     if let Some(u) = upv {
@@ -417,9 +417,9 @@ pub fn moe_grouped_gemm_on(
     args.launch(GEMM.find(OP, "x", (layout, b.swiglu, s.block_m, dtype), dtype)?, dims, &params)
 }
 
-/// The tensor form of [`ExpertWeights`].
+/// The tensor form of [`ExpertWeightsView`].
 #[derive(Clone, Copy, Debug)]
-pub enum ExpertTensors<'a> {
+pub enum ExpertWeights<'a> {
     Plain(&'a Tensor),
     SwiGluPacked(&'a Tensor),
     SwiGluSeparate { gate: &'a Tensor, up: &'a Tensor },
@@ -429,23 +429,23 @@ pub enum ExpertTensors<'a> {
 pub fn moe_grouped_gemm(
     x: &Tensor,
     layout: WeightLayout,
-    weights: ExpertTensors<'_>,
+    weights: ExpertWeights<'_>,
     groups: GemmGroups<'_>,
     y: &Tensor,
 ) -> Result<()> {
     let mut yv = TensorViewMut::of_tensor(y);
     match weights {
-        ExpertTensors::Plain(w) => {
-            moe_grouped_gemm_on(x.device(), &x.view(), layout, ExpertWeights::Plain(&w.view()), groups, &mut yv)
+        ExpertWeights::Plain(w) => {
+            moe_grouped_gemm_on(x.device(), &x.view(), layout, ExpertWeightsView::Plain(&w.view()), groups, &mut yv)
         }
-        ExpertTensors::SwiGluPacked(w) => {
-            moe_grouped_gemm_on(x.device(), &x.view(), layout, ExpertWeights::SwiGluPacked(&w.view()), groups, &mut yv)
+        ExpertWeights::SwiGluPacked(w) => {
+            moe_grouped_gemm_on(x.device(), &x.view(), layout, ExpertWeightsView::SwiGluPacked(&w.view()), groups, &mut yv)
         }
-        ExpertTensors::SwiGluSeparate { gate, up } => moe_grouped_gemm_on(
+        ExpertWeights::SwiGluSeparate { gate, up } => moe_grouped_gemm_on(
             x.device(),
             &x.view(),
             layout,
-            ExpertWeights::SwiGluSeparate { gate: &gate.view(), up: &up.view() },
+            ExpertWeightsView::SwiGluSeparate { gate: &gate.view(), up: &up.view() },
             groups,
             &mut yv,
         ),

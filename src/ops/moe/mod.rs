@@ -33,29 +33,16 @@
 //!     shared: None,
 //! };
 //! let config = MoeFfnConfig::llama4(hidden, inter, experts, 1);
-//! let mut ffn = MoeFfn::new(&device, config, weights, 16)?;
+//! let mut ffn = MoeFfn::plan(&device, config, weights, 16)?;
 //! let (x, out) = (t(&[tokens, hidden])?, t(&[tokens, hidden])?);
 //! ffn.forward(&x, None, &out)?;
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! Routing modes ([`MoeRouting`]), exactly (src/reference/moe.rs is the spec): experts rank by a
-//! key, larger first, ties to the lower expert index, NaN below every number. A NaN expert is
-//! chosen only when fewer than k others exist; a row of all-NaN logits gets experts 0..k-1 with
-//! NaN weights.
-//!
-//! * [`MoeRouting::Llama4`]: key = logit, weight = `sigmoid(logit)` (Hugging Face
-//!   `Llama4TextMoe`, vLLM `Llama4MoE.custom_routing_function`). Hugging Face rounds the weight
-//!   to the model dtype before scaling the input; here it stays f32 until the product is rounded.
-//! * [`MoeRouting::Softmax`]: softmax over all experts in f32 (NaN logits count as probability 0),
-//!   top-k, optionally renormalized to sum 1 (Mixtral; Qwen2/3-MoE with `norm_topk_prob`).
-//!   Selection uses the logits, whose order is the order of the exact probabilities.
-//! * [`MoeRouting::Grouped`] (DeepSeek-V3): `s = sigmoid(logit)`, key `s + bias`, groups scored
-//!   by the sum of their two best keys, the best `topk_group` of `n_group` kept, top-k inside them,
-//!   weight = `s` (renormalized by `sum + 1e-20` if asked) times `routed_scaling_factor`. Experts
-//!   of dropped groups are never chosen (Hugging Face fills them with 0.0, which can beat a
-//!   negative key; vLLM and this crate use -inf).
+//! Routing modes ([`MoeRouting`]: Llama 4, softmax top-k, DeepSeek-V3 grouped), the ranking of
+//! experts (ties to the lower index, NaN last), the permutation and the combine order are
+//! specified once, in [`crate::reference::moe`]; the kernels compute exactly that.
 //!
 //! Limits: experts 1..=512, k <= 8 (16 for grouped routing), `n_group <= 32`, group size >= 2.
 //!
@@ -75,9 +62,11 @@ mod route;
 mod rows;
 
 pub use crate::spec::moe::{MoeFfnConfig, MoeRouting, WeightLayout};
-pub use align::{BLOCK_M, BLOCK_M_DECODE, MoeAlign, max_blocks, padded_rows, preferred_block_m};
+#[doc(hidden)]
+pub use align::{padded_rows, preferred_block_m};
+pub use align::{BLOCK_M, BLOCK_M_DECODE, MoeAlign};
 pub use combine::{MoeResidual, moe_combine, moe_combine_on};
 pub use gather::{moe_gather, moe_gather_on};
-pub use grouped_gemm::{ExpertTensors, ExpertWeights, GemmGroups, moe_grouped_gemm, moe_grouped_gemm_on};
+pub use grouped_gemm::{ExpertWeights, ExpertWeightsView, GemmGroups, moe_grouped_gemm, moe_grouped_gemm_on};
 pub(crate) use route::check_routing;
 pub use route::{MAX_EXPERTS, MAX_GROUPS, MAX_TOP_K, MAX_TOP_K_GROUPED, moe_route, moe_route_on};
