@@ -57,9 +57,9 @@
 
 namespace {
 
-constexpr int kBlockN = 64;   // keys per K/V tile (tensor-core path)
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
+constexpr int kBlockN = LLK_ATTN_KEYS;  // keys per K/V tile (tensor-core path)
+constexpr int kThreads = LLK_ATTN_THREADS;
+constexpr int kWarps = kThreads / 32;
 using llk::kLn2;
 using llk::kLog2e;
 using llk::KeyInterval;
@@ -171,6 +171,8 @@ inline constexpr int kMTiles = D <= 128 ? 2 : 1;
 // Rows per block: 4 warps of kMTiles * 16 rows.
 template <int D>
 inline constexpr int kBlockRows = kWarps * 16 * kMTiles<D>;
+static_assert(kBlockRows<128> == LLK_ATTN_ROWS_MMA && kBlockRows<256> == LLK_ATTN_ROWS_MMA_HD256,
+              "params.h states the rows per block the host plans with");
 
 // ldmatrix row addresses without per-use swizzle arithmetic. A lane addresses row R + (lane & 7)
 // (R a multiple of 8, so the XOR key is lane & 7) and chunk 8 h + 2 u + c (c = 0 or 1, u < 4).
@@ -527,7 +529,7 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
 }
 
 // ------------------------------------------------------------------------- SIMT path (f32)
-constexpr int kSimtRows = 32;  // 4 warps x 8 rows, 4 lanes per row
+constexpr int kSimtRows = LLK_ATTN_ROWS_SIMT;  // 4 warps x 8 rows, 4 lanes per row
 
 template <int D>
 __device__ void attention_simt_kernel(const AttentionParams& p) {

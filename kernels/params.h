@@ -20,6 +20,8 @@ extern "C" {
 // at most this many threads (the fused kernel holds twice the loads in registers).
 #define LLK_RMS_NORM_MAX_THREADS 1024
 #define LLK_RMS_NORM_MAX_THREADS_FUSED 512
+// 16-byte vectors each thread keeps in registers between the two passes over its row.
+#define LLK_RMS_NORM_CACHE 4
 
 typedef struct RmsNormParams {
   uint64_t x;         // [rows, hidden] input, rows `x_row_stride` apart
@@ -57,6 +59,8 @@ typedef enum LlkRopeNorm {
 // reference): the result is still a rotation, at the clamped angle. Llama 4's longest context
 // (10M tokens) is inside the domain.
 #define LLK_ROPE_MAX_POSITION 16777215
+// Threads per block (launch bounds); the host spreads the heads over at most this many.
+#define LLK_ROPE_MAX_THREADS 256
 
 typedef struct RopeParams {
   uint64_t q;          // [tokens, q_heads, head_dim], rotated in place
@@ -138,6 +142,15 @@ typedef enum LlkKvSource {
   LLK_KV_PAGED = 1,       // k, v: page pools [num_pages, page_size, kv_heads, head_dim], key j of
                           // sequence b at page block_table[b][j / page_size], row j % page_size
 } LlkKvSource;
+
+// Prefill geometry both sides plan with: 4 warps, 64-key K/V tiles; a tensor-core block holds
+// LLK_ATTN_ROWS_MMA (query token x q head) rows up to head_dim 128 and LLK_ATTN_ROWS_MMA_HD256 at
+// head_dim 256; an f32 (SIMT) block LLK_ATTN_ROWS_SIMT.
+#define LLK_ATTN_THREADS 128
+#define LLK_ATTN_KEYS 64
+#define LLK_ATTN_ROWS_MMA 128
+#define LLK_ATTN_ROWS_MMA_HD256 64
+#define LLK_ATTN_ROWS_SIMT 32
 
 typedef struct AttentionParams {
   uint64_t q;             // [total_q, q_heads, head_dim]

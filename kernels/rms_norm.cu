@@ -32,7 +32,7 @@
 
 namespace {
 
-constexpr int kCache = 4;  // vectors per thread kept in registers
+constexpr int kCache = LLK_RMS_NORM_CACHE;  // vectors per thread kept in registers
 // Launch bounds: the plain kernel up to 1024 threads per block; the fused kernel holds twice the
 // raw loads (x and residual) in flight and is bounded at 512 threads, where it fits in registers
 // without spilling (ptxas spills it at 1024). The host never plans more (RMS_NORM_MAX_THREADS_*).

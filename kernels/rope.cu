@@ -37,7 +37,7 @@ namespace {
 
 // Threads per block (the host plans G * heads_at_once <= this). 256 leaves ptxas up to 255
 // registers: cos/sin and the pairs of 8 rotary pairs live in registers without spilling.
-constexpr int kMaxThreads = 256;
+constexpr int kMaxThreads = LLK_ROPE_MAX_THREADS;
 
 // pi/2 as a double-float (hi + lo), and 2/pi.
 constexpr float kPiO2Hi = 1.57079637050628662f;

@@ -129,4 +129,9 @@ impl Error {
     ) -> Self {
         Error::InvalidArgument { op, name, value: value.to_string(), why: why.into() }
     }
+
+    /// [`Error::ShapeMismatch`]: `what` of `op` has shape `got`, and `expected` says what fits.
+    pub(crate) fn shape(op: &'static str, what: &'static str, got: Vec<usize>, expected: impl Into<String>) -> Self {
+        Error::ShapeMismatch { op, what, got, expected: expected.into() }
+    }
 }

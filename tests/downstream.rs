@@ -121,10 +121,11 @@ fn a_dependent_crate_builds_from_the_package_without_cuda() {
     ));
     assert!(size < MAX_CRATE_BYTES, "the package is {size} bytes, over crates.io's 10 MB limit");
 
-    // 3. Unpack it, and a scratch crate that depends on it.
+    // 3. Unpack it (with fresh modification times: a package whose build script changed must
+    //    rerun it in the reused target folder), and a scratch crate that depends on it.
     let unpacked = work.join("unpacked");
     std::fs::create_dir_all(&unpacked).expect("create unpacked/");
-    let out = Command::new("tar").arg("xzf").arg(&krate).arg("-C").arg(&unpacked).output().expect("run tar");
+    let out = Command::new("tar").arg("xzmf").arg(&krate).arg("-C").arg(&unpacked).output().expect("run tar");
     assert!(out.status.success(), "tar failed: {}", show(&out));
     let package = unpacked.join(format!("llama-kernels-{version}"));
     assert!(!package.join(".toolchain").exists());

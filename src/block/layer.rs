@@ -203,12 +203,7 @@ impl DecoderLayer {
             });
         }
         if hidden.shape() != [t, s.hidden] || !hidden.is_contiguous() {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "hidden",
-                got: hidden.shape().to_vec(),
-                expected: format!("contiguous [{t}, {}] (the step's tokens x hidden)", s.hidden),
-            });
+            return Err(Error::shape(OP, "hidden", hidden.shape().to_vec(), format!("contiguous [{t}, {}] (the step's tokens x hidden)", s.hidden)));
         }
         let ffn_planned = match moe_config(s) {
             Some(c) => ws.moe.as_ref().map(MoeWorkspace::config) == Some(&c),

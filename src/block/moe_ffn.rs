@@ -115,12 +115,7 @@ pub(crate) fn check_ffn_weights(device: &Device, config: &MoeFfnConfig, weights:
     let shape = |what: &'static str, t: &Tensor, expected: &[usize]| -> Result<()> {
         check_dtype(OP, what, t.dtype(), dtype)?;
         if t.shape() != expected {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what,
-                got: t.shape().to_vec(),
-                expected: format!("{expected:?}"),
-            });
+            return Err(Error::shape(OP, what, t.shape().to_vec(), format!("{expected:?}")));
         }
         if !t.device().same_context(device) {
             return Err(Error::DeviceMismatch { op: OP, what });
@@ -134,12 +129,7 @@ pub(crate) fn check_ffn_weights(device: &Device, config: &MoeFfnConfig, weights:
             return Err(Error::invalid(OP, "router_bias", "given", "only grouped routing takes a selection bias"));
         }
         if b.shape() != [experts] {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "router_bias",
-                got: b.shape().to_vec(),
-                expected: format!("[{experts}]"),
-            });
+            return Err(Error::shape(OP, "router_bias", b.shape().to_vec(), format!("[{experts}]")));
         }
     }
     let io = |out: usize, inp: usize| match weights.layout {
@@ -366,21 +356,11 @@ impl MoeWorkspace {
         let tokens = match x.shape() {
             [t, h] if *h == hidden => *t,
             _ => {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what: "x",
-                    got: x.shape().to_vec(),
-                    expected: format!("[tokens, {hidden}]"),
-                });
+                return Err(Error::shape(OP, "x", x.shape().to_vec(), format!("[tokens, {hidden}]")));
             }
         };
         if out.shape() != x.shape() {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "out",
-                got: out.shape().to_vec(),
-                expected: format!("{:?} like x", x.shape()),
-            });
+            return Err(Error::shape(OP, "out", out.shape().to_vec(), format!("{:?} like x", x.shape())));
         }
         if tokens > self.max_tokens {
             return Err(Error::invalid(

@@ -27,12 +27,7 @@ impl Rows {
         let (shape, strides) = (b.shape(), b.strides());
         let bad = |why| Error::BadLayout { op, what, shape: shape.to_vec(), strides: strides.to_vec(), why };
         if shape.len() < inner_dims || inner_dims == 0 {
-            return Err(Error::ShapeMismatch {
-                op,
-                what,
-                got: shape.to_vec(),
-                expected: format!("at least {inner_dims} dimension(s)"),
-            });
+            return Err(Error::shape(op, what, shape.to_vec(), format!("at least {inner_dims} dimension(s)")));
         }
         let too_large = || Error::TooLarge { what, shape: shape.to_vec() };
         let split = shape.len() - inner_dims;
@@ -111,12 +106,7 @@ impl Heads {
     pub fn of(op: &'static str, what: &'static str, b: &Arg) -> Result<Heads> {
         let (shape, strides) = (b.shape(), b.strides());
         if shape.len() < 3 {
-            return Err(Error::ShapeMismatch {
-                op,
-                what,
-                got: shape.to_vec(),
-                expected: "[tokens, heads, head_dim] (or more leading dims)".into(),
-            });
+            return Err(Error::shape(op, what, shape.to_vec(), "[tokens, heads, head_dim] (or more leading dims)"));
         }
         let r = shape.len();
         let bad = |why| Error::BadLayout { op, what, shape: shape.to_vec(), strides: strides.to_vec(), why };

@@ -23,12 +23,7 @@ impl Pool {
     pub fn of(op: &'static str, what: &'static str, b: &Arg) -> Result<Pool> {
         let (shape, strides) = (b.shape(), b.strides());
         if shape.len() != 4 {
-            return Err(Error::ShapeMismatch {
-                op,
-                what,
-                got: shape.to_vec(),
-                expected: "[num_pages, page_size, kv_heads, head_dim]".into(),
-            });
+            return Err(Error::shape(op, what, shape.to_vec(), "[num_pages, page_size, kv_heads, head_dim]"));
         }
         let (num_pages, page_size, kv_heads, head_dim) = (shape[0], shape[1], shape[2], shape[3]);
         let page_elems = page_size
@@ -87,12 +82,7 @@ pub(crate) fn check_pools(op: &'static str, k: &Pool, v: &Pool) -> Result<()> {
         return Err(Error::DTypeMismatch { op, what: "v_pages", got: v.dtype, expected: k.dtype });
     }
     if (v.num_pages, v.page_size, v.kv_heads, v.head_dim) != (k.num_pages, k.page_size, k.kv_heads, k.head_dim) {
-        return Err(Error::ShapeMismatch {
-            op,
-            what: "v_pages",
-            got: vec![v.num_pages, v.page_size, v.kv_heads, v.head_dim],
-            expected: format!("{:?} like k_pages", [k.num_pages, k.page_size, k.kv_heads, k.head_dim]),
-        });
+        return Err(Error::shape(op, "v_pages", vec![v.num_pages, v.page_size, v.kv_heads, v.head_dim], format!("{:?} like k_pages", [k.num_pages, k.page_size, k.kv_heads, k.head_dim])));
     }
     if k.kv_heads == 0 {
         return Err(Error::invalid(op, "kv_heads", 0, "must be > 0"));
@@ -110,12 +100,7 @@ pub(crate) fn check_block_table(
     check_dtype(op, "block_table", b.dtype, DType::I32)?;
     let shape = b.shape();
     if shape.len() != 2 || shape[0] != batch {
-        return Err(Error::ShapeMismatch {
-            op,
-            what: "block_table",
-            got: shape.to_vec(),
-            expected: format!("[{batch}, max_pages] (batch, pages per sequence)"),
-        });
+        return Err(Error::shape(op, "block_table", shape.to_vec(), format!("[{batch}, max_pages] (batch, pages per sequence)")));
     }
     let strides = b.strides();
     if shape[1] > 1 && strides[1] != 1 {

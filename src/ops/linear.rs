@@ -124,43 +124,23 @@ fn run(
         check_dtype(op, "bias", b.dtype(), dtype)?;
     }
     if weight.shape().len() != 2 {
-        return Err(Error::ShapeMismatch {
-            op,
-            what: "weight",
-            got: weight.shape().to_vec(),
-            expected: "[out, in] (the nn.Linear layout)".into(),
-        });
+        return Err(Error::shape(op, "weight", weight.shape().to_vec(), "[out, in] (the nn.Linear layout)"));
     }
     let (d_out, d_in) = (weight.shape()[0], weight.shape()[1]);
     let xs = x.shape();
     if xs.last() != Some(&d_in) {
-        return Err(Error::ShapeMismatch {
-            op,
-            what: "x",
-            got: xs.to_vec(),
-            expected: format!("[..., {d_in}] (in = weight's second dimension)"),
-        });
+        return Err(Error::shape(op, "x", xs.to_vec(), format!("[..., {d_in}] (in = weight's second dimension)")));
     }
     let mut y_expected = xs.to_vec();
     if let Some(last) = y_expected.last_mut() {
         *last = d_out;
     }
     if y.shape() != y_expected.as_slice() {
-        return Err(Error::ShapeMismatch {
-            op,
-            what: "y",
-            got: y.shape().to_vec(),
-            expected: format!("{y_expected:?}"),
-        });
+        return Err(Error::shape(op, "y", y.shape().to_vec(), format!("{y_expected:?}")));
     }
     if let Some(b) = bias {
         if b.shape() != [d_out] {
-            return Err(Error::ShapeMismatch {
-                op,
-                what: "bias",
-                got: b.shape().to_vec(),
-                expected: format!("[{d_out}]"),
-            });
+            return Err(Error::shape(op, "bias", b.shape().to_vec(), format!("[{d_out}]")));
         }
     }
 

@@ -17,11 +17,11 @@ use crate::launch::KernelArgs;
 use crate::error::{Error, Result};
 use crate::kernels::rms_norm::{KERNELS};
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, check_shape, grid_x, to_i64};
-use crate::ffi::params::{LLK_RMS_NORM_MAX_THREADS, LLK_RMS_NORM_MAX_THREADS_FUSED, RmsNormParams};
+use crate::ffi::params::{LLK_RMS_NORM_CACHE, LLK_RMS_NORM_MAX_THREADS, LLK_RMS_NORM_MAX_THREADS_FUSED, RmsNormParams};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 /// Vectors each thread keeps in registers; mirrors `kCache` in kernels/rms_norm.cu.
-const CACHE: usize = 4;
+const CACHE: usize = LLK_RMS_NORM_CACHE as usize;
 
 /// How the kernel maps rows to threads (see the header of kernels/rms_norm.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,12 +138,7 @@ fn launch(
     if let Some(r) = &residual {
         check_dtype(op, "residual", r.dtype(), dtype)?;
     }
-    let hidden = *shape.last().ok_or_else(|| Error::ShapeMismatch {
-        op,
-        what: "x",
-        got: shape.to_vec(),
-        expected: "[..., hidden]".into(),
-    })?;
+    let hidden = *shape.last().ok_or_else(|| Error::shape(op, "x", shape.to_vec(), "[..., hidden]"))?;
     if hidden == 0 {
         return Err(Error::invalid(op, "hidden", 0, "must be > 0"));
     }

@@ -36,13 +36,13 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::rope::{KERNELS};
 use crate::launch::{Arg, Heads, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
-use crate::ffi::params::{LlkIndexType, LlkRopeLayout, LlkRopeNorm, RopeParams};
+use crate::ffi::params::{LLK_ROPE_MAX_THREADS, LlkIndexType, LlkRopeLayout, LlkRopeNorm, RopeParams};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 pub use crate::spec::rope::{Llama3Scaling, MAX_POSITION, MAX_ROTARY_DIM, RopeConfig, RopeLayout};
 
 const OP: &str = "rope";
 /// Threads per block (kMaxThreads in kernels/rope.cu).
-const MAX_THREADS: usize = 256;
+const MAX_THREADS: usize = LLK_ROPE_MAX_THREADS as usize;
 
 /// A RoPE configuration bound to a device, with its inverse-frequency table uploaded.
 #[derive(Clone, Debug)]
@@ -142,39 +142,19 @@ impl Rope {
         let qh = Heads::of(OP, "q", &qb)?;
         let kh = kb.map(|k| Heads::of(OP, "k", k)).transpose()?;
         if qh.head_dim != cfg.head_dim {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "q",
-                got: qb.shape().to_vec(),
-                expected: format!("head_dim {}", cfg.head_dim),
-            });
+            return Err(Error::shape(OP, "q", qb.shape().to_vec(), format!("head_dim {}", cfg.head_dim)));
         }
         if let (Some(kb), Some(kh)) = (kb, &kh) {
             if kh.head_dim != qh.head_dim {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what: "k",
-                    got: kb.shape().to_vec(),
-                    expected: format!("head_dim {} like q", qh.head_dim),
-                });
+                return Err(Error::shape(OP, "k", kb.shape().to_vec(), format!("head_dim {} like q", qh.head_dim)));
             }
             if kh.tokens != qh.tokens {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what: "k",
-                    got: kb.shape().to_vec(),
-                    expected: format!("{} tokens like q", qh.tokens),
-                });
+                return Err(Error::shape(OP, "k", kb.shape().to_vec(), format!("{} tokens like q", qh.tokens)));
             }
             check_disjoint(OP, ("q", qh), ("k", *kh))?;
         }
         if pb.dims.numel() != qh.tokens || !pb.dims.is_contiguous() {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "positions",
-                got: pb.shape().to_vec(),
-                expected: format!("{} contiguous values (one per token)", qh.tokens),
-            });
+            return Err(Error::shape(OP, "positions", pb.shape().to_vec(), format!("{} contiguous values (one per token)", qh.tokens)));
         }
         let pr = Rows { addr: pb.addr, elem: pb.dtype.size(), rows: 1, cols: qh.tokens, row_stride: qh.tokens };
         check_disjoint(OP, ("q", qh), ("positions", pr))?;

@@ -115,33 +115,18 @@ pub fn swiglu_on(queue: &impl Queue, input: GateUpView<'_, '_>, out: &mut Tensor
     if let Some(ub) = &ub {
         check_dtype(OP, "up", ub.dtype, dtype)?;
         if ub.shape() != gb.shape() {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "up",
-                got: ub.shape().to_vec(),
-                expected: format!("{:?} like gate", gb.shape()),
-            });
+            return Err(Error::shape(OP, "up", ub.shape().to_vec(), format!("{:?} like gate", gb.shape())));
         }
     }
     let gr = Rows::of(OP, "gate", &gb, 1)?;
     let ur = ub.as_ref().map(|u| Rows::of(OP, "up", u, 1)).transpose()?;
     let or = Rows::of(OP, "out", &ob, 1)?;
     if interleaved && gr.cols % 2 != 0 {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            what: "gate_up",
-            got: gb.shape().to_vec(),
-            expected: "an even last dimension [..., 2d]".into(),
-        });
+        return Err(Error::shape(OP, "gate_up", gb.shape().to_vec(), "an even last dimension [..., 2d]"));
     }
     let d = if interleaved { gr.cols / 2 } else { gr.cols };
     if or.rows != gr.rows || or.cols != d {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            what: "out",
-            got: ob.shape().to_vec(),
-            expected: format!("{} rows of {d}", gr.rows),
-        });
+        return Err(Error::shape(OP, "out", ob.shape().to_vec(), format!("{} rows of {d}", gr.rows)));
     }
     let in_place = matches!(input, GateUpView::Separate { gate: None, .. });
     if !in_place {
@@ -190,12 +175,7 @@ pub fn swiglu_on(queue: &impl Queue, input: GateUpView<'_, '_>, out: &mut Tensor
 fn packed_width(what: &'static str, shape: &[usize]) -> Result<usize> {
     match shape.last() {
         Some(&w) if w % 2 == 0 => Ok(w),
-        _ => Err(Error::ShapeMismatch {
-            op: OP,
-            what,
-            got: shape.to_vec(),
-            expected: "an even last dimension [..., 2d]".into(),
-        }),
+        _ => Err(Error::shape(OP, what, shape.to_vec(), "an even last dimension [..., 2d]")),
     }
 }
 

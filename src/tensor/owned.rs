@@ -348,12 +348,7 @@ impl Tensor {
         return Err(Error::DTypeMismatch { op: OP, what: "dst", got: dst.dtype(), expected: src.dtype() });
     }
     if src.numel() != dst.numel() || !src.is_contiguous() || !dst.is_contiguous() {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            what: "dst",
-            got: dst.shape().to_vec(),
-            expected: format!("a contiguous tensor of {} elements like src", src.numel()),
-        });
+        return Err(Error::shape(OP, "dst", dst.shape().to_vec(), format!("a contiguous tensor of {} elements like src", src.numel())));
     }
     let bytes = src.numel() * src.dtype().size();
     let (s0, d0) = (src.offset() * src.dtype().size(), dst.offset() * dst.dtype().size());

@@ -149,12 +149,7 @@ impl DecodeBound {
         let tokens = batch * plan.q_len;
         if let Some(l) = &lb {
             if l.shape() != [plan.q_heads, tokens] || !l.dims.is_contiguous() {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what: "lse",
-                    got: l.shape().to_vec(),
-                    expected: format!("contiguous [{}, {tokens}] (q_heads, batch * q_len)", plan.q_heads),
-                });
+                return Err(Error::shape(OP, "lse", l.shape().to_vec(), format!("contiguous [{}, {tokens}] (q_heads, batch * q_len)", plan.q_heads)));
             }
         }
         Ok(DecodeBound {
@@ -210,12 +205,7 @@ impl DecodeBound {
 /// The batch, from `seq_lens` (at most the planned one).
 fn batch_of(plan: &DecodeShape, sb: &Arg) -> Result<usize> {
     if sb.shape().len() != 1 || !sb.dims.is_contiguous() {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            what: "seq_lens",
-            got: sb.shape().to_vec(),
-            expected: "a contiguous [batch] vector".into(),
-        });
+        return Err(Error::shape(OP, "seq_lens", sb.shape().to_vec(), "a contiguous [batch] vector"));
     }
     let batch = sb.shape()[0];
     if batch > plan.batch {

@@ -26,12 +26,7 @@ fn lse_layout(
 ) -> Result<(u64, usize, usize)> {
     check_dtype(op, what, b.dtype, DType::F32)?;
     if b.shape() != [heads, tokens] {
-        return Err(Error::ShapeMismatch {
-            op,
-            what,
-            got: b.shape().to_vec(),
-            expected: format!("[{heads}, {tokens}] (heads, tokens)"),
-        });
+        return Err(Error::shape(op, what, b.shape().to_vec(), format!("[{heads}, {tokens}] (heads, tokens)")));
     }
     let s = b.strides();
     Ok((b.addr, s[1], s[0]))
@@ -70,12 +65,7 @@ pub fn merge_attention_states_on(
     let (ah, bh, oh) = (Heads::of(OP, "v_a", &ab)?, Heads::of(OP, "v_b", &bb)?, Heads::of(OP, "out", &ob)?);
     for (what, b, h) in [("v_b", &bb, &bh), ("out", &ob, &oh)] {
         if (h.tokens, h.heads, h.head_dim) != (ah.tokens, ah.heads, ah.head_dim) {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what,
-                got: b.shape().to_vec(),
-                expected: format!("{:?} like v_a", ab.shape()),
-            });
+            return Err(Error::shape(OP, what, b.shape().to_vec(), format!("{:?} like v_a", ab.shape())));
         }
     }
     let (tokens, heads) = (ah.tokens, ah.heads);

@@ -151,12 +151,7 @@ pub fn kv_append_on(
         }
     }
     if sb.shape() != [kh.tokens] || !sb.dims.is_contiguous() {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            what: "slot_mapping",
-            got: sb.shape().to_vec(),
-            expected: format!("contiguous [{}] (one slot per token)", kh.tokens),
-        });
+        return Err(Error::shape(OP, "slot_mapping", sb.shape().to_vec(), format!("contiguous [{}] (one slot per token)", kh.tokens)));
     }
     if kp.head_dim % 16 != 0 {
         return Err(Error::invalid(OP, "head_dim", kp.head_dim, "must be a multiple of 16"));

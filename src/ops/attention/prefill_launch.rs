@@ -10,24 +10,28 @@ use super::variant::Variant;
 use crate::backend::{Device, LaunchDims};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ffi::params::{AttentionParams, AttentionPlanParams, LlkKvSource};
+use crate::ffi::params::{
+    AttentionParams, AttentionPlanParams, LLK_ATTN_KEYS, LLK_ATTN_ROWS_MMA, LLK_ATTN_ROWS_MMA_HD256, LLK_ATTN_ROWS_SIMT,
+    LLK_ATTN_THREADS, LlkKvSource,
+};
 use crate::kernels::attention::{KERNELS, PLAN, SUPPORTED_HEAD_DIMS};
 use crate::launch::pool::{Pool, check_block_table, check_pools};
 use crate::launch::{Arg, Heads, KernelArgs, Region, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::tensor::{TensorView, TensorViewMut};
 
 pub(super) const OP: &str = "gqa_attention";
-/// Rows (query token x q head) per block of the f32 SIMT kernel (kSimtRows in
-/// kernels/attention.cu).
-const ROWS_SIMT: usize = 32;
-const THREADS: u32 = 128;
+/// Rows (query token x q head) per block of the f32 SIMT kernel.
+const ROWS_SIMT: usize = LLK_ATTN_ROWS_SIMT as usize;
+const THREADS: u32 = LLK_ATTN_THREADS;
+/// Keys per K/V tile.
+const KEYS: usize = LLK_ATTN_KEYS as usize;
 /// Largest GQA pack (q heads sharing one block's K/V tiles).
 pub const MAX_PACK: usize = 16;
 
-/// Rows per block of the tensor-core kernel (kBlockRows in kernels/attention.cu): 4 warps of two
-/// 16-row m-tiles up to head_dim 128, of one at head_dim 256.
+/// Rows per block of the tensor-core kernel (kBlockRows in kernels/attention.cu, checked against
+/// params.h there): 4 warps of two 16-row m-tiles up to head_dim 128, of one at head_dim 256.
 fn rows_mma(head_dim: usize) -> usize {
-    if head_dim <= 128 { 128 } else { 64 }
+    (if head_dim <= 128 { LLK_ATTN_ROWS_MMA } else { LLK_ATTN_ROWS_MMA_HD256 }) as usize
 }
 
 /// Dynamic shared memory of the tensor-core kernel: Q, and two stages of K and V, in rows padded
@@ -41,7 +45,7 @@ fn mma_smem_bytes(head_dim: usize) -> u32 {
         256
     };
     // Q, two stages of K and V, and (paged K/V) a byte per key of each stage.
-    ((rows_mma(head_dim) + 4 * 64) * row * 2 + 2 * 64) as u32
+    ((rows_mma(head_dim) + 4 * KEYS) * row * 2 + 2 * KEYS) as u32
 }
 
 /// Checks cumulative sequence offsets and returns the batch size.
@@ -140,21 +144,11 @@ pub(super) fn batch_of(cu_seqlens: CuSeqlens<'_, '_>) -> Result<usize> {
             for (what, c) in [("cu_seqlens_q", cq), ("cu_seqlens_k", ck)] {
                 check_dtype(OP, what, c.dtype(), DType::I32)?;
                 if c.shape().len() != 1 || c.numel() == 0 || !c.dims().is_contiguous() {
-                    return Err(Error::ShapeMismatch {
-                        op: OP,
-                        what,
-                        got: c.shape().to_vec(),
-                        expected: "a contiguous [batch + 1] vector".into(),
-                    });
+                    return Err(Error::shape(OP, what, c.shape().to_vec(), "a contiguous [batch + 1] vector"));
                 }
             }
             if cq.numel() != ck.numel() {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what: "cu_seqlens_k",
-                    got: ck.shape().to_vec(),
-                    expected: format!("{:?} like cu_seqlens_q", cq.shape()),
-                });
+                return Err(Error::shape(OP, "cu_seqlens_k", ck.shape().to_vec(), format!("{:?} like cu_seqlens_q", cq.shape())));
             }
             Ok(cq.numel() - 1)
         }
@@ -225,12 +219,7 @@ impl Bound {
         let d = self.qh.head_dim;
         for (what, b, h) in [("k", &self.k, &self.kh), ("v", &self.v, &self.vh), ("out", &self.out, &self.oh)] {
             if h.head_dim != d {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what,
-                    got: b.shape().to_vec(),
-                    expected: format!("head_dim {d} like q"),
-                });
+                return Err(Error::shape(OP, what, b.shape().to_vec(), format!("head_dim {d} like q")));
             }
         }
         if !SUPPORTED_HEAD_DIMS.contains(&d) {
@@ -248,20 +237,10 @@ impl Bound {
             ));
         }
         if self.paged.is_none() && (self.vh.heads != self.kh.heads || self.vh.tokens != self.kh.tokens) {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "v",
-                got: self.v.shape().to_vec(),
-                expected: format!("{:?} like k", self.k.shape()),
-            });
+            return Err(Error::shape(OP, "v", self.v.shape().to_vec(), format!("{:?} like k", self.k.shape())));
         }
         if self.oh.tokens != self.qh.tokens || self.oh.heads != self.qh.heads {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "out",
-                got: self.out.shape().to_vec(),
-                expected: format!("{:?} like q", self.q.shape()),
-            });
+            return Err(Error::shape(OP, "out", self.out.shape().to_vec(), format!("{:?} like q", self.q.shape())));
         }
         Ok(d)
     }
@@ -307,12 +286,7 @@ impl Bound {
             qh.heads.checked_mul(qh.tokens).ok_or_else(|| Error::TooLarge { what: "lse", shape: vec![qh.heads, qh.tokens] })?;
         if let Some(l) = &self.lse {
             if l.shape() != [qh.heads, qh.tokens] || !l.dims.is_contiguous() {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what: "lse",
-                    got: l.shape().to_vec(),
-                    expected: format!("contiguous [{}, {}] (q_heads, total_q)", qh.heads, qh.tokens),
-                });
+                return Err(Error::shape(OP, "lse", l.shape().to_vec(), format!("contiguous [{}, {}] (q_heads, total_q)", qh.heads, qh.tokens)));
             }
         }
         Ok(lse_len)

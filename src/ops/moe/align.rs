@@ -192,12 +192,7 @@ impl MoeAlign {
             return Err(Error::invalid(OP, "block_m", block_m, format!("must be {BLOCK_M_DECODE} or {BLOCK_M}")));
         }
         if ids.shape().len() != 2 {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "ids",
-                got: ids.shape().to_vec(),
-                expected: "[tokens, k]".into(),
-            });
+            return Err(Error::shape(OP, "ids", ids.shape().to_vec(), "[tokens, k]"));
         }
         let (tokens, top_k) = (ids.shape()[0], ids.shape()[1]);
         let slots =
@@ -255,24 +250,14 @@ pub(crate) fn check_align_tokens(
     state: AlignState,
 ) -> Result<()> {
     if rows != state.tokens {
-        return Err(Error::ShapeMismatch {
-            op,
-            what,
-            got: b.shape().to_vec(),
-            expected: format!("{} rows (the tokens of the last alignment)", state.tokens),
-        });
+        return Err(Error::shape(op, what, b.shape().to_vec(), format!("{} rows (the tokens of the last alignment)", state.tokens)));
     }
     Ok(())
 }
 
 pub(crate) fn check_weights_shape(op: &'static str, w: &crate::launch::Arg, state: AlignState) -> Result<()> {
     if w.shape() != [state.tokens, state.top_k] {
-        return Err(Error::ShapeMismatch {
-            op,
-            what: "weights",
-            got: w.shape().to_vec(),
-            expected: format!("[{}, {}] like the aligned ids", state.tokens, state.top_k),
-        });
+        return Err(Error::shape(op, "weights", w.shape().to_vec(), format!("[{}, {}] like the aligned ids", state.tokens, state.top_k)));
     }
     contiguous_rows(op, "weights", w)?;
     Ok(())

@@ -72,12 +72,7 @@ pub fn moe_combine_on(
     let hidden = or.cols;
     let need = padded_rows(state.tokens * state.top_k, align.experts(), state.block_m);
     if yr.cols != hidden || yr.rows < need {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            what: "y",
-            got: yb.shape().to_vec(),
-            expected: format!("at least [{need}, {hidden}] (the padded rows of the permutation)"),
-        });
+        return Err(Error::shape(OP, "y", yb.shape().to_vec(), format!("at least [{need}, {hidden}] (the padded rows of the permutation)")));
     }
     if let Some(w) = &wb {
         check_weights_shape(OP, w, state)?;
@@ -88,12 +83,7 @@ pub fn moe_combine_on(
         if let Some(b) = b {
             let r = Rows::of(OP, what, b, 1)?;
             if (r.rows, r.cols) != (or.rows, or.cols) {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what,
-                    got: b.shape().to_vec(),
-                    expected: format!("{:?} like out", ob.shape()),
-                });
+                return Err(Error::shape(OP, what, b.shape().to_vec(), format!("{:?} like out", ob.shape())));
             }
             check_disjoint(OP, ("out", or), (what, r))?;
             extra.push(r);

@@ -47,12 +47,7 @@ pub fn moe_gather_on(
     check_align_tokens(OP, "x", &xb, xr.rows, state)?;
     let need = padded_rows(state.tokens * state.top_k, align.experts(), state.block_m);
     if or.cols != xr.cols || or.rows < need {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            what: "out",
-            got: ob.shape().to_vec(),
-            expected: format!("at least [{need}, {}] (the padded rows of the permutation)", xr.cols),
-        });
+        return Err(Error::shape(OP, "out", ob.shape().to_vec(), format!("at least [{need}, {}] (the padded rows of the permutation)", xr.cols)));
     }
     if let Some(w) = &wb {
         check_weights_shape(OP, w, state)?;

@@ -68,12 +68,7 @@ impl ExpertDims {
             [e, a, b] => (e, a, b, strides[0], strides[1]),
             [a, b] => (1, a, b, 0, strides[0]),
             _ => {
-                return Err(Error::ShapeMismatch {
-                    op,
-                    what,
-                    got: shape.to_vec(),
-                    expected: "[experts, a, b] or [a, b]".into(),
-                });
+                return Err(Error::shape(op, what, shape.to_vec(), "[experts, a, b] or [a, b]"));
             }
         };
         if b > 1 && strides[shape.len() - 1] != 1 {
@@ -141,21 +136,11 @@ impl GemmBound {
             WeightLayout::OutIn => "[experts, out, in]",
         };
         if wk != k {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "weights",
-                got: wb.shape().to_vec(),
-                expected: format!("{layout_name} with in = {k} (the columns of x)"),
-            });
+            return Err(Error::shape(OP, "weights", wb.shape().to_vec(), format!("{layout_name} with in = {k} (the columns of x)")));
         }
         let n = if packed {
             if wn % 2 != 0 {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what: "weights",
-                    got: wb.shape().to_vec(),
-                    expected: format!("{layout_name} with an even out = 2 I (gate then up)"),
-                });
+                return Err(Error::shape(OP, "weights", wb.shape().to_vec(), format!("{layout_name} with an even out = 2 I (gate then up)")));
             }
             wn / 2
         } else {
@@ -163,12 +148,7 @@ impl GemmBound {
         };
         if let (Some(u), Some(ub)) = (&ud, &ub) {
             if (u.experts, u.a, u.b) != (wd.experts, wd.a, wd.b) {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what: "up weights",
-                    got: ub.shape().to_vec(),
-                    expected: format!("{:?} like the gate weights", wb.shape()),
-                });
+                return Err(Error::shape(OP, "up weights", ub.shape().to_vec(), format!("{:?} like the gate weights", wb.shape())));
             }
             if (u.expert_stride, u.row_stride) != (wd.expert_stride, wd.row_stride) {
                 return Err(Error::BadLayout {
@@ -181,12 +161,7 @@ impl GemmBound {
             }
         }
         if yr.cols != n {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                what: "y",
-                got: yb.shape().to_vec(),
-                expected: format!("[rows, {n}] (the weights' {} columns)", if swiglu { "SwiGLU output" } else { "output" }),
-            });
+            return Err(Error::shape(OP, "y", yb.shape().to_vec(), format!("[rows, {n}] (the weights' {} columns)", if swiglu { "SwiGLU output" } else { "output" })));
         }
         let elem = dtype.size();
         check_disjoint(OP, ("y", yr), ("x", xr))?;
@@ -204,12 +179,7 @@ impl GemmBound {
         let (schedule, rows, blocks, block_m, map) = match groups {
             GemmGroups::Dense => {
                 if xr.rows != yr.rows {
-                    return Err(Error::ShapeMismatch {
-                        op: OP,
-                        what: "y",
-                        got: yb.shape().to_vec(),
-                        expected: format!("{} rows like x", xr.rows),
-                    });
+                    return Err(Error::shape(OP, "y", yb.shape().to_vec(), format!("{} rows like x", xr.rows)));
                 }
                 let bm = preferred_block_m(xr.rows, 1);
                 (LlkMoeSchedule::LLK_MOE_DENSE, xr.rows, xr.rows.div_ceil(bm), bm, None)
@@ -217,23 +187,13 @@ impl GemmBound {
             GemmGroups::Experts(a) => {
                 let s = a.state(OP)?;
                 if a.experts() != wd.experts {
-                    return Err(Error::ShapeMismatch {
-                        op: OP,
-                        what: "weights",
-                        got: wb.shape().to_vec(),
-                        expected: format!("{} experts like the permutation", a.experts()),
-                    });
+                    return Err(Error::shape(OP, "weights", wb.shape().to_vec(), format!("{} experts like the permutation", a.experts())));
                 }
                 let slots = s.tokens * s.top_k;
                 let need = padded_rows(slots, a.experts(), s.block_m);
                 for (what, b, r) in [("x", &xb, &xr), ("y", &yb, &yr)] {
                     if r.rows < need {
-                        return Err(Error::ShapeMismatch {
-                            op: OP,
-                            what,
-                            got: b.shape().to_vec(),
-                            expected: format!("at least {need} rows (the padded rows of the permutation)"),
-                        });
+                        return Err(Error::shape(OP, what, b.shape().to_vec(), format!("at least {need} rows (the padded rows of the permutation)")));
                     }
                 }
                 (

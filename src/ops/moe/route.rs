@@ -58,31 +58,16 @@ pub fn moe_route_on(
     let wr = contiguous_rows(OP, "weights", &wb)?;
     let (tokens, experts, k) = (lr.rows, lr.cols, ir.cols);
     if ir.rows != tokens {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            what: "ids",
-            got: ib.shape().to_vec(),
-            expected: format!("[{tokens}, k] (one row per token of logits)"),
-        });
+        return Err(Error::shape(OP, "ids", ib.shape().to_vec(), format!("[{tokens}, k] (one row per token of logits)")));
     }
     if wb.shape() != ib.shape() {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            what: "weights",
-            got: wb.shape().to_vec(),
-            expected: format!("{:?} like ids", ib.shape()),
-        });
+        return Err(Error::shape(OP, "weights", wb.shape().to_vec(), format!("{:?} like ids", ib.shape())));
     }
     check_routing(OP, experts, k, routing)?;
     let bias_addr = match (&bb, routing) {
         (Some(b), MoeRouting::Grouped { .. }) => {
             if b.shape() != [experts] {
-                return Err(Error::ShapeMismatch {
-                    op: OP,
-                    what: "bias",
-                    got: b.shape().to_vec(),
-                    expected: format!("[{experts}] (one per expert)"),
-                });
+                return Err(Error::shape(OP, "bias", b.shape().to_vec(), format!("[{experts}] (one per expert)")));
             }
             contiguous_rows(OP, "bias", b)?;
             b.addr
