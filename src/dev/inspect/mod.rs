@@ -4,6 +4,7 @@
 //! wrappers load exists and that no kernel spills registers.
 
 pub mod perf;
+pub mod sass;
 
 use crate::backend::{KernelModuleInfo, kernel_modules};
 

@@ -124,56 +124,8 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
     let mut ws = AttentionWorkspace::new(device);
     let start = Instant::now();
     if let Some(page_size) = paged {
-        // Each sequence's keys on its own pages, in scrambled order; the contiguous K/V go unused.
-        let pages: Vec<usize> = seqlens.iter().map(|s| s.1.div_ceil(page_size)).collect();
-        let width = pages.iter().copied().max().unwrap_or(0).max(1);
-        let num_pages = pages.iter().sum::<usize>() + 1;
-        let mut ids: Vec<i32> = (0..num_pages as i32).collect();
-        for i in (1..ids.len()).rev() {
-            ids.swap(i, rng.below(i as u64 + 1) as usize);
-        }
-        let row = kv_heads * d;
-        let mut kp = rng.normal_vec(num_pages * page_size * row, 1.0, dtype);
-        let mut vp = rng.normal_vec(num_pages * page_size * row, 1.0, dtype);
-        let mut table = vec![-1i32; seqlens.len() * width];
-        let mut next = 0;
-        for (b, &(_, kl)) in seqlens.iter().enumerate() {
-            for j in 0..pages[b] {
-                table[b * width + j] = ids[next];
-                next += 1;
-            }
-            for key in 0..kl {
-                let slot = table[b * width + key / page_size] as usize * page_size + key % page_size;
-                let src = (cu_k[b] as usize + key) * row;
-                kp[slot * row..(slot + 1) * row].copy_from_slice(&k[src..src + row]);
-                vp[slot * row..(slot + 1) * row].copy_from_slice(&v[src..src + row]);
-            }
-        }
-        let shape = [num_pages, page_size, kv_heads, d];
-        let (kpt, vpt) = (Tensor::from_f64(device, dtype, &kp, &shape)?, Tensor::from_f64(device, dtype, &vp, &shape)?);
-        let tt = Tensor::from_slice(device, &table, &[seqlens.len(), width])?;
-        let (kv, vv) = (kpt.view(), vpt.view());
-        let scales = crate::ops::attention::KvScales::default();
-        let kv = crate::ops::attention::PagedKvView { k_pages: &kv, v_pages: &vv, scales: &scales };
-        let (cq, ck) =
-            (Tensor::from_slice(device, &cu_q, &[cu_q.len()])?, Tensor::from_slice(device, &cu_k, &[cu_k.len()])?);
-        let (cqv, ckv) = (cq.view(), ck.view());
-        let cu = if device_offsets {
-            crate::ops::attention::CuSeqlens::Device { q: &cqv, k: &ckv }
-        } else {
-            crate::ops::attention::CuSeqlens::Host { q: &cu_q, k: &cu_k }
-        };
-        let mut lv = lse.as_ref().map(crate::tensor::TensorViewMut::of_tensor);
-        ws.forward_paged_on(
-            device,
-            &qt.view(),
-            &kv,
-            &tt.view(),
-            cu,
-            &mut crate::tensor::TensorViewMut::of_tensor(&out),
-            lv.as_mut(),
-            &opts,
-        )?;
+        let kv = PagedInputs { k: &k, v: &v, cu_q: &cu_q, cu_k: &cu_k, kv_heads, head_dim: d, page_size };
+        run_paged(device, &mut ws, case, &kv, &mut rng, &qt, &out, lse.as_ref())?;
     }
     if paged.is_some() {
         // (ran above: the pool and table live in that scope)
@@ -206,25 +158,10 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
         outputs.push(lg);
     }
     let (comparison, worst_shape) = worst_of(parts);
-    let mask = match opts.mask {
-        AttentionMask::None => "full".to_string(),
-        AttentionMask::Causal => "causal".to_string(),
-        AttentionMask::ChunkedCausal { chunk_size } => format!("chunk {chunk_size}"),
-    };
-    let lens = if seqlens.len() == 1 && seqlens[0].0 == seqlens[0].1 {
-        format!("s{}", seqlens[0].0)
-    } else {
-        format!("{} seqs q{tq}/k{tk}", seqlens.len())
-    };
     Ok(CaseResult {
         op: "gqa_attention".into(),
         dtype,
-        shape: format!(
-            "{lens} {q_heads}/{kv_heads}x{d} {mask}{}{}",
-            if opts.temperature.is_some() { " +temp" } else { "" },
-            if fused_qkv { " qkv" } else { "" },
-        ) + if device_offsets { " dev-cu" } else { "" }
-            + &paged.map_or(String::new(), |p| format!(" paged p{p}")),
+        shape: case_label(case, tq, tk),
         pass: comparison.pass,
         comparison,
         worst_shape,
@@ -235,6 +172,106 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
 }
 
 /// The attention cases `verify` runs.
+/// The host data of a paged case: K and V (contiguous), the offsets, and the pool geometry.
+struct PagedInputs<'a> {
+    k: &'a [f64],
+    v: &'a [f64],
+    cu_q: &'a [i32],
+    cu_k: &'a [i32],
+    kv_heads: usize,
+    head_dim: usize,
+    page_size: usize,
+}
+
+/// Runs a paged case: each sequence's keys on its own pages, in scrambled order (the contiguous
+/// K/V tensors go unused).
+#[allow(clippy::too_many_arguments)]
+fn run_paged(
+    device: &Device,
+    ws: &mut AttentionWorkspace,
+    case: &AttentionCase,
+    inputs: &PagedInputs<'_>,
+    rng: &mut Rng,
+    qt: &Tensor,
+    out: &Tensor,
+    lse: Option<&Tensor>,
+) -> Result<()> {
+    let AttentionCase { dtype, ref seqlens, opts, device_offsets, .. } = *case;
+    let PagedInputs { k, v, cu_q, cu_k, kv_heads, head_dim: d, page_size } = *inputs;
+    // Each sequence's keys on its own pages, in scrambled order; the contiguous K/V go unused.
+    let pages: Vec<usize> = seqlens.iter().map(|s| s.1.div_ceil(page_size)).collect();
+    let width = pages.iter().copied().max().unwrap_or(0).max(1);
+    let num_pages = pages.iter().sum::<usize>() + 1;
+    let mut ids: Vec<i32> = (0..num_pages as i32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let row = kv_heads * d;
+    let mut kp = rng.normal_vec(num_pages * page_size * row, 1.0, dtype);
+    let mut vp = rng.normal_vec(num_pages * page_size * row, 1.0, dtype);
+    let mut table = vec![-1i32; seqlens.len() * width];
+    let mut next = 0;
+    for (b, &(_, kl)) in seqlens.iter().enumerate() {
+        for j in 0..pages[b] {
+            table[b * width + j] = ids[next];
+            next += 1;
+        }
+        for key in 0..kl {
+            let slot = table[b * width + key / page_size] as usize * page_size + key % page_size;
+            let src = (cu_k[b] as usize + key) * row;
+            kp[slot * row..(slot + 1) * row].copy_from_slice(&k[src..src + row]);
+            vp[slot * row..(slot + 1) * row].copy_from_slice(&v[src..src + row]);
+        }
+    }
+    let shape = [num_pages, page_size, kv_heads, d];
+    let (kpt, vpt) = (Tensor::from_f64(device, dtype, &kp, &shape)?, Tensor::from_f64(device, dtype, &vp, &shape)?);
+    let tt = Tensor::from_slice(device, &table, &[seqlens.len(), width])?;
+    let (kv, vv) = (kpt.view(), vpt.view());
+    let scales = crate::ops::attention::KvScales::default();
+    let kv = crate::ops::attention::PagedKvView { k_pages: &kv, v_pages: &vv, scales: &scales };
+    let (cq, ck) =
+        (Tensor::from_slice(device, &cu_q, &[cu_q.len()])?, Tensor::from_slice(device, &cu_k, &[cu_k.len()])?);
+    let (cqv, ckv) = (cq.view(), ck.view());
+    let cu = if device_offsets {
+        crate::ops::attention::CuSeqlens::Device { q: &cqv, k: &ckv }
+    } else {
+        crate::ops::attention::CuSeqlens::Host { q: &cu_q, k: &cu_k }
+    };
+    let mut lv = lse.map(crate::tensor::TensorViewMut::of_tensor);
+    ws.forward_paged_on(
+        device,
+        &qt.view(),
+        &kv,
+        &tt.view(),
+        cu,
+        &mut crate::tensor::TensorViewMut::of_tensor(out),
+        lv.as_mut(),
+        &opts,
+    )?;
+    Ok(())
+}
+
+/// The `verify` row's shape text of a case.
+fn case_label(case: &AttentionCase, tq: usize, tk: usize) -> String {
+    let AttentionCase { ref seqlens, q_heads, kv_heads, head_dim: d, opts, fused_qkv, device_offsets, paged, .. } = *case;
+    let mask = match opts.mask {
+        AttentionMask::None => "full".to_string(),
+        AttentionMask::Causal => "causal".to_string(),
+        AttentionMask::ChunkedCausal { chunk_size } => format!("chunk {chunk_size}"),
+    };
+    let lens = if seqlens.len() == 1 && seqlens[0].0 == seqlens[0].1 {
+        format!("s{}", seqlens[0].0)
+    } else {
+        format!("{} seqs q{tq}/k{tk}", seqlens.len())
+    };
+    format!(
+            "{lens} {q_heads}/{kv_heads}x{d} {mask}{}{}",
+            if opts.temperature.is_some() { " +temp" } else { "" },
+            if fused_qkv { " qkv" } else { "" },
+        ) + if device_offsets { " dev-cu" } else { "" }
+            + &paged.map_or(String::new(), |p| format!(" paged p{p}"))
+}
+
 pub fn attention_cases(quick: bool) -> Vec<AttentionCase> {
     let len = if quick { 65 } else { 1024 };
     let mut v = Vec::new();

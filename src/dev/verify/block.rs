@@ -171,7 +171,6 @@ pub fn check_layer(
     let mut rng = Rng::new(seed ^ (spec.index as u64) << 24);
     let mut st = Stages::default();
     let h = spec.hidden;
-    let wmax = |w: &[f32]| w.iter().fold(0.0f64, |m, &x| m.max(f64::from(x).abs()));
     let (qkv_w, o_w) =
         (wmax(&host.q_proj.data).max(wmax(&host.k_proj.data)).max(wmax(&host.v_proj.data)), wmax(&host.o_proj.data));
     let (rope_tol, attn_tol, round_tol) = (
@@ -186,12 +185,7 @@ pub fn check_layer(
         let hidden = Tensor::from_f64(device, dtype, &x, &[tokens, h])?;
         let tr = layer.forward_traced(&mut ws, &cache, 0, &step, &hidden)?;
         cache.commit(&step)?;
-        let get = |stage: &str| {
-            tr.get(stage).ok_or_else(|| crate::Error::Reference {
-                what: "verify",
-                why: format!("device trace has no `{stage}`"),
-            })
-        };
+        let get = |stage: &str| trace_stage(&tr, stage);
         let pos = rb::positions(&spec, &mirror, batch);
         // Stage-local checks.
         let normed = get("norm")?;
@@ -218,49 +212,15 @@ pub fn check_layer(
         // The end-to-end reference.
         let full = rb::forward(&rl, &mut e2e_cache, batch, &x)?;
         match spec.ffn {
-            FfnSpec::Dense { intermediate: i, .. } => {
-                let gu = get("gate_up")?;
-                let (gate_up_ref, _, _) = rb::dense_mlp(&rl, post)?;
-                let (g_w, d_w) = match &host.ffn {
-                    crate::block::HostFfn::Dense { gate, up, down, .. } => {
-                        (wmax(&gate.data).max(wmax(&up.data)), wmax(&down.data))
-                    }
-                    crate::block::HostFfn::Moe { .. } => (0.0, 0.0),
-                };
-                st.add("gate_up", gu, &gate_up_ref, linear_tolerance(dtype, h, max_abs(post) * g_w));
-                let act = get("swiglu")?;
-                st.add("swiglu", act, &rb::dense_down(&rl, gu)?.0, round_tol);
-                let out = get("output")?;
-                let down = rb::dense_down_from_act(&rl, act)?;
-                st.add("output", out, &rb::add(residual, &down)?, linear_tolerance(dtype, i, max_abs(act) * d_w));
-                let expected = full.get("output").unwrap_or(&[]);
-                st.add("output e2e", out, expected, e2e_tolerance(dtype, rms(expected)));
+            FfnSpec::Dense { intermediate, .. } => {
+                check_dense_ffn(&mut st, &FfnCheck { rl: &rl, host, dtype, hidden: h, post, residual, full: &full }, &tr, intermediate)?;
             }
             FfnSpec::Moe { .. } => {
                 let moe_w = moe_weights.as_ref().ok_or_else(|| crate::Error::Reference {
                     what: "verify",
                     why: "an MoE layer without MoE weights".into(),
                 })?;
-                let (rspec, rw) = moe_w.reference();
-                // The router against the reference's own logits; the later stages route the
-                // device's logits (rounded to the dtype), so that a near-tie the rounding flips
-                // does not change the experts under comparison.
-                let logits = get("router")?;
-                let own = rm::moe_ffn(post, tokens, &rspec, &rw, Some(residual), None, None)?;
-                st.add("router", logits, &own.logits, vm::moe_tolerance(dtype, &own.logits, 2.0));
-                let ids = get("routing")?;
-                let dev_ids: Vec<i32> = ids.iter().map(|&v| v as i32).collect();
-                let staged = rm::moe_ffn(post, tokens, &rspec, &rw, Some(residual), Some(logits), Some(&dev_ids))?;
-                let want_ids: Vec<f64> = staged.ids.iter().map(|&v| f64::from(v)).collect();
-                st.add("routing", ids, &want_ids, Tolerance { atol: 0.0, rtol: 0.0 });
-                st.add("route_weights", get("route_weights")?, &staged.weights, vm::ROUTE_WEIGHT_TOLERANCE);
-                if let Some(want) = &staged.shared {
-                    st.add("shared", get("shared")?, want, vm::moe_tolerance(dtype, want, 4.0));
-                }
-                let out = get("output")?;
-                st.add("output", out, &staged.out, vm::moe_tolerance(dtype, &staged.out, 8.0));
-                let expected = full.get("output").unwrap_or(&[]);
-                st.add("output e2e", out, expected, e2e_tolerance(dtype, rms(expected)));
+                check_moe_ffn(&mut st, &FfnCheck { rl: &rl, host, dtype, hidden: h, post, residual, full: &full }, &tr, moe_w, tokens)?;
             }
         }
     }
@@ -281,6 +241,79 @@ pub fn check_layer(
             millis,
         })
         .collect())
+}
+
+/// The inputs every feed-forward check reads: the reference layer, the host weights, the
+/// device's normed input and residual, and the end-to-end reference of the step.
+struct FfnCheck<'a> {
+    rl: &'a rb::RefLayer,
+    host: &'a HostLayerWeights,
+    dtype: DType,
+    hidden: usize,
+    post: &'a [f64],
+    residual: &'a [f64],
+    full: &'a rb::RefTrace,
+}
+
+/// A traced stage of the device forward, or a named error.
+fn trace_stage<'t>(tr: &'t crate::block::Trace, stage: &str) -> Result<&'t [f64]> {
+    tr.get(stage).ok_or_else(|| crate::Error::Reference { what: "verify", why: format!("device trace has no `{stage}`") })
+}
+
+/// The largest magnitude of a weight.
+fn wmax(w: &[f32]) -> f64 {
+    w.iter().fold(0.0f64, |m, &x| m.max(f64::from(x).abs()))
+}
+
+/// The dense MLP stages: gate_up, swiglu, output, output e2e.
+fn check_dense_ffn(st: &mut Stages, c: &FfnCheck<'_>, tr: &crate::block::Trace, intermediate: usize) -> Result<()> {
+    let (dtype, post, residual, full) = (c.dtype, c.post, c.residual, c.full);
+    let (h, round_tol) = (c.hidden, Tolerance::rounded_output(dtype));
+    let get = |stage: &str| trace_stage(tr, stage);
+        let gu = get("gate_up")?;
+        let (gate_up_ref, _, _) = rb::dense_mlp(c.rl, post)?;
+        let (g_w, d_w) = match &c.host.ffn {
+            crate::block::HostFfn::Dense { gate, up, down, .. } => {
+                (wmax(&gate.data).max(wmax(&up.data)), wmax(&down.data))
+            }
+            crate::block::HostFfn::Moe { .. } => (0.0, 0.0),
+        };
+        st.add("gate_up", gu, &gate_up_ref, linear_tolerance(dtype, h, max_abs(post) * g_w));
+        let act = get("swiglu")?;
+        st.add("swiglu", act, &rb::dense_down(c.rl, gu)?.0, round_tol);
+        let out = get("output")?;
+        let down = rb::dense_down_from_act(c.rl, act)?;
+        st.add("output", out, &rb::add(residual, &down)?, linear_tolerance(dtype, intermediate, max_abs(act) * d_w));
+        let expected = full.get("output").unwrap_or(&[]);
+        st.add("output e2e", out, expected, e2e_tolerance(dtype, rms(expected)));
+    Ok(())
+}
+
+/// The MoE stages: router, routing (exact), route_weights, shared, output, output e2e.
+fn check_moe_ffn(st: &mut Stages, c: &FfnCheck<'_>, tr: &crate::block::Trace, moe_w: &MoeRefWeights, tokens: usize) -> Result<()> {
+    let (dtype, post, residual, full) = (c.dtype, c.post, c.residual, c.full);
+    let get = |stage: &str| trace_stage(tr, stage);
+        let (rspec, rw) = moe_w.reference();
+        // The router against the reference's own logits; the later stages route the
+        // device's logits (rounded to the dtype), so that a near-tie the rounding flips
+        // does not change the experts under comparison.
+        let logits = get("router")?;
+        let own = rm::moe_ffn(post, tokens, &rspec, &rw, Some(residual), None, None)?;
+        st.add("router", logits, &own.logits, vm::moe_tolerance(dtype, &own.logits, 2.0));
+        let ids = get("routing")?;
+        let dev_ids: Vec<i32> = ids.iter().map(|&v| v as i32).collect();
+        let staged = rm::moe_ffn(post, tokens, &rspec, &rw, Some(residual), Some(logits), Some(&dev_ids))?;
+        let want_ids: Vec<f64> = staged.ids.iter().map(|&v| f64::from(v)).collect();
+        st.add("routing", ids, &want_ids, Tolerance { atol: 0.0, rtol: 0.0 });
+        st.add("route_weights", get("route_weights")?, &staged.weights, vm::ROUTE_WEIGHT_TOLERANCE);
+        if let Some(want) = &staged.shared {
+            st.add("shared", get("shared")?, want, vm::moe_tolerance(dtype, want, 4.0));
+        }
+        let out = get("output")?;
+        st.add("output", out, &staged.out, vm::moe_tolerance(dtype, &staged.out, 8.0));
+        let expected = full.get("output").unwrap_or(&[]);
+        st.add("output e2e", out, expected, e2e_tolerance(dtype, rms(expected)));
+    Ok(())
 }
 
 /// An MoE layer's weights in f64, for [`rm::moe_ffn`] (Hugging Face Llama 4 layouts).

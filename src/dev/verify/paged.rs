@@ -14,7 +14,7 @@ use crate::ops::attention::{
 };
 use crate::reference::paged_attention::{self as refp, DecodeSpec, PoolShape};
 use crate::tensor::{Tensor, TensorViewMut};
-use crate::dev::testing::{Rng, Tolerance, compare};
+use crate::dev::testing::{Comparison, Rng, Tolerance, compare};
 
 /// K and V pools on the device: two tensors, or two views of one `[num_pages, 2, page_size,
 /// kv_heads, head_dim]` buffer (FlashInfer's layout: K and V of a page side by side).
@@ -329,22 +329,7 @@ pub fn paged_decode_case(device: &Device, case: &PagedDecodeCase) -> Result<Case
     if scramble {
         shuffle(&mut rng, &mut ids);
     }
-    let mut table = vec![0i32; batch * width];
-    let mut next = 0;
-    for b in 0..batch {
-        for j in 0..width {
-            // Entries past the sequence are never read: make them invalid to prove it.
-            table[b * width + j] = if j < pages[b] {
-                next += 1;
-                ids[next - 1]
-            } else {
-                i32::MAX - j as i32
-            };
-        }
-    }
-    if let Some((b, j)) = bad_page {
-        table[b * width + j] = num_pages as i32 + 7;
-    }
+    let table = block_table(&pages, width, &ids, bad_page, num_pages);
     let pool = PoolShape { num_pages, page_size, kv_heads, head_dim: d };
     let (ks, vs) = (scale_values(&scales.k, kv_heads), scale_values(&scales.v, kv_heads));
     let k_init = pool_values(&mut rng, page_dtype, pool, &ks);
@@ -354,18 +339,7 @@ pub fn paged_decode_case(device: &Device, case: &PagedDecodeCase) -> Result<Case
     let tokens = batch * q_len;
     let k_new = rng.normal_vec(tokens * kv_heads * d, 1.0, dtype);
     let v_new = rng.normal_vec(tokens * kv_heads * d, 1.0, dtype);
-    let slots: Vec<i64> = (0..tokens)
-        .map(|t| {
-            let (b, i) = (t / q_len, t % q_len);
-            let key = seq_lens[b] as i64 - q_len as i64 + i as i64;
-            if key < 0 || Some((b, key as usize / page_size)) == bad_page {
-                -1
-            } else {
-                let id = i64::from(table[b * width + key as usize / page_size]);
-                id * page_size as i64 + key % page_size as i64
-            }
-        })
-        .collect();
+    let slots = slot_mapping(seq_lens, q_len, page_size, &table, width, bad_page);
     let errors = ErrorFlag::new(device)?;
     {
         let kt = Tensor::from_f64(device, dtype, &k_new, &[tokens, kv_heads, d])?;
@@ -410,24 +384,9 @@ pub fn paged_decode_case(device: &Device, case: &PagedDecodeCase) -> Result<Case
     };
 
     // The reference reads what the kernels read: the pools after the append, scaled.
-    let (kg, vg) = (pools.k.to_f64_vec()?, pools.v.to_f64_vec()?);
-    let spec = DecodeSpec {
-        q_heads,
-        q_len,
-        scale: f64::from(opts.scale.unwrap_or(1.0 / (d as f32).sqrt())),
-        chunk_size: opts.chunk_size,
-        temperature: opts.temperature,
-    };
-    let (oref, lref) =
-        refp::paged_decode(&q, &scaled(&kg, pool, &ks), &scaled(&vg, pool, &vs), pool, &table, width, &lens, &spec)?;
-    let og = out.to_f64_vec()?;
-    let mut parts = vec![(compare(&og, &oref, paged_decode_tolerance(dtype)), vec![tokens, q_heads, d])];
-    let mut outputs = vec![og];
-    if let Some(l) = &lse {
-        let lg = l.to_f64_vec()?;
-        parts.push((compare(&lg, &lref, LSE_TOLERANCE), vec![q_heads, tokens]));
-        outputs.push(lg);
-    }
+    let scaled_pools = (scaled(&pools.k.to_f64_vec()?, pool, &ks), scaled(&pools.v.to_f64_vec()?, pool, &vs));
+    let (parts, outputs) =
+        compare_decode(case, &q, scaled_pools, pool, (&table, width), &lens, (&out, lse.as_ref()), tokens)?;
     let (comparison, worst_shape) = worst_of(parts);
     let lens_name = if batch <= 4 { format!("{seq_lens:?}") } else { format!("{batch} seqs <= {max_len}") };
     Ok(CaseResult {
@@ -448,6 +407,86 @@ pub fn paged_decode_case(device: &Device, case: &PagedDecodeCase) -> Result<Case
         millis,
         outputs,
     })
+}
+
+/// The block table: each sequence's pages (`ids` in order), entries past a sequence invalid (to
+/// prove they are never read), and the planted bad page.
+fn block_table(pages: &[usize], width: usize, ids: &[i32], bad_page: Option<(usize, usize)>, num_pages: usize) -> Vec<i32> {
+    let batch = pages.len();
+    let mut table = vec![0i32; batch * width];
+    let mut next = 0;
+    for b in 0..batch {
+        for j in 0..width {
+            // Entries past the sequence are never read: make them invalid to prove it.
+            table[b * width + j] = if j < pages[b] {
+                next += 1;
+                ids[next - 1]
+            } else {
+                i32::MAX - j as i32
+            };
+        }
+    }
+    if let Some((b, j)) = bad_page {
+        table[b * width + j] = num_pages as i32 + 7;
+    }
+    table
+}
+
+/// Where the new tokens' k and v go: the slot of key `seq_len - q_len + i`, or -1 (skipped) for a
+/// key before the sequence or on the planted bad page.
+fn slot_mapping(
+    seq_lens: &[usize],
+    q_len: usize,
+    page_size: usize,
+    table: &[i32],
+    width: usize,
+    bad_page: Option<(usize, usize)>,
+) -> Vec<i64> {
+    let tokens = seq_lens.len() * q_len;
+    (0..tokens)
+        .map(|t| {
+            let (b, i) = (t / q_len, t % q_len);
+            let key = seq_lens[b] as i64 - q_len as i64 + i as i64;
+            if key < 0 || Some((b, key as usize / page_size)) == bad_page {
+                -1
+            } else {
+                let id = i64::from(table[b * width + key as usize / page_size]);
+                id * page_size as i64 + key % page_size as i64
+            }
+        })
+        .collect()
+}
+
+/// Compares the decode output (and LSE) with the reference over the scaled pools.
+#[allow(clippy::too_many_arguments)]
+fn compare_decode(
+    case: &PagedDecodeCase,
+    q: &[f64],
+    (kg, vg): (Vec<f64>, Vec<f64>),
+    pool: PoolShape,
+    (table, width): (&[i32], usize),
+    lens: &[i32],
+    (out, lse): (&Tensor, Option<&Tensor>),
+    tokens: usize,
+) -> Result<(Vec<(Comparison, Vec<usize>)>, Vec<Vec<f64>>)> {
+    let PagedDecodeCase { dtype, q_len, q_heads, head_dim: d, opts, .. } = *case;
+    let spec = DecodeSpec {
+        q_heads,
+        q_len,
+        scale: f64::from(opts.scale.unwrap_or(1.0 / (d as f32).sqrt())),
+        chunk_size: opts.chunk_size,
+        temperature: opts.temperature,
+    };
+    let (oref, lref) = refp::paged_decode(q, &kg, &vg, pool, table, width, lens, &spec)?;
+    let og = out.to_f64_vec()?;
+    let mut parts = vec![(compare(&og, &oref, paged_decode_tolerance(dtype)), vec![tokens, q_heads, d])];
+    let mut outputs = vec![og];
+    if let Some(l) = lse {
+        let lg = l.to_f64_vec()?;
+        parts.push((compare(&lg, &lref, LSE_TOLERANCE), vec![q_heads, tokens]));
+        outputs.push(lg);
+    }
+    Ok((parts, outputs))
 }
 
 /// The paged-cache cases `verify` runs: append (bf16, f16 to fp8 with both scale kinds, fused
