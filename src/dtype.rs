@@ -7,10 +7,15 @@ use half::{bf16, f16};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DType {
+    /// IEEE 754 binary32 (4 bytes).
     F32,
+    /// IEEE 754 binary16 (2 bytes).
     F16,
+    /// bfloat16: f32's exponent range with an 8-bit significand (2 bytes).
     BF16,
+    /// 32-bit signed integer: positions, sequence offsets, block tables, expert ids.
     I32,
+    /// 64-bit signed integer: positions and KV slot mappings.
     I64,
     /// OCP FP8 E4M3 "fn" (finite, +-448, one NaN code per sign): a storage type of the paged KV
     /// cache only ([`F8E4M3`]).
@@ -72,7 +77,9 @@ mod sealed {
 
 /// A Rust type that can be stored in a [`crate::Tensor`].
 pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
+    /// The dtype of a tensor of this type.
     const DTYPE: DType;
+    /// The value as f64 (exact, except i64 values beyond 2^53, which round; fp8 codes decode).
     fn to_f64(self) -> f64;
     /// Rounds to nearest (even); saturates integers.
     fn from_f64(v: f64) -> Self;

@@ -24,74 +24,193 @@ pub enum Error {
 
     /// An emulated launch failed: deadlock, divergent barrier, out-of-bounds access, ...
     #[error("emulated kernel `{kernel}` failed ({status}): {message}")]
-    Emulation { kernel: &'static str, status: &'static str, message: String },
+    Emulation {
+        /// The kernel's symbol.
+        kernel: &'static str,
+        /// What the emulator detected (`deadlock`, `divergent barrier`, `memory fault`, ...).
+        status: &'static str,
+        /// The emulator's report (a memory fault names the buffer nearest the faulting address).
+        message: String,
+    },
 
     /// A kernel symbol is missing from its module (a build problem, never a user error).
     #[error("kernel `{symbol}` not found in module `{module}`")]
-    KernelNotFound { module: &'static str, symbol: &'static str },
+    KernelNotFound {
+        /// The kernel family (module) searched.
+        module: &'static str,
+        /// The symbol that is missing (`<module>` when the module itself is).
+        symbol: &'static str,
+    },
 
     /// Two tensors that must share a dtype do not.
     #[error("{op}: {what} has dtype {got}, expected {expected}")]
-    DTypeMismatch { op: &'static str, what: &'static str, got: DType, expected: DType },
+    DTypeMismatch {
+        /// The operation that rejected the call.
+        op: &'static str,
+        /// The argument, as named in the op's docs.
+        what: &'static str,
+        /// The dtype it has.
+        got: DType,
+        /// The dtype it must have.
+        expected: DType,
+    },
 
     /// A dtype the operation does not implement.
     #[error("{op}: {what} has unsupported dtype {dtype} (supported: {supported})")]
-    UnsupportedDType { op: &'static str, what: &'static str, dtype: DType, supported: &'static str },
+    UnsupportedDType {
+        /// The operation that rejected the call.
+        op: &'static str,
+        /// The argument, as named in the op's docs.
+        what: &'static str,
+        /// The dtype it has.
+        dtype: DType,
+        /// The dtypes the op implements for it.
+        supported: &'static str,
+    },
 
     /// A shape that does not fit the operation.
     #[error("{op}: {what} has shape {got:?}, expected {expected}")]
-    ShapeMismatch { op: &'static str, what: &'static str, got: Vec<usize>, expected: String },
+    ShapeMismatch {
+        /// The operation that rejected the call.
+        op: &'static str,
+        /// The argument, as named in the op's docs.
+        what: &'static str,
+        /// The shape it has.
+        got: Vec<usize>,
+        /// The shape (or rule) it must satisfy.
+        expected: String,
+    },
 
     /// A memory layout the kernels cannot address (the innermost dimension must be contiguous).
     #[error("{op}: {what} has strides {strides:?} for shape {shape:?}: {why}")]
-    BadLayout { op: &'static str, what: &'static str, shape: Vec<usize>, strides: Vec<usize>, why: &'static str },
+    BadLayout {
+        /// The operation that rejected the call.
+        op: &'static str,
+        /// The argument, as named in the op's docs.
+        what: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Its strides, in elements.
+        strides: Vec<usize>,
+        /// Which rule the layout breaks.
+        why: &'static str,
+    },
 
     /// An output overlaps an input (or another output) in memory.
     #[error("{op}: {a} and {b} overlap in memory")]
-    Overlap { op: &'static str, a: &'static str, b: &'static str },
+    Overlap {
+        /// The operation that rejected the call.
+        op: &'static str,
+        /// One argument, as named in the op's docs.
+        a: &'static str,
+        /// The argument it overlaps, as named in the op's docs.
+        b: &'static str,
+    },
 
     /// A scalar argument out of its domain.
     #[error("{op}: invalid {name} = {value}: {why}")]
-    InvalidArgument { op: &'static str, name: &'static str, value: String, why: String },
+    InvalidArgument {
+        /// The operation that rejected the call.
+        op: &'static str,
+        /// The argument, as named in the op's docs.
+        name: &'static str,
+        /// The value given, formatted.
+        value: String,
+        /// The domain it must lie in.
+        why: String,
+    },
 
     /// Tensors from different devices (CUDA contexts, or emulated devices) were passed to one call.
     #[error("{op}: {what} lives on a different device")]
-    DeviceMismatch { op: &'static str, what: &'static str },
+    DeviceMismatch {
+        /// The operation that rejected the call.
+        op: &'static str,
+        /// The argument, as named in the op's docs.
+        what: &'static str,
+    },
 
     /// A shape whose element or byte count does not fit in memory addresses.
     #[error("{what}: shape {shape:?} is too large (its size overflows)")]
-    TooLarge { what: &'static str, shape: Vec<usize> },
+    TooLarge {
+        /// The call or argument whose size overflowed.
+        what: &'static str,
+        /// The shape, in elements per dimension.
+        shape: Vec<usize>,
+    },
 
     /// A host slice whose length does not match the tensor it is copied to or from.
     #[error("{what}: {got} elements given, {expected} expected")]
-    LengthMismatch { what: &'static str, expected: usize, got: usize },
+    LengthMismatch {
+        /// The call that copies (`Tensor::from_slice`, `copy_from_slice`, ...).
+        what: &'static str,
+        /// Elements of the tensor.
+        expected: usize,
+        /// Elements of the host slice.
+        got: usize,
+    },
 
     /// A view (narrow, reshape, as_strided, a borrowed buffer) that does not fit its memory.
     #[error("{what}: {why}")]
-    InvalidView { what: &'static str, why: String },
+    InvalidView {
+        /// The call that built or used the view.
+        what: &'static str,
+        /// Why it does not fit.
+        why: String,
+    },
 
     /// Allocating device (or, on the emulated target, guarded host) memory failed.
     #[error("out of memory allocating {bytes} bytes on the {target} target{detail}")]
-    OutOfMemory { bytes: usize, target: Target, detail: String },
+    OutOfMemory {
+        /// Bytes requested.
+        bytes: usize,
+        /// The target allocated on.
+        target: Target,
+        /// The system's reason, as ` (...)`, or empty.
+        detail: String,
+    },
 
     /// A call that needs one target was given a tensor or device of another.
     #[error("{what} needs the {expected} target, got {got}")]
-    WrongTarget { what: &'static str, expected: Target, got: Target },
+    WrongTarget {
+        /// The call that needs the target.
+        what: &'static str,
+        /// The target it needs.
+        expected: Target,
+        /// The target it was given.
+        got: Target,
+    },
 
     /// The buffer behind a tensor is borrowed mutably (for example through
     /// [`Tensor::cuda_buffer`](crate::Tensor::cuda_buffer)) on this thread while an op
     /// tries to use it.
     #[error("{op}: the buffer of {what} is borrowed mutably elsewhere on this thread")]
-    StorageBusy { op: &'static str, what: &'static str },
+    StorageBusy {
+        /// The operation that rejected the call.
+        op: &'static str,
+        /// The argument, as named in the op's docs.
+        what: &'static str,
+    },
 
     /// A tensor has more dimensions than any op supports.
     #[error("{what}: rank {rank} exceeds the maximum of {max}")]
-    RankTooLarge { what: &'static str, rank: usize, max: usize },
+    RankTooLarge {
+        /// The call that built the view.
+        what: &'static str,
+        /// The rank asked for.
+        rank: usize,
+        /// The most dimensions supported ([`MAX_RANK`](crate::tensor::MAX_RANK)).
+        max: usize,
+    },
 
     /// A kernel found invalid device-resident input (a page id outside the pool, bad sequence
     /// offsets) and raised the workspace's error flag; see the op's docs for what it skipped.
     #[error("{op}: the device reported invalid input: {what}")]
-    DeviceReported { op: &'static str, what: String },
+    DeviceReported {
+        /// The operation that rejected the call.
+        op: &'static str,
+        /// What the raised error bits mean for the op's inputs, and the raw flag.
+        what: String,
+    },
 
     /// A cuBLAS call failed (dense matrix products on the CUDA target).
     #[error("cuBLAS error: {0}")]
@@ -100,24 +219,47 @@ pub enum Error {
     /// Something this build cannot do yet, named (`MoE feed-forward on the device (needs the MoE
     /// ops)`): returned before anything is launched, never a silent stub.
     #[error("unsupported: {what}")]
-    Unsupported { what: String },
+    Unsupported {
+        /// What is not supported, named.
+        what: String,
+    },
 
     /// A Hugging Face `config.json` field is missing, malformed or has an unsupported value.
     #[error("config field `{field}`: {why}")]
-    Config { field: String, why: String },
+    Config {
+        /// The field's key, dotted when nested (`text_config.head_dim`); `<config.json>`: the whole file.
+        field: String,
+        /// What is wrong with it.
+        why: String,
+    },
 
     /// A checkpoint tensor is missing, has a shape that disagrees with the config, or a dtype
     /// that cannot be converted to the run dtype.
     #[error("checkpoint tensor `{tensor}`: {why}")]
-    Checkpoint { tensor: String, why: String },
+    Checkpoint {
+        /// The tensor's name (full, or relative to its layer's prefix).
+        tensor: String,
+        /// What is wrong with it.
+        why: String,
+    },
 
     /// A file could not be read (a checkpoint's config, index or safetensors file).
     #[error("{path}: {why}")]
-    Io { path: String, why: String },
+    Io {
+        /// The file or directory.
+        path: String,
+        /// The system's error, or what is wrong with the contents.
+        why: String,
+    },
 
     /// The f64 reference was given inconsistent inputs (a bug in the caller of the reference).
     #[error("reference {what}: {why}")]
-    Reference { what: &'static str, why: String },
+    Reference {
+        /// The reference function or input that was inconsistent.
+        what: &'static str,
+        /// The inconsistency.
+        why: String,
+    },
 }
 
 impl Error {

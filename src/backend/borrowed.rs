@@ -14,6 +14,8 @@ mod sealed {
 /// A cudarc buffer a [`TensorView`] can borrow: `CudaSlice<T>`, `CudaView<T>` or
 /// `CudaViewMut<T>` for T in f32, f16, bf16, i32, i64 (typed), or u8 (untyped bytes, with an
 /// explicit dtype). Sealed.
+///
+/// [`TensorView`]: crate::TensorView
 pub trait CudaRead: sealed::Sealed {
     #[doc(hidden)]
     fn elem_dtype(&self) -> Option<DType>;
@@ -26,6 +28,8 @@ pub trait CudaRead: sealed::Sealed {
 }
 
 /// A cudarc buffer a [`TensorViewMut`] can borrow: `CudaSlice<T>` or `CudaViewMut<T>`. Sealed.
+///
+/// [`TensorViewMut`]: crate::TensorViewMut
 pub trait CudaWrite: CudaRead {
     #[doc(hidden)]
     fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>);

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// What a device has done since it was created: the counting hook that proves a planned call
 /// allocates nothing, copies nothing from pageable host memory and never waits on the host.
 ///
-/// Counted per context (every [`Device`] on one CUDA context, or one emulated device and its
+/// Counted per context (every [`Device`](crate::Device) on one CUDA context, or one emulated device and its
 /// clones, share the counters).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceCounters {

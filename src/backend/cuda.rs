@@ -39,12 +39,19 @@ impl std::fmt::Display for ImageKind {
 /// What the driver reports about one loaded kernel (`cuFuncGetAttribute`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CudaKernelInfo {
+    /// The kernel family (module) it belongs to.
     pub module: &'static str,
+    /// The kernel's symbol.
     pub symbol: &'static str,
+    /// Which image the family was loaded from.
     pub image: ImageKind,
+    /// Registers per thread (`CU_FUNC_ATTRIBUTE_NUM_REGS`).
     pub registers: i32,
+    /// Local memory per thread in bytes, spills included (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`).
     pub local_bytes: i32,
+    /// Static shared memory per block in bytes (`CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`).
     pub static_smem_bytes: i32,
+    /// Most threads a block of it may have (`CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`).
     pub max_threads_per_block: i32,
 }
 

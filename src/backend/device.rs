@@ -27,6 +27,7 @@ impl std::fmt::Debug for Device {
 /// What [`Device::select`] chose, and why CUDA was not chosen when it was not.
 #[derive(Debug)]
 pub struct Selection {
+    /// The device chosen: CUDA device 0, or the emulated target.
     pub device: Device,
     /// Why the CUDA target was not used (no driver, no device, compute capability too low).
     pub cuda_skipped: Option<Error>,
@@ -91,6 +92,7 @@ impl Device {
         cuda::probe().err().map(|e| e.to_string())
     }
 
+    /// The target this device runs kernels on.
     pub fn target(&self) -> Target {
         match &*self.0 {
             DeviceInner::Cuda(_) => Target::Cuda,

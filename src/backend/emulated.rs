@@ -21,10 +21,16 @@ pub enum Schedule {
     /// The last thread first.
     Reverse,
     /// A seeded random permutation at every round.
-    Random { seed: u64 },
+    Random {
+        /// Seeds the permutations: one seed, one schedule.
+        seed: u64,
+    },
     /// One warp at a time (lowest first, or highest first when `reverse`), each running until
     /// all its threads wait at `__syncthreads`: the largest skew between warps a barrier allows.
-    WarpByWarp { reverse: bool },
+    WarpByWarp {
+        /// The highest warp first instead of the lowest.
+        reverse: bool,
+    },
 }
 
 /// When the emulator completes `cp.async` copies. A correct kernel gives the same result under
@@ -42,7 +48,9 @@ pub enum CpAsyncTiming {
 /// Options of the emulated target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EmuOptions {
+    /// Order of a block's threads between barriers (default [`Schedule::Forward`]).
     pub schedule: Schedule,
+    /// When `cp.async` copies complete (default [`CpAsyncTiming::AtWait`]).
     pub cp_async: CpAsyncTiming,
     /// OS threads that run blocks concurrently (default: the machine's cores).
     pub os_threads: u32,

@@ -4,7 +4,9 @@
 /// A kernel: its family (module) and its symbol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KernelRef {
+    /// The family (module): the stem of its `kernels/*.cu` source (`rms_norm`).
     pub module: &'static str,
+    /// The kernel's symbol in that module (`rms_norm_vec_bf16`).
     pub symbol: &'static str,
 }
 

@@ -36,11 +36,17 @@ const GUARD_BYTES: usize = 64 * 1024;
 /// dtype; [`crate::Tensor::from_cuda_bytes`] wraps untyped bytes.
 #[derive(Debug)]
 pub enum CudaBuffer {
+    /// Untyped bytes (fp8 tensors, and [`Tensor::from_cuda_bytes`](crate::Tensor::from_cuda_bytes)).
     U8(CudaSlice<u8>),
+    /// [`DType::F32`] elements.
     F32(CudaSlice<f32>),
+    /// [`DType::F16`] elements.
     F16(CudaSlice<f16>),
+    /// [`DType::BF16`] elements.
     BF16(CudaSlice<bf16>),
+    /// [`DType::I32`] elements.
     I32(CudaSlice<i32>),
+    /// [`DType::I64`] elements.
     I64(CudaSlice<i64>),
 }
 

@@ -117,9 +117,11 @@ impl Checkpoint {
         Ok(Checkpoint { dir, config, files_by_tensor, mapped: Mutex::new(mapped) })
     }
 
+    /// The parsed `config.json`.
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
+    /// The checkpoint directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

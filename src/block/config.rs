@@ -39,60 +39,92 @@ use crate::spec::rope::{Llama3Scaling, RopeConfig, RopeLayout};
 /// Rope theta and optional Llama 3 scaling.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeFrequencies {
+    /// Base of the frequencies (`rope_theta`), finite and > 0.
     pub theta: f64,
+    /// Llama 3.1 scaling (rope type `llama3`), or `None` (rope type `default` or absent).
     pub scaling: Option<Llama3Scaling>,
 }
 
 /// `LlamaConfig`: the fields a decoder layer needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
+    /// `hidden_size`: elements per token of the hidden states.
     pub hidden_size: usize,
+    /// `num_attention_heads`: query heads.
     pub num_attention_heads: usize,
+    /// `num_key_value_heads` (default: `num_attention_heads`): KV heads, a divisor of the query heads.
     pub num_key_value_heads: usize,
+    /// `head_dim` (default `hidden_size / num_attention_heads`): one of
+    /// [`SUPPORTED_HEAD_DIMS`](crate::ops::attention::SUPPORTED_HEAD_DIMS).
     pub head_dim: usize,
+    /// `intermediate_size`: outputs of the MLP's gate and up projections.
     pub intermediate_size: usize,
+    /// `num_hidden_layers`: decoder layers.
     pub num_hidden_layers: usize,
+    /// `rms_norm_eps` (default 1e-6): finite and > 0.
     pub rms_norm_eps: f64,
+    /// `rope_parameters`, or `rope_theta` (default 10 000) and `rope_scaling`.
     pub rope: RopeFrequencies,
+    /// `attention_bias` (default false): the q, k, v and o projections have biases.
     pub attention_bias: bool,
+    /// `mlp_bias` (default false): the gate, up and down projections have biases.
     pub mlp_bias: bool,
 }
 
 /// `Llama4TextConfig`: the fields a decoder layer needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Llama4TextConfig {
+    /// `hidden_size`: elements per token of the hidden states.
     pub hidden_size: usize,
+    /// `num_attention_heads`: query heads.
     pub num_attention_heads: usize,
+    /// `num_key_value_heads` (default: `num_attention_heads`): KV heads, a divisor of the query heads.
     pub num_key_value_heads: usize,
+    /// `head_dim` (default `hidden_size / num_attention_heads`): one of
+    /// [`SUPPORTED_HEAD_DIMS`](crate::ops::attention::SUPPORTED_HEAD_DIMS).
     pub head_dim: usize,
     /// Expert (and shared expert) intermediate size.
     pub intermediate_size: usize,
     /// Intermediate size of the dense (non-MoE) layers.
     pub intermediate_size_mlp: usize,
+    /// `num_hidden_layers`: decoder layers.
     pub num_hidden_layers: usize,
+    /// `rms_norm_eps` (default 1e-5): finite and > 0; also the qk-norm's eps.
     pub rms_norm_eps: f64,
+    /// `rope_parameters`, or `rope_theta` (default 500 000) and `rope_scaling`.
     pub rope: RopeFrequencies,
     /// Per layer: true when the layer uses RoPE (Hugging Face's `no_rope_layers[i] == 1`).
     pub rope_layers: Vec<bool>,
     /// Per layer: true when the layer uses chunked attention (`layer_types`).
     pub chunked_layers: Vec<bool>,
+    /// `attention_chunk_size` (> 0 when given): the chunk of the chunked layers; without it they are causal.
     pub attention_chunk_size: Option<usize>,
+    /// `use_qk_norm` (default true): the weightless L2 norm of q and k on the RoPE layers.
     pub use_qk_norm: bool,
+    /// `attn_temperature_tuning` (default true): the query temperature on the NoPE layers.
     pub attn_temperature_tuning: bool,
+    /// `floor_scale` (default 8192): the temperature's position divisor, finite and > 0.
     pub floor_scale: f64,
+    /// `attn_scale` (default 0.1): the temperature's log weight, finite and >= 0.
     pub attn_scale: f64,
+    /// `num_local_experts` (default 16): routed experts of each MoE layer.
     pub num_local_experts: usize,
+    /// `num_experts_per_tok` (default 1): experts per token, at most `num_local_experts`.
     pub num_experts_per_tok: usize,
+    /// `interleave_moe_layer_step` (default 1): without `moe_layers`, every step-th layer is MoE.
     pub interleave_moe_layer_step: usize,
     /// The MoE layers, ascending.
     pub moe_layers: Vec<usize>,
+    /// `attention_bias` (default false): the q, k, v and o projections have biases.
     pub attention_bias: bool,
 }
 
 /// A model config: which family, and its fields.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ModelConfig {
+    /// `model_type: "llama"` (Llama 2 and 3).
     Llama(LlamaConfig),
+    /// `model_type: "llama4_text"`, or the `text_config` of a `"llama4"` config.
     Llama4(Llama4TextConfig),
 }
 
@@ -465,6 +497,7 @@ impl ModelConfig {
         }
     }
 
+    /// The model family.
     pub fn kind(&self) -> ModelKind {
         match self {
             ModelConfig::Llama(_) => ModelKind::Llama,
@@ -472,6 +505,7 @@ impl ModelConfig {
         }
     }
 
+    /// Decoder layers (`num_hidden_layers`).
     pub fn num_layers(&self) -> usize {
         match self {
             ModelConfig::Llama(c) => c.num_hidden_layers,

@@ -29,6 +29,8 @@ pub struct KvCacheConfig {
     /// (`slots * ceil(max_len / page_size)`). Fewer pages than that is the point of paging:
     /// memory for the tokens actually cached, with [`LayerWorkspace::begin_step`] returning a
     /// named error when the pool runs out.
+    ///
+    /// [`LayerWorkspace::begin_step`]: super::LayerWorkspace::begin_step
     pub num_pages: Option<usize>,
 }
 
@@ -45,6 +47,8 @@ impl KvCacheConfig {
 /// same page ids in every layer), a free list, and per slot the number of cached tokens (the
 /// scheduler knows it). [`LayerWorkspace::begin_step`] gives a sequence pages as it grows;
 /// [`KvCache::clear`] returns them.
+///
+/// [`LayerWorkspace::begin_step`]: super::LayerWorkspace::begin_step
 #[derive(Debug)]
 pub struct KvCache {
     pub(crate) id: usize,
@@ -161,18 +165,23 @@ impl KvCache {
         Self::with_config(device, dtype, specs.len(), first.kv_heads, first.head_dim, config)
     }
 
+    /// Sequences the cache holds at once.
     pub fn slots(&self) -> usize {
         self.config.slots
     }
+    /// Most tokens of one sequence.
     pub fn max_len(&self) -> usize {
         self.config.max_len
     }
+    /// The dtype of the K and V pages.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// The size the cache was made with, as given (see [`KvCache::num_pages`] for the pool).
     pub fn config(&self) -> &KvCacheConfig {
         &self.config
     }
+    /// Tokens per page (a power of two).
     pub fn page_size(&self) -> usize {
         self.config.page_size
     }
@@ -196,6 +205,7 @@ impl KvCache {
     pub fn len(&self, slot: usize) -> usize {
         self.lens.get(slot).copied().unwrap_or(0)
     }
+    /// Cached tokens of every slot, by slot.
     pub fn lens(&self) -> &[usize] {
         &self.lens
     }

@@ -61,10 +61,12 @@ const OP: &str = "DecoderLayer::forward";
 /// row-major order, by stage name.
 #[derive(Debug, Default)]
 pub struct Trace {
+    /// Each stage's name and output, in the order the forward ran them.
     pub stages: Vec<(&'static str, Vec<f64>)>,
 }
 
 impl Trace {
+    /// The output of `stage`, or `None` when the forward had no such stage.
     pub fn get(&self, stage: &str) -> Option<&[f64]> {
         self.stages.iter().find(|(s, _)| *s == stage).map(|(_, v)| v.as_slice())
     }
@@ -114,12 +116,15 @@ impl DecoderLayer {
         Self::new(device, dtype, spec, &host)
     }
 
+    /// What the layer is: heads, RoPE or NoPE, mask, feed-forward.
     pub fn spec(&self) -> &LayerSpec {
         &self.spec
     }
+    /// The run dtype of its weights and activations.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// Its weights on the device.
     pub fn weights(&self) -> &LayerWeights {
         &self.weights
     }

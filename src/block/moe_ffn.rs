@@ -25,15 +25,23 @@ pub enum GateUpTensors {
     /// Llama 4 `gate_up_proj`; `[E, 2I, hidden]` OutIn).
     Packed(Tensor),
     /// Two tensors with `intermediate` outputs each and the same strides (Mixtral `w1`, `w3`).
-    Separate { gate: Tensor, up: Tensor },
+    Separate {
+        /// Gate projection: `intermediate` outputs per expert.
+        gate: Tensor,
+        /// Up projection: the same shape and strides as `gate`.
+        up: Tensor,
+    },
 }
 
 /// A shared expert (a dense SwiGLU MLP applied to every token), `nn.Linear` weights:
 /// gate and up `[shared_intermediate, hidden]`, down `[hidden, shared_intermediate]`.
 #[derive(Clone, Debug)]
 pub struct SharedExpertTensors {
+    /// `[shared_intermediate, hidden]`.
     pub gate: Tensor,
+    /// `[shared_intermediate, hidden]`.
     pub up: Tensor,
+    /// `[hidden, shared_intermediate]`.
     pub down: Tensor,
 }
 
@@ -46,9 +54,11 @@ pub struct MoeFfnWeights {
     pub router_bias: Option<Tensor>,
     /// Layout of `gate_up` and `down`.
     pub layout: WeightLayout,
+    /// Gate and up projections of the routed experts, in `layout`.
     pub gate_up: GateUpTensors,
     /// `[experts, intermediate, hidden]` (InOut) or `[experts, hidden, intermediate]` (OutIn).
     pub down: Tensor,
+    /// The shared expert, or `None`.
     pub shared: Option<SharedExpertTensors>,
 }
 
@@ -92,8 +102,11 @@ pub struct MoeFfn {
 /// The device tensors of the last forward's stages (views of the workspace, `tokens` rows).
 #[derive(Clone, Debug)]
 pub struct MoeFfnStages {
+    /// Router logits `[tokens, experts]`, in the layer's dtype.
     pub logits: Tensor,
+    /// Chosen experts `[tokens, top_k]` i32, best first.
     pub ids: Tensor,
+    /// Routing weights `[tokens, top_k]` f32, in the order of `ids`.
     pub weights: Tensor,
     /// The shared expert's output, when there is one.
     pub shared: Option<Tensor>,
@@ -207,12 +220,15 @@ impl MoeWorkspace {
         })
     }
 
+    /// The routing and shapes planned for.
     pub fn config(&self) -> &MoeFfnConfig {
         &self.config
     }
+    /// The dtype of the activations (and of the weights).
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// Most tokens one forward may have.
     pub fn max_tokens(&self) -> usize {
         self.max_tokens
     }
@@ -441,15 +457,19 @@ impl MoeFfn {
         Ok(MoeFfn { workspace: MoeWorkspace::plan(device, config, dtype, shared, max_tokens)?, weights })
     }
 
+    /// The routing and shapes planned for.
     pub fn config(&self) -> &MoeFfnConfig {
         self.workspace.config()
     }
+    /// The dtype of the activations (and of the weights).
     pub fn dtype(&self) -> DType {
         self.workspace.dtype()
     }
+    /// Most tokens one forward may have.
     pub fn max_tokens(&self) -> usize {
         self.workspace.max_tokens()
     }
+    /// The layer's weights.
     pub fn weights(&self) -> &MoeFfnWeights {
         &self.weights
     }

@@ -14,7 +14,7 @@ pub struct StepSeq {
 }
 
 /// A planned step: which sequences, at which positions; its offsets are on the device in the
-/// workspace that planned it ([`LayerWorkspace::begin_step`]).
+/// workspace that planned it ([`LayerWorkspace::begin_step`](super::LayerWorkspace::begin_step)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Step {
     pub(crate) workspace: usize,
@@ -27,6 +27,7 @@ pub struct Step {
     pub(crate) width: usize,
     /// Total new tokens (rows of the hidden states).
     pub tokens: usize,
+    /// The step's sequences, in increasing slot order.
     pub seqs: Vec<StepSeq>,
 }
 

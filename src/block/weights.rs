@@ -20,18 +20,21 @@ use crate::tensor::Tensor;
 /// The feed-forward weights of one layer on the device.
 #[derive(Clone, Debug)]
 pub enum FfnWeights {
+    /// A dense SwiGLU MLP, gate and up fused into one projection.
     Dense {
         /// `[2 intermediate, hidden]`: the gate rows, then the up rows (one GEMM whose output is
         /// `[gate | up]`, what `swiglu`'s `GateThenUp` reads).
         gate_up: Tensor,
+        /// `[2 intermediate]`: the gate biases, then the up biases (`mlp_bias`).
         gate_up_bias: Option<Tensor>,
         /// `[hidden, intermediate]`.
         down: Tensor,
+        /// `[hidden]` (`mlp_bias`).
         down_bias: Option<Tensor>,
     },
     /// Kept in Hugging Face layouts, which the MoE ops read in place: router `[E, hidden]`,
     /// experts' packed gate_up `[E, hidden, 2I]` and down `[E, I, hidden]`
-    /// ([`WeightLayout::InOut`](crate::ops::moe::WeightLayout::InOut)), and the shared expert's
+    /// ([`WeightLayout::InOut`]), and the shared expert's
     /// `nn.Linear` gate, up `[I, hidden]` and down `[hidden, I]`.
     Moe(MoeFfnWeights),
 }
@@ -39,14 +42,19 @@ pub enum FfnWeights {
 /// One decoder layer's weights on the device, in the run dtype.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
+    /// `[hidden]`: the RMSNorm weight before attention.
     pub input_norm: Tensor,
     /// `[(q_heads + 2 kv_heads) head_dim, hidden]`: q, k and v rows concatenated.
     pub qkv: Tensor,
+    /// `[(q_heads + 2 kv_heads) head_dim]`: q, k and v biases concatenated (`attention_bias`).
     pub qkv_bias: Option<Tensor>,
     /// `[hidden, q_heads head_dim]`.
     pub o: Tensor,
+    /// `[hidden]` (`attention_bias`).
     pub o_bias: Option<Tensor>,
+    /// `[hidden]`: the RMSNorm weight before the feed-forward.
     pub post_norm: Tensor,
+    /// The feed-forward's weights.
     pub ffn: FfnWeights,
 }
 

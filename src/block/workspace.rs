@@ -174,6 +174,7 @@ impl LayerWorkspace {
         })
     }
 
+    /// Most tokens (rows of the hidden states) one step may have.
     pub fn max_tokens(&self) -> usize {
         self.max_tokens
     }

@@ -15,9 +15,11 @@ pub struct ErrorFlag {
 }
 
 impl ErrorFlag {
+    /// A cleared flag on `device`.
     pub fn new(device: &Device) -> Result<ErrorFlag> {
         Ok(ErrorFlag { flag: Tensor::zeros(device, DType::I32, &[1])? })
     }
+    /// The device whose memory holds the flag.
     pub fn device(&self) -> &Device {
         self.flag.device()
     }

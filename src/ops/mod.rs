@@ -8,7 +8,7 @@
 //!   convenience that builds views and calls the view level.
 //!
 //! Each call validates its arguments (dtypes, shapes, layouts, overlaps, scalar domains) and
-//! returns a named [`Error`] before anything reaches a kernel; then it queues a single launch.
+//! returns a named [`Error`](crate::Error) before anything reaches a kernel; then it queues a single launch.
 //! Once its workspace is planned, no call allocates device memory, copies from pageable host
 //! memory or waits on the host ([`Device::counters`](crate::Device::counters) proves it).
 

@@ -75,6 +75,7 @@ impl Rope {
         Ok(Rope { config, inv_freq, table })
     }
 
+    /// The configuration the frequency table was built from.
     pub fn config(&self) -> &RopeConfig {
         &self.config
     }

@@ -35,7 +35,12 @@ const MAX_THREADS: usize = 256;
 #[derive(Clone, Copy, Debug)]
 pub enum GateUp<'a> {
     /// Two `[tokens, d]` tensors.
-    Separate { gate: &'a Tensor, up: &'a Tensor },
+    Separate {
+        /// `[tokens, d]`: the input of silu.
+        gate: &'a Tensor,
+        /// `[tokens, d]`: what silu(gate) multiplies.
+        up: &'a Tensor,
+    },
     /// One `[tokens, 2d]` tensor, gate in columns `[0, d)` and up in `[d, 2d)`: a fused gate-up
     /// GEMM's output, and Llama 4's `gate_up_proj` (Hugging Face splits it with
     /// `gate, up = gate_up.chunk(2, dim=-1)`).
@@ -51,7 +56,12 @@ pub enum GateUp<'a> {
 #[derive(Clone, Copy, Debug)]
 pub enum GateUpView<'r, 'a> {
     /// Two `[tokens, d]` views; `gate: None` reads the gate from `out` (in place).
-    Separate { gate: Option<&'r TensorView<'a>>, up: &'r TensorView<'a> },
+    Separate {
+        /// `[tokens, d]`: the input of silu, or `None` to read it from `out`.
+        gate: Option<&'r TensorView<'a>>,
+        /// `[tokens, d]`: what silu(gate) multiplies.
+        up: &'r TensorView<'a>,
+    },
     /// One `[tokens, 2d]` view, gate in columns `[0, d)` and up in `[d, 2d)`.
     GateThenUp(&'r TensorView<'a>),
     /// One `[tokens, 2d]` view, gate at even and up at odd columns.

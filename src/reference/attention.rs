@@ -16,11 +16,17 @@ use crate::spec::attention::{AttentionMask, Llama4Temperature};
 /// Shapes and options of a reference attention call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionSpec {
+    /// Query heads (a multiple of `kv_heads`).
     pub q_heads: usize,
+    /// KV heads (> 0).
     pub kv_heads: usize,
+    /// Elements per head.
     pub head_dim: usize,
+    /// Which keys each query attends.
     pub mask: AttentionMask,
+    /// Softmax scale on `<q, k>`.
     pub scale: f64,
+    /// Llama 4 temperature tuning, or `None`.
     pub temperature: Option<Llama4Temperature>,
 }
 

@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 /// The f64 weights of one layer (Hugging Face layouts).
 #[derive(Clone, Debug)]
 pub struct RefLayer {
+    /// What the layer is.
     pub spec: LayerSpec,
     input_norm: Vec<f64>,
     q: Vec<f64>,
@@ -54,6 +55,7 @@ enum RefFfn {
 }
 
 impl RefLayer {
+    /// The f64 copy of `w`, after checking its shapes against `spec`.
     pub fn new(spec: LayerSpec, w: &HostLayerWeights) -> Result<RefLayer> {
         crate::spec::weights::check_shapes(&spec, w)?;
         let ffn = match &w.ffn {
@@ -91,10 +93,12 @@ impl RefLayer {
 /// A reference KV cache: per slot, the cached keys and values (`[len, kv_heads, head_dim]`).
 #[derive(Clone, Debug, Default)]
 pub struct RefCache {
+    /// Per slot, its keys and values, each `[len, kv_heads, head_dim]` row-major.
     pub slots: Vec<(Vec<f64>, Vec<f64>)>,
 }
 
 impl RefCache {
+    /// An empty cache of `slots` slots.
     pub fn new(slots: usize) -> RefCache {
         RefCache { slots: vec![(Vec::new(), Vec::new()); slots] }
     }
@@ -107,10 +111,12 @@ impl RefCache {
 /// The intermediates of one reference forward, by stage name.
 #[derive(Clone, Debug, Default)]
 pub struct RefTrace {
+    /// Each stage's name and values, in order (the names are in the module docs).
     pub stages: Vec<(&'static str, Vec<f64>)>,
 }
 
 impl RefTrace {
+    /// The values of `stage`, or `None` when the forward had no such stage.
     pub fn get(&self, stage: &str) -> Option<&[f64]> {
         self.stages.iter().find(|(s, _)| *s == stage).map(|(_, v)| v.as_slice())
     }

@@ -219,10 +219,15 @@ pub fn route_allowing_near_ties(
 /// every `block_m`-row block below the padded total.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Alignment {
+    /// Slots per expert, `[experts]`.
     pub counts: Vec<i32>,
+    /// Padded segment starts, `experts + 1` values: the last is the padded total.
     pub offsets: Vec<i32>,
+    /// Per slot `token * k + j`: its row in the expert-contiguous buffer, or -1.
     pub rows: Vec<i32>,
+    /// The expert of each `block_m`-row block below the padded total.
     pub block_expert: Vec<i32>,
+    /// Rows per block: every expert's segment is padded to a multiple of it.
     pub block_m: usize,
 }
 
@@ -244,6 +249,7 @@ impl Alignment {
     }
 }
 
+/// The permutation of `ids` (one expert id per slot) over `experts`, segments padded to `block_m` rows.
 pub fn align(ids: &[i32], experts: usize, block_m: usize) -> Alignment {
     let mut counts = vec![0i32; experts];
     for &id in ids {
@@ -298,10 +304,15 @@ pub fn gather(x: &[f64], hidden: usize, top_k: usize, a: &Alignment, weights: Op
 /// or `[experts, n, k]` ([`WeightLayout::OutIn`], `nn.Linear`: `y = x W[e]^T`).
 #[derive(Clone, Copy, Debug)]
 pub struct ExpertMatrix<'a> {
+    /// The values, contiguous, in `layout`.
     pub data: &'a [f64],
+    /// Whether each expert's matrix is `[k, n]` or `[n, k]`.
     pub layout: WeightLayout,
+    /// Experts stacked.
     pub experts: usize,
+    /// Inputs per expert (the contracted dimension).
     pub k: usize,
+    /// Outputs per expert.
     pub n: usize,
 }
 
@@ -396,7 +407,9 @@ pub struct FfnWeights<'a> {
     /// Gate and up: one matrix with `2 intermediate` outputs (gate first), or two with
     /// `intermediate` each.
     pub gate: ExpertMatrix<'a>,
+    /// The up projection when it is separate (`None`: `gate` holds gate and up).
     pub up: Option<ExpertMatrix<'a>>,
+    /// The down projection: `intermediate` inputs, `hidden` outputs.
     pub down: ExpertMatrix<'a>,
     /// Shared expert `(gate [i, hidden], up [i, hidden], down [hidden, i])`, `nn.Linear` layout.
     pub shared: Option<(&'a [f64], &'a [f64], &'a [f64])>,
@@ -405,10 +418,15 @@ pub struct FfnWeights<'a> {
 /// What a reference layer computes: every stage.
 #[derive(Clone, Debug)]
 pub struct FfnStages {
+    /// Router logits, `[tokens, experts]`.
     pub logits: Vec<f64>,
+    /// Chosen experts, `[tokens, top_k]`, best first.
     pub ids: Vec<i32>,
+    /// Their routing weights, `[tokens, top_k]`.
     pub weights: Vec<f64>,
+    /// The shared expert's output, `[tokens, hidden]`, when there is one.
     pub shared: Option<Vec<f64>>,
+    /// The layer's output, `[tokens, hidden]` (the residual added when given).
     pub out: Vec<f64>,
 }
 

@@ -20,16 +20,22 @@ use crate::spec::attention::{AttentionMask, Llama4Temperature};
 /// The page pools' geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolShape {
+    /// Pages in each pool.
     pub num_pages: usize,
+    /// Tokens (rows) per page.
     pub page_size: usize,
+    /// KV heads.
     pub kv_heads: usize,
+    /// Elements per head.
     pub head_dim: usize,
 }
 
 impl PoolShape {
+    /// Values in one pool: `num_pages * page_size * kv_heads * head_dim`.
     pub fn len(&self) -> usize {
         self.num_pages * self.page_size * self.kv_heads * self.head_dim
     }
+    /// Whether a pool holds no value.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -90,10 +96,15 @@ pub fn kv_append(
 /// Shapes and options of a reference decode.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DecodeSpec {
+    /// Query heads (a multiple of the pool's KV heads).
     pub q_heads: usize,
+    /// New tokens per sequence: the queries sit at its last `q_len` positions.
     pub q_len: usize,
+    /// Softmax scale on `<q, k>`.
     pub scale: f64,
+    /// Chunked local attention's chunk, or `None` for plain causal attention.
     pub chunk_size: Option<usize>,
+    /// Llama 4 temperature tuning, or `None`.
     pub temperature: Option<Llama4Temperature>,
 }
 
@@ -101,9 +112,13 @@ pub struct DecodeSpec {
 /// offsets, and whether each key was readable (its page inside the pool).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gathered {
+    /// Keys, `[total_k, kv_heads, head_dim]` (zeros where not readable).
     pub k: Vec<f64>,
+    /// Values, like `k`.
     pub v: Vec<f64>,
+    /// Offsets of each sequence's keys: `batch + 1` values from 0.
     pub cu_seqlens: Vec<usize>,
+    /// Per key: whether its page lies inside the pool.
     pub readable: Vec<bool>,
 }
 

@@ -4,6 +4,7 @@
 use super::check_len;
 use crate::error::Result;
 
+/// `silu(g) = g / (1 + exp(-g))`.
 pub fn silu(g: f64) -> f64 {
     g / (1.0 + (-g).exp())
 }

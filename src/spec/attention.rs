@@ -14,7 +14,10 @@ pub enum AttentionMask {
     Causal,
     /// Llama 4's chunked local attention: causal, and only keys in the query's chunk
     /// `floor(position / chunk_size)` (Llama 4 uses 8192 on its RoPE layers).
-    ChunkedCausal { chunk_size: usize },
+    ChunkedCausal {
+        /// Tokens per chunk (> 0).
+        chunk_size: usize,
+    },
 }
 
 /// Llama 4's attention temperature tuning (`attn_temperature_tuning`, NoPE layers): the query at
@@ -24,7 +27,9 @@ pub enum AttentionMask {
 /// model dtype first, which differs by one rounding of q.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Llama4Temperature {
+    /// Positions per temperature step (Llama 4: 8192), finite and > 0.
     pub floor_scale: f32,
+    /// Weight of the log term (Llama 4: 0.1), finite and >= 0.
     pub attn_scale: f32,
 }
 

@@ -30,29 +30,50 @@ impl ModelKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FfnSpec {
     /// `down(silu(gate(x)) * up(x))`.
-    Dense { intermediate: usize, bias: bool },
+    Dense {
+        /// Outputs of the gate and up projections.
+        intermediate: usize,
+        /// Whether gate, up and down have biases (`mlp_bias`).
+        bias: bool,
+    },
     /// Llama 4's MoE: top-k of the router logits, sigmoid of the chosen logits scaling each
     /// chosen expert's *input*, plus a shared expert of the same intermediate size.
-    Moe { experts: usize, top_k: usize, intermediate: usize },
+    Moe {
+        /// Routed experts.
+        experts: usize,
+        /// Experts per token.
+        top_k: usize,
+        /// Intermediate size of every routed expert and of the shared expert.
+        intermediate: usize,
+    },
 }
 
 /// Everything one decoder layer needs to know, derived from a config.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LayerSpec {
+    /// The model family.
     pub model: ModelKind,
     /// The layer's index in the model (names its weights).
     pub index: usize,
+    /// Elements per token of the hidden states (`hidden_size`).
     pub hidden: usize,
+    /// Query heads.
     pub q_heads: usize,
+    /// KV heads (a divisor of `q_heads`).
     pub kv_heads: usize,
+    /// Elements per head.
     pub head_dim: usize,
+    /// Epsilon of the layer's RMSNorms.
     pub rms_norm_eps: f32,
     /// `None`: a NoPE layer (Llama 4).
     pub rope: Option<RopeConfig>,
+    /// Which keys each query attends.
     pub mask: AttentionMask,
     /// Llama 4 attention temperature tuning (NoPE layers).
     pub temperature: Option<Llama4Temperature>,
+    /// Whether the q, k, v and o projections have biases.
     pub attention_bias: bool,
+    /// The feed-forward.
     pub ffn: FfnSpec,
 }
 
@@ -67,6 +88,7 @@ impl LayerSpec {
             FfnSpec::Dense { intermediate, .. } | FfnSpec::Moe { intermediate, .. } => intermediate,
         }
     }
+    /// Whether the feed-forward is a MoE.
     pub fn is_moe(&self) -> bool {
         matches!(self.ffn, FfnSpec::Moe { .. })
     }

@@ -8,9 +8,21 @@ pub enum MoeRouting {
     /// Top-k of the logits; weight `sigmoid(logit)`.
     Llama4,
     /// Softmax over all experts, top-k; `renormalize` divides the k weights by their sum.
-    Softmax { renormalize: bool },
+    Softmax {
+        /// Divides the k chosen weights by their sum.
+        renormalize: bool,
+    },
     /// DeepSeek-V3 grouped top-k over `sigmoid(logit) + bias` (bias optional).
-    Grouped { n_group: usize, topk_group: usize, renormalize: bool, routed_scaling_factor: f32 },
+    Grouped {
+        /// Expert groups: divides the experts, at least 2 experts per group.
+        n_group: usize,
+        /// Groups kept per token (1..=`n_group`), by the sum of their two best keys.
+        topk_group: usize,
+        /// Divides the k chosen weights by their sum (plus 1e-20).
+        renormalize: bool,
+        /// Multiplies every weight, after renormalizing (finite).
+        routed_scaling_factor: f32,
+    },
 }
 
 /// How stacked expert weights are laid out; both are read in place through their strides.
@@ -25,11 +37,16 @@ pub enum WeightLayout {
 /// The routing and shapes of a MoE layer.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MoeFfnConfig {
+    /// Elements per token of the input and output.
     pub hidden: usize,
     /// Each routed expert's intermediate size.
     pub intermediate: usize,
+    /// Routed experts (1..=[`MAX_EXPERTS`](crate::ops::moe::MAX_EXPERTS)).
     pub experts: usize,
+    /// Experts per token: at most `experts` and [`MAX_TOP_K`](crate::ops::moe::MAX_TOP_K)
+    /// ([`MAX_TOP_K_GROUPED`](crate::ops::moe::MAX_TOP_K_GROUPED) with grouped routing).
     pub top_k: usize,
+    /// How tokens choose experts, and what each choice weighs.
     pub routing: MoeRouting,
     /// Llama 4: the routing weight scales each expert's *input* (gather), and combine sums the
     /// expert outputs unweighted. Otherwise combine weights the outputs (Mixtral, Qwen, DeepSeek).

@@ -24,9 +24,13 @@ pub enum RopeLayout {
 /// Llama 3.1 frequency scaling (`rope_type: "llama3"` in a Hugging Face config).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Llama3Scaling {
+    /// Divides the low frequencies (Llama 3.1: 8).
     pub factor: f64,
+    /// Wavelengths above `original_max_position_embeddings / low_freq_factor` are fully divided.
     pub low_freq_factor: f64,
+    /// Wavelengths below `original_max_position_embeddings / high_freq_factor` are kept.
     pub high_freq_factor: f64,
+    /// The pretraining context in tokens (Llama 3.1: 8192).
     pub original_max_position_embeddings: f64,
 }
 
@@ -50,12 +54,15 @@ impl Llama3Scaling {
 /// A RoPE configuration.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeConfig {
+    /// Elements per head of q and k (> 0).
     pub head_dim: usize,
     /// Rotated dims (even, <= head_dim, <= 512); the rest pass through (partial rotary).
     pub rotary_dim: usize,
     /// Base of the frequencies (10 000 for Llama 2, 500 000 for Llama 3 and 4).
     pub theta: f64,
+    /// Which elements form a rotary pair.
     pub layout: RopeLayout,
+    /// Llama 3.1 frequency scaling, or `None`.
     pub scaling: Option<Llama3Scaling>,
     /// Llama 4's weightless L2 norm of q and k after rotating (`use_qk_norm`), with its eps
     /// (`rms_norm_eps`, 1e-5). `None`: no norm.

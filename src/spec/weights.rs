@@ -9,11 +9,14 @@ use crate::spec::layer::{FfnSpec, LayerSpec, ModelKind};
 /// A host tensor: row-major f32 values (rounded to the run dtype) and a shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostTensor {
+    /// Dimensions, outermost first.
     pub shape: Vec<usize>,
+    /// Values in row-major order.
     pub data: Vec<f32>,
 }
 
 impl HostTensor {
+    /// Wraps `data` as `shape`; fails when their element counts differ.
     pub fn new(shape: &[usize], data: Vec<f32>) -> Result<HostTensor> {
         let n: usize = shape.iter().product();
         if n != data.len() {
@@ -33,8 +36,11 @@ pub enum HostFfn {
     /// `mlp.{gate,up,down}_proj` (Llama) or `feed_forward.{gate,up,down}_proj` (Llama 4 dense
     /// layers): gate and up `[intermediate, hidden]`, down `[hidden, intermediate]`.
     Dense {
+        /// `gate_proj.weight`, `[intermediate, hidden]`.
         gate: HostTensor,
+        /// `up_proj.weight`, `[intermediate, hidden]`.
         up: HostTensor,
+        /// `down_proj.weight`, `[hidden, intermediate]`.
         down: HostTensor,
         /// `mlp_bias`: gate, up and down biases.
         bias: Option<[HostTensor; 3]>,
@@ -43,11 +49,17 @@ pub enum HostFfn {
     /// `[experts, hidden, 2 intermediate]` (x @ W, gate columns first), `experts.down_proj`
     /// `[experts, intermediate, hidden]`, and `shared_expert.{gate,up,down}_proj` (nn.Linear).
     Moe {
+        /// `router.weight`, `[experts, hidden]`.
         router: HostTensor,
+        /// `experts.gate_up_proj`, `[experts, hidden, 2 intermediate]`, gate columns first.
         experts_gate_up: HostTensor,
+        /// `experts.down_proj`, `[experts, intermediate, hidden]`.
         experts_down: HostTensor,
+        /// `shared_expert.gate_proj.weight`, `[intermediate, hidden]`.
         shared_gate: HostTensor,
+        /// `shared_expert.up_proj.weight`, `[intermediate, hidden]`.
         shared_up: HostTensor,
+        /// `shared_expert.down_proj.weight`, `[hidden, intermediate]`.
         shared_down: HostTensor,
     },
 }
@@ -55,14 +67,21 @@ pub enum HostFfn {
 /// One decoder layer's weights on the host, under Hugging Face names (see [`Self::named`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostLayerWeights {
+    /// `input_layernorm.weight`, `[hidden]`.
     pub input_norm: HostTensor,
+    /// `self_attn.q_proj.weight`, `[q_heads head_dim, hidden]`.
     pub q_proj: HostTensor,
+    /// `self_attn.k_proj.weight`, `[kv_heads head_dim, hidden]`.
     pub k_proj: HostTensor,
+    /// `self_attn.v_proj.weight`, `[kv_heads head_dim, hidden]`.
     pub v_proj: HostTensor,
+    /// `self_attn.o_proj.weight`, `[hidden, q_heads head_dim]`.
     pub o_proj: HostTensor,
     /// `attention_bias`: q, k, v and o biases.
     pub attn_bias: Option<[HostTensor; 4]>,
+    /// `post_attention_layernorm.weight`, `[hidden]`.
     pub post_norm: HostTensor,
+    /// The feed-forward's weights.
     pub ffn: HostFfn,
 }
 

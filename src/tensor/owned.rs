@@ -114,12 +114,15 @@ impl Tensor {
         TensorView::of_tensor(self)
     }
 
+    /// The device whose memory holds the tensor.
     pub fn device(&self) -> &Device {
         self.storage.device()
     }
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// The size of each dimension, outermost first.
     pub fn shape(&self) -> &[usize] {
         self.dims.shape()
     }
@@ -131,9 +134,11 @@ impl Tensor {
     pub fn offset(&self) -> usize {
         self.dims.offset()
     }
+    /// The number of dimensions.
     pub fn rank(&self) -> usize {
         self.dims.rank()
     }
+    /// The number of elements (the product of the shape).
     pub fn numel(&self) -> usize {
         self.dims.numel()
     }
@@ -143,6 +148,7 @@ impl Tensor {
     pub(crate) fn storage(&self) -> &Storage {
         &self.storage
     }
+    /// Whether the elements are row-major without gaps (dimensions of size 1 may have any stride).
     pub fn is_contiguous(&self) -> bool {
         self.dims.is_contiguous()
     }

@@ -251,18 +251,23 @@ impl<'a> TensorView<'a> {
             ReadSrc::Host(_) => None,
         }
     }
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// The size of each dimension, outermost first.
     pub fn shape(&self) -> &[usize] {
         self.dims.shape()
     }
+    /// Strides in elements (all 0 for an empty view).
     pub fn strides(&self) -> &[usize] {
         self.dims.strides()
     }
+    /// Offset of the first element from the start of the buffer or slice, in elements.
     pub fn offset(&self) -> usize {
         self.dims.offset()
     }
+    /// The number of elements (the product of the shape).
     pub fn numel(&self) -> usize {
         self.dims.numel()
     }
@@ -322,18 +327,23 @@ impl<'a> TensorViewMut<'a> {
     pub(crate) fn of_storage(storage: &'a Storage, dtype: DType, dims: Dims) -> Self {
         TensorViewMut { src: WriteSrc::Storage(storage), dtype, dims, _borrow: PhantomData }
     }
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// The size of each dimension, outermost first.
     pub fn shape(&self) -> &[usize] {
         self.dims.shape()
     }
+    /// Strides in elements (all 0 for an empty view).
     pub fn strides(&self) -> &[usize] {
         self.dims.strides()
     }
+    /// Offset of the first element from the start of the buffer or slice, in elements.
     pub fn offset(&self) -> usize {
         self.dims.offset()
     }
+    /// The number of elements (the product of the shape).
     pub fn numel(&self) -> usize {
         self.dims.numel()
     }

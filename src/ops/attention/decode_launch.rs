@@ -28,8 +28,11 @@ pub struct DecodeShape {
     pub batch: usize,
     /// New tokens per sequence (1..=8).
     pub q_len: usize,
+    /// Query heads (a multiple of `kv_heads`).
     pub q_heads: usize,
+    /// KV heads of the cache (> 0).
     pub kv_heads: usize,
+    /// Elements per head: one of [`SUPPORTED_HEAD_DIMS`](super::SUPPORTED_HEAD_DIMS).
     pub head_dim: usize,
     /// Longest context (keys, the new tokens included) the calls may have: it sizes the split
     /// count, and every call's block table must hold at least `ceil(max_seq_len / page_size)`

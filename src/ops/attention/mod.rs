@@ -94,7 +94,7 @@
 //! of FlashInfer and FlashAttention; each page contiguous, pages any 16-byte-aligned stride apart,
 //! so the `[num_pages, 2, page_size, ...]` layout's K and V views work), page size a power of two
 //! (16, 32, 64, 128, ...; 16 is the usual), dtype bf16, f16, f32 or fp8 e4m3fn
-//! ([`DType::F8E4M3`]: OCP, +-448). fp8 pages carry a scale per tensor or per KV head
+//! ([`DType::F8E4M3`](crate::DType::F8E4M3): OCP, +-448). fp8 pages carry a scale per tensor or per KV head
 //! ([`KvScales`]): stored = fp8(x / scale), read = fp8 * scale. A block table `[batch, max_pages]`
 //! i32 lists each sequence's pages; `seq_lens` `[batch]` i32 its number of keys. Both live on the
 //! device: a page id outside `[0, num_pages)` is never dereferenced. The kernels skip its keys

@@ -35,7 +35,9 @@ pub enum KvScale {
 /// The scales of a cache's K and V pools.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct KvScales {
+    /// The scale of the K pool.
     pub k: KvScale,
+    /// The scale of the V pool.
     pub v: KvScale,
 }
 
@@ -104,6 +106,7 @@ pub struct PagedKvView<'r, 'a> {
     pub k_pages: &'r TensorView<'a>,
     /// Like `k_pages`.
     pub v_pages: &'r TensorView<'a>,
+    /// The scales of the two pools.
     pub scales: &'r KvScales,
 }
 
@@ -208,10 +211,13 @@ pub fn kv_append_on(
 /// The shape and dtype of a paged KV cache.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PagedKvConfig {
+    /// Pages in each pool (K and V).
     pub num_pages: usize,
     /// A power of two; 16 is the usual choice.
     pub page_size: usize,
+    /// KV heads (> 0; at most [`MAX_SCALED_KV_HEADS`] with fp8 scales).
     pub kv_heads: usize,
+    /// Elements per head ([`kv_append_on`] needs a multiple of 16).
     pub head_dim: usize,
     /// bf16, f16, f32 or fp8 ([`DType::F8E4M3`]).
     pub dtype: DType,
@@ -261,18 +267,23 @@ impl PagedKvCache {
             errors: ErrorFlag::new(device)?,
         })
     }
+    /// The shape, dtype and scales the cache was made with.
     pub fn config(&self) -> &PagedKvConfig {
         &self.config
     }
+    /// The K pool, `[num_pages, page_size, kv_heads, head_dim]`.
     pub fn k_pages(&self) -> &Tensor {
         &self.k_pages
     }
+    /// The V pool, shaped like the K pool.
     pub fn v_pages(&self) -> &Tensor {
         &self.v_pages
     }
+    /// The scales of the K and V pools.
     pub fn scales(&self) -> &KvScales {
         &self.config.scales
     }
+    /// The device whose memory holds the pools.
     pub fn device(&self) -> &Device {
         self.k_pages.device()
     }

@@ -19,9 +19,11 @@ use crate::tensor::{Tensor, TensorView, TensorViewMut};
 /// Options of one attention call.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct AttentionOptions {
+    /// Which keys each query attends.
     pub mask: AttentionMask,
     /// Softmax scale, finite and > 0; `None` is `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
+    /// Llama 4 temperature tuning, from each query's absolute position.
     pub temperature: Option<Llama4Temperature>,
     /// q heads of one KV group that share a block (and so every K/V tile it loads). `None`
     /// picks the largest divisor of the group size up to 16. Must divide q_heads / kv_heads.
@@ -58,6 +60,7 @@ pub struct AttentionWorkspace {
 }
 
 impl AttentionWorkspace {
+    /// An empty workspace on `device`; the first call allocates (see [`AttentionWorkspace::plan`]).
     pub fn new(device: &Device) -> AttentionWorkspace {
         AttentionWorkspace { device: device.clone(), buf: None, capacity: 0, host: Vec::new(), staging: None }
     }

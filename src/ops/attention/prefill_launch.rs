@@ -77,11 +77,21 @@ pub(super) fn check_cu_seqlens(name: &'static str, cu: &[i32], total: usize) -> 
 pub enum CuSeqlens<'r, 'a> {
     /// Host slices: validated on the host, then copied through the workspace's pinned staging
     /// buffer (asynchronous; it waits only if the copy from two calls ago has not run yet).
-    Host { q: &'r [i32], k: &'r [i32] },
+    Host {
+        /// Query offsets: `batch + 1` values ending at q's token count.
+        q: &'r [i32],
+        /// Key offsets: as many values as `q`, ending at k's token count (contiguous K/V).
+        k: &'r [i32],
+    },
     /// Device-resident i32 views: no host copy at all (CUDA-graph capturable). The device
     /// validates them: invalid offsets write nothing and raise the workspace's error flag,
     /// which [`AttentionWorkspace::check_errors`](super::AttentionWorkspace::check_errors) reports.
-    Device { q: &'r TensorView<'a>, k: &'r TensorView<'a> },
+    Device {
+        /// Query offsets: a contiguous i32 vector of `batch + 1` values.
+        q: &'r TensorView<'a>,
+        /// Key offsets: a contiguous i32 vector as long as `q`.
+        k: &'r TensorView<'a>,
+    },
 }
 
 /// Where K and V come from.

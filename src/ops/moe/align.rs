@@ -21,6 +21,7 @@ const OP_ALIGN: &str = "moe_align";
 
 /// Rows per grouped-GEMM block: prefill and decode.
 pub const BLOCK_M: usize = LLK_MOE_GEMM_BLOCK_M as usize;
+/// Rows per block of the decode grouped GEMM (see [`preferred_block_m`]).
 pub const BLOCK_M_DECODE: usize = LLK_MOE_GEMM_BLOCK_M_DECODE as usize;
 
 /// Upper bound on the grouped GEMM's row blocks for `slots` rows over `experts` experts:
@@ -131,6 +132,7 @@ impl MoeAlign {
         self.state.ok_or(Error::InvalidView { what: op, why: "the permutation has not been aligned yet".into() })
     }
 
+    /// Experts the permutation was planned for.
     pub fn experts(&self) -> usize {
         self.experts
     }

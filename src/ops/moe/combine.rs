@@ -20,6 +20,7 @@ const OP_COMBINE: &str = "moe_combine";
 /// What `moe_combine` adds after the experts.
 #[derive(Clone, Copy, Debug)]
 pub enum MoeResidual<'r, 'a> {
+    /// No residual: `out` is the expert sum (plus the shared expert).
     None,
     /// `[tokens, hidden]`, read.
     Separate(&'r TensorView<'a>),

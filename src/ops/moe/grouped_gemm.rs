@@ -37,7 +37,12 @@ pub enum ExpertWeightsView<'r, 'a> {
     /// `y = silu(x W[e][.., :n]) * (x W[e][.., n:])`, `[rows, n]`.
     SwiGluPacked(&'r TensorView<'a>),
     /// SwiGLU over separate gate and up tensors of `n` output columns each (same strides).
-    SwiGluSeparate { gate: &'r TensorView<'a>, up: &'r TensorView<'a> },
+    SwiGluSeparate {
+        /// Gate weights: `n` output columns per expert.
+        gate: &'r TensorView<'a>,
+        /// Up weights: the same shape and strides as `gate`.
+        up: &'r TensorView<'a>,
+    },
 }
 
 /// Which rows go with which expert.
@@ -380,9 +385,17 @@ pub fn moe_grouped_gemm_on(
 /// The tensor form of [`ExpertWeightsView`].
 #[derive(Clone, Copy, Debug)]
 pub enum ExpertWeights<'a> {
+    /// As [`ExpertWeightsView::Plain`].
     Plain(&'a Tensor),
+    /// As [`ExpertWeightsView::SwiGluPacked`].
     SwiGluPacked(&'a Tensor),
-    SwiGluSeparate { gate: &'a Tensor, up: &'a Tensor },
+    /// As [`ExpertWeightsView::SwiGluSeparate`].
+    SwiGluSeparate {
+        /// Gate weights: `n` output columns per expert.
+        gate: &'a Tensor,
+        /// Up weights: the same shape and strides as `gate`.
+        up: &'a Tensor,
+    },
 }
 
 /// [`moe_grouped_gemm_on`] on tensors.

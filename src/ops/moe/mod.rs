@@ -15,6 +15,8 @@
 //! work exit after one read. A planned [`MoeFfn`] forward allocates nothing and copies nothing, so
 //! it can be captured in a CUDA graph.
 //!
+//! [`MoeFfn`]: crate::block::MoeFfn
+//!
 //! ```
 //! use llama_kernels::block::{GateUpTensors, MoeFfn, MoeFfnWeights};
 //! use llama_kernels::ops::moe::{MoeFfnConfig, WeightLayout};
