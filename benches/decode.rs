@@ -13,10 +13,10 @@
 mod common;
 
 use criterion::{BenchmarkId, Throughput};
+use llama_kernels::dev::testing::Rng;
 use llama_kernels::ops::attention::{
     DecodeShape, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvCache, PagedKvConfig,
 };
-use llama_kernels::dev::testing::Rng;
 use llama_kernels::{DType, Tensor};
 
 const PAGE: usize = 16;

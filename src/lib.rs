@@ -78,13 +78,16 @@
 
 pub mod backend;
 pub mod block;
+// Test support behind a feature: its cases, tolerances and reports are documented at the module
+// level rather than item by item.
 #[cfg(feature = "dev")]
+#[allow(missing_docs)]
 pub mod dev;
 pub mod dtype;
 pub mod error;
+mod ffi;
 mod kernels;
 mod launch;
-mod ffi;
 pub mod ops;
 pub mod reference;
 pub mod spec;

@@ -4,10 +4,10 @@
 
 mod common;
 
+use llama_kernels::dev::verify::{AttentionCase, attention_case};
 use llama_kernels::ops::attention::{
     AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature, gqa_attention,
 };
-use llama_kernels::dev::verify::{AttentionCase, attention_case};
 use llama_kernels::{DType, Device, Error, Tensor};
 
 fn assert_pass(device: &Device, case: &AttentionCase) {

@@ -13,9 +13,9 @@ use llama_kernels::block::config::{FfnSpec, ModelConfig};
 use llama_kernels::block::{
     Checkpoint, DecoderLayer, HostLayerWeights, HostTensor, KvCache, KvCacheConfig, LayerWorkspace,
 };
+use llama_kernels::dev::verify::block::{LLAMA3_SMALL, LLAMA4_SMALL, check_layer, schedule};
 use llama_kernels::ops::attention::AttentionMask;
 use llama_kernels::ops::rope::RopeLayout;
-use llama_kernels::dev::verify::block::{LLAMA3_SMALL, LLAMA4_SMALL, check_layer, schedule};
 use llama_kernels::{DType, Device, Error, Tensor};
 
 fn config_err(json: &str) -> (String, String) {

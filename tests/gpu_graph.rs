@@ -6,11 +6,11 @@
 //! capturing.
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use llama_kernels::dev::testing::Rng;
 use llama_kernels::ops::{
     self, AttentionMask, AttentionOptions, AttentionWorkspace, DecodeShape, GateUp, KvScales, PagedDecodeOptions,
     PagedDecodeWorkspace, PagedKvCache, PagedKvConfig, Rope, RopeConfig,
 };
-use llama_kernels::dev::testing::Rng;
 use llama_kernels::{DType, Device, Tensor};
 
 #[test]

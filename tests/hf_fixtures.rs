@@ -12,8 +12,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use llama_kernels::block::{Checkpoint, DecoderLayer, KvCache, LayerWorkspace};
-use llama_kernels::reference::block as rb;
 use llama_kernels::dev::testing::{Tolerance, compare};
+use llama_kernels::reference::block as rb;
 use llama_kernels::{DType, Tensor};
 
 fn fixture(name: &str) -> PathBuf {

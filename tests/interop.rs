@@ -5,11 +5,11 @@
 mod common;
 
 use half::bf16;
+use llama_kernels::dev::testing::{Rng, Tolerance, compare};
+use llama_kernels::dev::verify::{AttentionCase, attention_case, attention_tolerance};
 use llama_kernels::ops::attention::AttentionWorkspace;
 use llama_kernels::ops::{self, AttentionMask, AttentionOptions, CuSeqlens, GateUp, GateUpView, Rope, RopeConfig};
 use llama_kernels::reference::attention::{AttentionSpec, attention, nan_exposed_rows};
-use llama_kernels::dev::testing::{Rng, Tolerance, compare};
-use llama_kernels::dev::verify::{AttentionCase, attention_case, attention_tolerance};
 use llama_kernels::{DType, Device, DeviceCounters, Error, Tensor, TensorView, TensorViewMut};
 
 fn bits_f32(v: &[f32]) -> Vec<u32> {

@@ -195,8 +195,7 @@ fn inline_paths(code: &str) -> Vec<Vec<String>> {
             while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_' || b[j] == b':') {
                 j += 1;
             }
-            let seg: Vec<String> =
-                code[i..j].split("::").filter(|s| !s.is_empty()).map(str::to_string).collect();
+            let seg: Vec<String> = code[i..j].split("::").filter(|s| !s.is_empty()).map(str::to_string).collect();
             v.push(seg);
         }
     }

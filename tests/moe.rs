@@ -8,13 +8,13 @@
 mod common;
 
 use llama_kernels::block::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
-use llama_kernels::ops::moe::{
-    self, ExpertWeights, GemmGroups, MoeAlign, MoeFfnConfig, MoeResidual, MoeRouting, WeightLayout,
-};
 use llama_kernels::dev::verify::{
     CaseResult, GemmWeights, IdPattern, LogitPattern, MoeAlignCase, MoeCombineCase, MoeFfnCase, MoeGatherCase,
     MoeGemmCase, MoeRouteCase, moe_align_case, moe_combine_case, moe_ffn_case, moe_gather_case, moe_gemm_case,
     moe_route_case,
+};
+use llama_kernels::ops::moe::{
+    self, ExpertWeights, GemmGroups, MoeAlign, MoeFfnConfig, MoeResidual, MoeRouting, WeightLayout,
 };
 use llama_kernels::{DType, Device, Error, Tensor, TensorView, TensorViewMut};
 

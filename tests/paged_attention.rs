@@ -7,20 +7,20 @@
 
 mod common;
 
-use llama_kernels::dtype::{f8e4m3_decode, f8e4m3_encode};
-use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature};
-use llama_kernels::ops::attention::{
-    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvView, PagedKvCache,
-    PagedKvConfig, kv_append_on, merge_attention_states,
-};
-use llama_kernels::reference;
-use llama_kernels::reference::attention::AttentionSpec;
 use llama_kernels::dev::selftest::fp8_kernel_conversions;
 use llama_kernels::dev::testing::{Rng, Tolerance, compare};
 use llama_kernels::dev::verify::{
     AttentionCase, KvAppendCase, LSE_TOLERANCE, PagedDecodeCase, attention_case, attention_tolerance, kv_append_case,
     paged_decode_case,
 };
+use llama_kernels::dtype::{f8e4m3_decode, f8e4m3_encode};
+use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature};
+use llama_kernels::ops::attention::{
+    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvCache, PagedKvConfig,
+    PagedKvView, kv_append_on, merge_attention_states,
+};
+use llama_kernels::reference;
+use llama_kernels::reference::attention::AttentionSpec;
 use llama_kernels::{DType, Device, Error, Tensor, TensorViewMut};
 
 fn decode_pass(device: &Device, case: &PagedDecodeCase) {

@@ -8,12 +8,12 @@
 //! `proptest-regressions/` and replays it first on every later run: commit those files, and turn
 //! each one into a named regression test.
 
+use llama_kernels::dev::testing::{Rng, Tolerance, compare};
+use llama_kernels::dev::verify::{attention_tolerance, rope_tolerance};
 use llama_kernels::ops::{
     self, AttentionMask, AttentionOptions, AttentionWorkspace, GateUp, Llama3Scaling, Rope, RopeConfig, RopeLayout,
 };
 use llama_kernels::reference;
-use llama_kernels::dev::testing::{Rng, Tolerance, compare};
-use llama_kernels::dev::verify::{attention_tolerance, rope_tolerance};
 use llama_kernels::{DType, Device, Tensor};
 use proptest::prelude::*;
 use proptest::test_runner::Config;

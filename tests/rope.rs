@@ -4,10 +4,10 @@
 mod common;
 
 use approx::assert_relative_eq;
-use llama_kernels::ops::rope::{Llama3Scaling, MAX_ROTARY_DIM, Rope, RopeConfig, RopeLayout};
-use llama_kernels::reference::rope::{inv_freq, llama3_scale};
 use llama_kernels::dev::testing::{Rng, compare};
 use llama_kernels::dev::verify::{RopeCase, rope_case, rope_tolerance};
+use llama_kernels::ops::rope::{Llama3Scaling, MAX_ROTARY_DIM, Rope, RopeConfig, RopeLayout};
+use llama_kernels::reference::rope::{inv_freq, llama3_scale};
 use llama_kernels::{DType, Device, Error, Tensor};
 
 fn assert_pass(device: &Device, case: RopeCase) {

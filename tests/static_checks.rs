@@ -72,7 +72,8 @@ fn no_kernel_spills_at_sm_90() {
 const ATTENTION_SPILL_BUDGET: u32 = 128;
 
 fn check_spills(k: &llama_kernels::dev::inspect::KernelResources, arch: &str) {
-    let two_m_tiles = k.name.starts_with("attention_hd") && !k.name.starts_with("attention_hd256") && !k.name.ends_with("_f32");
+    let two_m_tiles =
+        k.name.starts_with("attention_hd") && !k.name.starts_with("attention_hd256") && !k.name.ends_with("_f32");
     if two_m_tiles {
         assert!(
             k.spill_stores <= ATTENTION_SPILL_BUDGET && k.spill_loads <= ATTENTION_SPILL_BUDGET + 16,

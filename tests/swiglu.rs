@@ -3,8 +3,8 @@
 
 mod common;
 
-use llama_kernels::ops::swiglu::{GateUp, swiglu};
 use llama_kernels::dev::verify::{SwiGluCase, SwiGluInput, swiglu_case};
+use llama_kernels::ops::swiglu::{GateUp, swiglu};
 use llama_kernels::{DType, Device, Error, Tensor};
 
 fn assert_pass(device: &Device, case: SwiGluCase) {

@@ -94,4 +94,3 @@ pub(crate) enum WriteSrc<'a> {
     Cuda(&'a mut dyn CudaWrite),
     Host(u64),
 }
-

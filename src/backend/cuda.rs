@@ -267,9 +267,8 @@ impl CudaDevice {
     /// call and takes no global lock (the first call per stream and thread does both).
     pub fn for_queue(stream: &Arc<CudaStream>) -> Result<Self> {
         let ptr = Arc::as_ptr(stream) as usize;
-        let hit = LAST_QUEUE.with(|last| {
-            last.borrow().as_ref().filter(|(p, _)| *p == ptr).and_then(|(_, shared)| shared.upgrade())
-        });
+        let hit = LAST_QUEUE
+            .with(|last| last.borrow().as_ref().filter(|(p, _)| *p == ptr).and_then(|(_, shared)| shared.upgrade()));
         // A freed stream's address may be reused by one of another context: compare the context.
         if let Some(shared) = hit.filter(|s| s.ctx.cu_ctx() == stream.context().cu_ctx()) {
             return Ok(CudaDevice { shared, stream: stream.clone() });

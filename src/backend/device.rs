@@ -216,7 +216,6 @@ impl Device {
             DeviceInner::Emulated(_) => Ok(None),
         }
     }
-
 }
 
 /// The raw launch layer: what [`crate::launch`] builds on once it has registered a call's

@@ -4,11 +4,13 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::sync::{Mutex, OnceLock};
 
-use crate::ffi::emu_abi::{LlkEmuCpAsyncTiming, LlkEmuKernel, LlkEmuLaunch, LlkEmuReport, LlkEmuSchedule, LlkEmuStatus};
 use super::counters::Counters;
 use super::kernel::{KernelParams, KernelRef, LaunchDims};
 use super::modules::MODULES;
 use crate::error::{Error, Result};
+use crate::ffi::emu_abi::{
+    LlkEmuCpAsyncTiming, LlkEmuKernel, LlkEmuLaunch, LlkEmuReport, LlkEmuSchedule, LlkEmuStatus,
+};
 
 /// Order in which the emulator runs the threads of a block between two barriers.
 ///
@@ -225,4 +227,3 @@ fn status_name(s: LlkEmuStatus) -> &'static str {
 pub fn emulated_kernel_names(family: &str) -> Vec<&'static str> {
     registry().names(family)
 }
-

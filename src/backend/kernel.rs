@@ -52,4 +52,3 @@ kernel_params!(
     crate::ffi::params::MoeCombineParams,
     crate::ffi::params::SelftestParams,
 );
-

@@ -26,13 +26,13 @@ mod modules;
 mod staging;
 pub(crate) mod storage;
 
+pub use crate::target::Target;
 pub(crate) use counters::Count;
 pub use counters::DeviceCounters;
 pub use cuda::{CudaKernelInfo, ImageKind};
 pub use device::{Device, Queue, Selection};
 pub use emulated::{CpAsyncTiming, EmuOptions, Schedule, emulated_kernel_names};
-pub(crate) use kernel::{KernelParams, LaunchDims};
 pub use kernel::KernelRef;
+pub(crate) use kernel::{KernelParams, LaunchDims};
 pub use modules::{DEVICE_CODE_ORIGIN, KernelModuleInfo, kernel_modules};
 pub(crate) use staging::PinnedStaging;
-pub use crate::target::Target;

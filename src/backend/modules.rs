@@ -53,4 +53,3 @@ pub fn kernel_modules() -> impl Iterator<Item = KernelModuleInfo> {
         ptxas_sm80: m.ptxas_sm80,
     })
 }
-

@@ -15,8 +15,8 @@ use cudarc::driver::{CudaEvent, PinnedHostSlice};
 
 use super::counters::Count;
 use super::device::{Device, DeviceInner};
-use crate::error::{Error, Result};
 use super::storage::Storage;
+use crate::error::{Error, Result};
 
 /// Ring slots: a call may run while the copies of the `SLOTS - 1` calls before it are queued.
 const SLOTS: usize = 4;

@@ -20,9 +20,9 @@ use half::{bf16, f16};
 
 use super::counters::Count;
 use super::device::{Device, DeviceInner};
-use crate::target::Target;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::target::Target;
 
 /// Alignment of data on the emulated target, as cudaMalloc gives at least 256 bytes.
 const HOST_ALIGN: usize = 256;

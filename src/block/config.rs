@@ -32,8 +32,8 @@
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-pub use crate::spec::layer::{FfnSpec, LayerSpec, ModelKind};
 use crate::spec::attention::{AttentionMask, Llama4Temperature};
+pub use crate::spec::layer::{FfnSpec, LayerSpec, ModelKind};
 use crate::spec::rope::{Llama3Scaling, RopeConfig, RopeLayout};
 
 /// Rope theta and optional Llama 3 scaling.

@@ -5,9 +5,7 @@ use super::config::LayerSpec;
 use crate::backend::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::attention::{
-    KvScales, PagedKvCache, PagedKvConfig,
-};
+use crate::ops::attention::{KvScales, PagedKvCache, PagedKvConfig};
 
 use super::step::Step;
 
@@ -286,4 +284,3 @@ impl KvCache {
         Ok(())
     }
 }
-

@@ -39,13 +39,11 @@
 use super::config::{FfnSpec, LayerSpec};
 use super::weights::{FfnWeights, HostLayerWeights, LayerWeights};
 use crate::backend::Device;
+use crate::block::moe_ffn::MoeWorkspace;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::attention::{AttentionMask, AttentionOptions, CuSeqlens};
-use crate::block::moe_ffn::MoeWorkspace;
-use crate::ops::attention::{
-    PagedDecodeOptions, PagedKvView, PagedKvCache,
-};
+use crate::ops::attention::{PagedDecodeOptions, PagedKvCache, PagedKvView};
 use crate::ops::rope::Rope;
 use crate::ops::swiglu::GateUp;
 use crate::ops::{self, linear};
@@ -193,7 +191,14 @@ impl DecoderLayer {
     }
 
     /// Checks that the workspace, the cache and `hidden` fit this layer and the step.
-    fn check_call(&self, ws: &LayerWorkspace, cache: &KvCache, cache_layer: usize, step: &Step, hidden: &Tensor) -> Result<()> {
+    fn check_call(
+        &self,
+        ws: &LayerWorkspace,
+        cache: &KvCache,
+        cache_layer: usize,
+        step: &Step,
+        hidden: &Tensor,
+    ) -> Result<()> {
         let s = &self.spec;
         let t = step.tokens;
         if hidden.dtype() != self.dtype {
@@ -208,7 +213,12 @@ impl DecoderLayer {
             });
         }
         if hidden.shape() != [t, s.hidden] || !hidden.is_contiguous() {
-            return Err(Error::shape(OP, "hidden", hidden.shape().to_vec(), format!("contiguous [{t}, {}] (the step's tokens x hidden)", s.hidden)));
+            return Err(Error::shape(
+                OP,
+                "hidden",
+                hidden.shape().to_vec(),
+                format!("contiguous [{t}, {}] (the step's tokens x hidden)", s.hidden),
+            ));
         }
         let ffn_planned = match moe_config(s) {
             Some(c) => ws.moe.as_ref().map(MoeWorkspace::config) == Some(&c),

@@ -3,18 +3,17 @@
 //! ([`MoeWorkspace`]) and paired with its weights ([`MoeFfn`]). The ops are
 //! [`crate::ops::moe`]; the semantics are [`crate::reference::moe`].
 
-use crate::ops::moe::check_routing;
-use crate::ops::moe::{
-    ExpertWeightsView, GemmGroups, MoeAlign, MoeResidual, moe_combine_on, moe_gather_on,
-    moe_grouped_gemm_on, moe_route_on, preferred_block_m, padded_rows, BLOCK_M,
-};
 use crate::backend::{Device, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::launch::{check_dtype, check_float};
-use crate::tensor::{Tensor, TensorView, TensorViewMut};
+use crate::ops::moe::check_routing;
+use crate::ops::moe::{
+    BLOCK_M, ExpertWeightsView, GemmGroups, MoeAlign, MoeResidual, moe_combine_on, moe_gather_on, moe_grouped_gemm_on,
+    moe_route_on, padded_rows, preferred_block_m,
+};
 use crate::spec::moe::{MoeFfnConfig, MoeRouting, WeightLayout};
-
+use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 const OP_FFN: &str = "moe_ffn";
 
@@ -114,7 +113,11 @@ pub struct MoeFfnStages {
 
 /// Checks `weights` against `config` on `device`; returns their dtype and the shared expert's
 /// intermediate size (0 without one).
-pub(crate) fn check_ffn_weights(device: &Device, config: &MoeFfnConfig, weights: &MoeFfnWeights) -> Result<(DType, usize)> {
+pub(crate) fn check_ffn_weights(
+    device: &Device,
+    config: &MoeFfnConfig,
+    weights: &MoeFfnWeights,
+) -> Result<(DType, usize)> {
     const OP: &str = OP_FFN;
     let MoeFfnConfig { hidden, intermediate, experts, top_k, routing, .. } = *config;
     let dtype = weights.router.dtype();
@@ -421,7 +424,13 @@ impl MoeWorkspace {
     }
 
     /// The shared expert (two one-group GEMMs, SwiGLU fused into the first), when there is one.
-    fn shared_expert(&self, queue: &impl Queue, x: &TensorView<'_>, w: &MoeFfnWeights, tokens: usize) -> Result<Option<Tensor>> {
+    fn shared_expert(
+        &self,
+        queue: &impl Queue,
+        x: &TensorView<'_>,
+        w: &MoeFfnWeights,
+        tokens: usize,
+    ) -> Result<Option<Tensor>> {
         Ok(match &w.shared {
             Some(s) => {
                 let si = s.gate.shape().first().copied().unwrap_or(0);

@@ -37,4 +37,3 @@ impl Step {
         self.seqs.iter().flat_map(|s| (s.start..s.start + s.new).map(|p| p as i64)).collect()
     }
 }
-

@@ -8,13 +8,13 @@
 
 use half::{bf16, f16};
 
-pub use crate::spec::weights::{HostFfn, HostLayerWeights, HostTensor, check_shapes, expected_shapes};
-use crate::spec::layer::LayerSpec;
 use crate::backend::Device;
+use crate::block::moe_ffn::{GateUpTensors, MoeFfnWeights, SharedExpertTensors};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::block::moe_ffn::{GateUpTensors, MoeFfnWeights, SharedExpertTensors};
 use crate::ops::moe::WeightLayout;
+use crate::spec::layer::LayerSpec;
+pub use crate::spec::weights::{HostFfn, HostLayerWeights, HostTensor, check_shapes, expected_shapes};
 use crate::tensor::Tensor;
 
 /// The feed-forward weights of one layer on the device.
@@ -132,4 +132,3 @@ impl LayerWeights {
         })
     }
 }
-

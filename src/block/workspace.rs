@@ -2,15 +2,13 @@
 
 use super::config::{FfnSpec, LayerSpec};
 use crate::backend::{Device, PinnedStaging};
+use crate::block::moe_ffn::MoeWorkspace;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::attention::AttentionWorkspace;
-use crate::block::moe_ffn::MoeWorkspace;
-use crate::ops::moe::MoeFfnConfig;
-use crate::ops::attention::{
-    DecodeShape, PagedDecodeWorkspace,
-};
+use crate::ops::attention::{DecodeShape, PagedDecodeWorkspace};
 use crate::ops::linear;
+use crate::ops::moe::MoeFfnConfig;
 use crate::tensor::Tensor;
 
 use super::kv_cache::KvCache;
@@ -90,7 +88,13 @@ impl LayerWorkspace {
     /// Plans the buffers of the layers in `specs` (one model: same hidden size and heads) for
     /// steps of up to `max_tokens` tokens over `cache` (or any cache with at most its slots and
     /// context).
-    pub fn plan(device: &Device, dtype: DType, specs: &[LayerSpec], max_tokens: usize, cache: &KvCache) -> Result<Self> {
+    pub fn plan(
+        device: &Device,
+        dtype: DType,
+        specs: &[LayerSpec],
+        max_tokens: usize,
+        cache: &KvCache,
+    ) -> Result<Self> {
         let op = "LayerWorkspace::plan";
         let first = specs.first().ok_or_else(|| Error::invalid(op, "specs", "[]", "needs a layer"))?;
         if let Some(s) = specs.iter().find(|s| {
@@ -321,4 +325,3 @@ pub(crate) struct StepMeta {
     pub(crate) block_table: Tensor,
     pub(crate) slot_mapping: Tensor,
 }
-

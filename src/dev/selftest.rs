@@ -6,11 +6,11 @@
 //! GPU: a deadlock there hangs the device, which is exactly what the emulator exists to prevent.
 
 use crate::backend::{Device, KernelRef, LaunchDims, Target};
-use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::launch::{check_dtype, grid_x, to_i64};
 use crate::ffi::params::{Fp8ConvertParams, LlkSelftestVariant, SelftestParams};
+use crate::launch::KernelArgs;
+use crate::launch::{check_dtype, grid_x, to_i64};
 use crate::tensor::Tensor;
 
 /// Threads per block of `selftest_stencil` (kBlock in kernels/selftest.cu).
@@ -106,7 +106,10 @@ impl Kernel {
 
 /// The symbols of this family, for static checks.
 pub fn kernel_symbols() -> impl Iterator<Item = KernelRef> {
-    Kernel::ALL.into_iter().map(|k| KernelRef { module: "selftest", symbol: k.symbol() }).chain(std::iter::once(FP8_CONVERT))
+    Kernel::ALL
+        .into_iter()
+        .map(|k| KernelRef { module: "selftest", symbol: k.symbol() })
+        .chain(std::iter::once(FP8_CONVERT))
 }
 
 /// Launches a self-test kernel over `threads` threads in blocks of `block` threads.

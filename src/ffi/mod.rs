@@ -7,5 +7,8 @@
 //!
 //! Crate-private: the safe API in [`crate::ops`] is the only way to fill these structs.
 
+// bindgen's generated `Default` impls zero the structs in unsafe blocks it does not comment.
+#[allow(clippy::undocumented_unsafe_blocks)]
 pub(crate) mod emu_abi;
+#[allow(clippy::undocumented_unsafe_blocks)]
 pub(crate) mod params;

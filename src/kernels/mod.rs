@@ -36,7 +36,6 @@ impl<K: PartialEq + Copy> KernelTable<K> {
     }
 }
 
-
 /// Every kernel the library's wrappers may load, family by family.
 pub(crate) fn all() -> Vec<KernelRef> {
     let v = rms_norm::symbols().chain(rope::symbols()).chain(swiglu::symbols());

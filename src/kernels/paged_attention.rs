@@ -51,11 +51,7 @@ pub(crate) static MERGE_KERNELS: KernelTable<(bool, DType)> = KernelTable {
     ],
 };
 
-
 /// The symbols of this family, for static checks.
 pub(crate) fn symbols() -> impl Iterator<Item = KernelRef> {
-    APPEND_KERNELS
-        .symbols()
-        .chain(DECODE_KERNELS.symbols())
-        .chain(MERGE_KERNELS.symbols())
+    APPEND_KERNELS.symbols().chain(DECODE_KERNELS.symbols()).chain(MERGE_KERNELS.symbols())
 }

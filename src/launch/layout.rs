@@ -111,8 +111,7 @@ impl Heads {
         let r = shape.len();
         let bad = |why| Error::BadLayout { op, what, shape: shape.to_vec(), strides: strides.to_vec(), why };
         let (heads, head_dim) = (shape[r - 2], shape[r - 1]);
-        let tokens = numel(&shape[..r - 2])
-            .ok_or_else(|| Error::TooLarge { what, shape: shape.to_vec() })?;
+        let tokens = numel(&shape[..r - 2]).ok_or_else(|| Error::TooLarge { what, shape: shape.to_vec() })?;
         let elem = b.dtype.size();
         if tokens == 0 || heads == 0 || head_dim == 0 {
             // Empty: any strides (an empty view has none that matter).

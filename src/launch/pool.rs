@@ -82,7 +82,12 @@ pub(crate) fn check_pools(op: &'static str, k: &Pool, v: &Pool) -> Result<()> {
         return Err(Error::DTypeMismatch { op, what: "v_pages", got: v.dtype, expected: k.dtype });
     }
     if (v.num_pages, v.page_size, v.kv_heads, v.head_dim) != (k.num_pages, k.page_size, k.kv_heads, k.head_dim) {
-        return Err(Error::shape(op, "v_pages", vec![v.num_pages, v.page_size, v.kv_heads, v.head_dim], format!("{:?} like k_pages", [k.num_pages, k.page_size, k.kv_heads, k.head_dim])));
+        return Err(Error::shape(
+            op,
+            "v_pages",
+            vec![v.num_pages, v.page_size, v.kv_heads, v.head_dim],
+            format!("{:?} like k_pages", [k.num_pages, k.page_size, k.kv_heads, k.head_dim]),
+        ));
     }
     if k.kv_heads == 0 {
         return Err(Error::invalid(op, "kv_heads", 0, "must be > 0"));
@@ -92,15 +97,16 @@ pub(crate) fn check_pools(op: &'static str, k: &Pool, v: &Pool) -> Result<()> {
 
 /// Checks a block table `[batch, max_pages]` i32 (last dim contiguous) and returns
 /// `(max_pages, row stride)`.
-pub(crate) fn check_block_table(
-    op: &'static str,
-    b: &Arg,
-    batch: usize,
-) -> Result<(usize, usize)> {
+pub(crate) fn check_block_table(op: &'static str, b: &Arg, batch: usize) -> Result<(usize, usize)> {
     check_dtype(op, "block_table", b.dtype, DType::I32)?;
     let shape = b.shape();
     if shape.len() != 2 || shape[0] != batch {
-        return Err(Error::shape(op, "block_table", shape.to_vec(), format!("[{batch}, max_pages] (batch, pages per sequence)")));
+        return Err(Error::shape(
+            op,
+            "block_table",
+            shape.to_vec(),
+            format!("[{batch}, max_pages] (batch, pages per sequence)"),
+        ));
     }
     let strides = b.strides();
     if shape[1] > 1 && strides[1] != 1 {

@@ -37,7 +37,10 @@ pub(crate) type Meanings = [(LlkDeviceError, &'static str)];
 
 /// The paged cache's meanings (append and decode).
 pub(crate) const PAGED: &Meanings = &[
-    (LlkDeviceError::LLK_DEVICE_BAD_SEQLENS, "sequence lengths or offsets (negative, decreasing, or past the block table)"),
+    (
+        LlkDeviceError::LLK_DEVICE_BAD_SEQLENS,
+        "sequence lengths or offsets (negative, decreasing, or past the block table)",
+    ),
     (LlkDeviceError::LLK_DEVICE_BAD_PAGE, "a page id or slot outside the page pool (its keys were skipped)"),
 ];
 

@@ -47,9 +47,9 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use half::{bf16, f16};
 
 use crate::backend::{Count, Device, Queue};
-use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::launch::KernelArgs;
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
@@ -189,9 +189,13 @@ fn run(
             };
             args.call(op, |stream| g.cuda(stream, &entry, dims, ones), || Ok(()))
         }
-        // SAFETY (inside `host`): every address was registered above for this launch, and the
-        // row/stride extents were validated by `Rows::of` against the views' shapes.
-        None => args.call(op, |_| Ok(()), || unsafe { g.host() }),
+        None => args.call(
+            op,
+            |_| Ok(()),
+            // SAFETY: every address was registered above for this launch, and the row/stride
+            // extents were validated by `Rows::of` against the views' shapes.
+            || unsafe { g.host() },
+        ),
     }
 }
 

@@ -13,9 +13,9 @@
 //! memory or waits on the host ([`Device::counters`](crate::Device::counters) proves it).
 
 pub mod attention;
+mod error_flag;
 pub mod linear;
 pub mod moe;
-mod error_flag;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
@@ -23,15 +23,14 @@ pub mod swiglu;
 pub use attention::{
     AttentionMask, AttentionOptions, AttentionWorkspace, CuSeqlens, Llama4Temperature, gqa_attention, gqa_attention_on,
 };
+pub use attention::{
+    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvCache, PagedKvConfig,
+    PagedKvView, kv_append_on, merge_attention_states, merge_attention_states_on,
+};
 pub use linear::{linear, linear_add, linear_add_on, linear_on};
 pub use moe::{
-    GemmGroups, MoeAlign, MoeFfnConfig, MoeResidual, MoeRouting, WeightLayout,
-    moe_combine, moe_combine_on, moe_gather, moe_gather_on, moe_grouped_gemm, moe_grouped_gemm_on, moe_route,
-    moe_route_on,
-};
-pub use attention::{
-    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvView, PagedKvCache,
-    PagedKvConfig, kv_append_on, merge_attention_states, merge_attention_states_on,
+    GemmGroups, MoeAlign, MoeFfnConfig, MoeResidual, MoeRouting, WeightLayout, moe_combine, moe_combine_on, moe_gather,
+    moe_gather_on, moe_grouped_gemm, moe_grouped_gemm_on, moe_route, moe_route_on,
 };
 pub use rms_norm::{fused_add_rms_norm, fused_add_rms_norm_on, rms_norm, rms_norm_on};
 pub use rope::{Llama3Scaling, Rope, RopeConfig, RopeLayout};

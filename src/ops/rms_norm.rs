@@ -13,11 +13,11 @@
 //! infinity in a row propagates to that row's output; other rows are unaffected.
 
 use crate::backend::{LaunchDims, Queue};
-use crate::launch::KernelArgs;
 use crate::error::{Error, Result};
-use crate::kernels::rms_norm::{KERNELS};
-use crate::launch::{Rows, check_disjoint, check_dtype, check_float, check_shape, grid_x, to_i64};
 use crate::ffi::params::{LLK_RMS_NORM_CACHE, LLK_RMS_NORM_MAX_THREADS, LLK_RMS_NORM_MAX_THREADS_FUSED, RmsNormParams};
+use crate::kernels::rms_norm::KERNELS;
+use crate::launch::KernelArgs;
+use crate::launch::{Rows, check_disjoint, check_dtype, check_float, check_shape, grid_x, to_i64};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 /// Vectors each thread keeps in registers; mirrors `kCache` in kernels/rms_norm.cu.

@@ -31,14 +31,14 @@
 //! NoPE layers (Llama 4) simply do not call this.
 
 use crate::backend::{Device, LaunchDims, Queue};
-use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::rope::{KERNELS};
-use crate::launch::{Arg, Heads, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::ffi::params::{LLK_ROPE_MAX_THREADS, LlkIndexType, LlkRopeLayout, LlkRopeNorm, RopeParams};
-use crate::tensor::{Tensor, TensorView, TensorViewMut};
+use crate::kernels::rope::KERNELS;
+use crate::launch::KernelArgs;
+use crate::launch::{Arg, Heads, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 pub use crate::spec::rope::{Llama3Scaling, MAX_POSITION, MAX_ROTARY_DIM, RopeConfig, RopeLayout};
+use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 const OP: &str = "rope";
 /// Threads per block (kMaxThreads in kernels/rope.cu).
@@ -155,7 +155,12 @@ impl Rope {
             check_disjoint(OP, ("q", qh), ("k", *kh))?;
         }
         if pb.dims.numel() != qh.tokens || !pb.dims.is_contiguous() {
-            return Err(Error::shape(OP, "positions", pb.shape().to_vec(), format!("{} contiguous values (one per token)", qh.tokens)));
+            return Err(Error::shape(
+                OP,
+                "positions",
+                pb.shape().to_vec(),
+                format!("{} contiguous values (one per token)", qh.tokens),
+            ));
         }
         let pr = Rows { addr: pb.addr, elem: pb.dtype.size(), rows: 1, cols: qh.tokens, row_stride: qh.tokens };
         check_disjoint(OP, ("q", qh), ("positions", pr))?;
@@ -166,10 +171,25 @@ impl Rope {
     }
 
     /// Fills the params struct (`k`: k's heads, when there is a k).
-    fn params(&self, qh: &Heads, k: Option<&Heads>, positions: u64, table: u64, position_type: LlkIndexType) -> Result<RopeParams> {
+    fn params(
+        &self,
+        qh: &Heads,
+        k: Option<&Heads>,
+        positions: u64,
+        table: u64,
+        position_type: LlkIndexType,
+    ) -> Result<RopeParams> {
         let cfg = &self.config;
         let kv_heads = k.map_or(0, |h| h.heads);
-        let kk = k.copied().unwrap_or(Heads { addr: 0, elem: qh.elem, tokens: 0, heads: 0, head_dim: 0, token_stride: 0, head_stride: 0 });
+        let kk = k.copied().unwrap_or(Heads {
+            addr: 0,
+            elem: qh.elem,
+            tokens: 0,
+            heads: 0,
+            head_dim: 0,
+            token_stride: 0,
+            head_stride: 0,
+        });
         Ok(RopeParams {
             q: qh.addr,
             k: k.map_or(0, |k| k.addr),

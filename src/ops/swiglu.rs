@@ -20,11 +20,11 @@
 //! a packed buffer, too); otherwise it must not overlap the inputs.
 
 use crate::backend::{LaunchDims, Queue};
-use crate::launch::KernelArgs;
 use crate::error::{Error, Result};
-use crate::kernels::swiglu::{KERNELS};
-use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::ffi::params::{LlkGateUpLayout, SwiGluParams};
+use crate::kernels::swiglu::KERNELS;
+use crate::launch::KernelArgs;
+use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 const OP: &str = "swiglu";
@@ -50,7 +50,6 @@ pub enum GateUp<'a> {
     /// GPT-OSS's clamped activation is not SwiGLU and is not implemented here.
     Interleaved(&'a Tensor),
 }
-
 
 /// Where gate and up come from, as borrowed views (the view-level [`swiglu_on`]).
 #[derive(Clone, Copy, Debug)]

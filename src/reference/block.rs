@@ -17,9 +17,9 @@
 //! intermediate is rounded here; that is the point of a reference.
 
 use super::check_len;
+use crate::error::{Error, Result};
 use crate::spec::layer::{FfnSpec, LayerSpec};
 use crate::spec::weights::{HostFfn, HostLayerWeights};
-use crate::error::{Error, Result};
 
 /// The f64 weights of one layer (Hugging Face layouts).
 #[derive(Clone, Debug)]

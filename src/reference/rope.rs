@@ -18,8 +18,8 @@
 
 use super::check_len;
 use crate::error::Result;
-pub use crate::spec::rope::{inv_freq, llama3_scale};
 use crate::spec::rope::{MAX_POSITION, RopeConfig, RopeLayout};
+pub use crate::spec::rope::{inv_freq, llama3_scale};
 
 /// Rotates (and optionally normalizes) `x`, shaped `[tokens, heads, head_dim]` and contiguous,
 /// at `positions[token]`, clamped to `+-(2^24 - 1)`.

@@ -45,13 +45,13 @@ impl Llama4Temperature {
     pub fn validate(&self, op: &'static str) -> Result<()> {
         let t = self;
         {
-        if !(t.floor_scale.is_finite() && t.floor_scale > 0.0) {
-            return Err(Error::invalid(op, "temperature floor_scale", t.floor_scale, "must be finite and > 0"));
+            if !(t.floor_scale.is_finite() && t.floor_scale > 0.0) {
+                return Err(Error::invalid(op, "temperature floor_scale", t.floor_scale, "must be finite and > 0"));
+            }
+            if !(t.attn_scale.is_finite() && t.attn_scale >= 0.0) {
+                return Err(Error::invalid(op, "temperature attn_scale", t.attn_scale, "must be finite and >= 0"));
+            }
         }
-        if !(t.attn_scale.is_finite() && t.attn_scale >= 0.0) {
-            return Err(Error::invalid(op, "temperature attn_scale", t.attn_scale, "must be finite and >= 0"));
-        }
+        Ok(())
     }
-    Ok(())
-}
 }

@@ -13,9 +13,9 @@
 mod owned;
 pub(crate) mod view;
 
-pub(crate) use owned::as_bytes;
-pub use owned::Tensor;
-pub(crate) use view::numel;
-pub(crate) use view::Dims;
-pub use view::{CudaRead, CudaWrite, MAX_RANK, TensorView, TensorViewMut, contiguous_strides};
 pub use crate::backend::storage::{CudaBuffer, CudaBufferGuard, CudaElement};
+pub use owned::Tensor;
+pub(crate) use owned::as_bytes;
+pub(crate) use view::Dims;
+pub(crate) use view::numel;
+pub use view::{CudaRead, CudaWrite, MAX_RANK, TensorView, TensorViewMut, contiguous_strides};

@@ -4,12 +4,12 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 
+use super::view::{self, Dims, TensorView, TensorViewMut, contiguous_strides};
 use crate::backend::Device;
+use crate::backend::storage::Storage;
+use crate::backend::storage::{CudaBuffer, CudaBufferGuard, CudaElement};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::backend::storage::Storage;
-use super::view::{self, Dims, TensorView, TensorViewMut, contiguous_strides};
-use crate::backend::storage::{CudaBuffer, CudaBufferGuard, CudaElement};
 
 /// A strided view of device memory with a dtype; cheap to clone (the storage is shared).
 #[derive(Clone)]
@@ -345,21 +345,26 @@ impl Tensor {
     /// Copies `src` into `self` on the device, queued on `self`'s device (same dtype, same
     /// element count, both contiguous). Benchmarks use it as the bandwidth yardstick.
     pub fn copy_from(&self, src: &Tensor) -> Result<()> {
-    const OP: &str = "copy";
-    let dst = self;
-    if !src.device().same_context(dst.device()) {
-        return Err(Error::DeviceMismatch { op: OP, what: "src/dst" });
+        const OP: &str = "copy";
+        let dst = self;
+        if !src.device().same_context(dst.device()) {
+            return Err(Error::DeviceMismatch { op: OP, what: "src/dst" });
+        }
+        if src.dtype() != dst.dtype() {
+            return Err(Error::DTypeMismatch { op: OP, what: "dst", got: dst.dtype(), expected: src.dtype() });
+        }
+        if src.numel() != dst.numel() || !src.is_contiguous() || !dst.is_contiguous() {
+            return Err(Error::shape(
+                OP,
+                "dst",
+                dst.shape().to_vec(),
+                format!("a contiguous tensor of {} elements like src", src.numel()),
+            ));
+        }
+        let bytes = src.numel() * src.dtype().size();
+        let (s0, d0) = (src.offset() * src.dtype().size(), dst.offset() * dst.dtype().size());
+        dst.storage().copy_from(d0, src.storage(), s0, bytes)
     }
-    if src.dtype() != dst.dtype() {
-        return Err(Error::DTypeMismatch { op: OP, what: "dst", got: dst.dtype(), expected: src.dtype() });
-    }
-    if src.numel() != dst.numel() || !src.is_contiguous() || !dst.is_contiguous() {
-        return Err(Error::shape(OP, "dst", dst.shape().to_vec(), format!("a contiguous tensor of {} elements like src", src.numel())));
-    }
-    let bytes = src.numel() * src.dtype().size();
-    let (s0, d0) = (src.offset() * src.dtype().size(), dst.offset() * dst.dtype().size());
-    dst.storage().copy_from(d0, src.storage(), s0, bytes)
-}
 }
 
 impl<'a> TensorView<'a> {

@@ -24,7 +24,6 @@
 
 use std::marker::PhantomData;
 
-
 pub use crate::backend::borrowed::{CudaRead, CudaWrite};
 use crate::backend::borrowed::{ReadSrc, WriteSrc};
 use crate::backend::storage::Storage;

@@ -308,10 +308,7 @@ fn predict_matrix(region: &[&Sass], mix: &Mix, clk: f64) -> (&'static str, Strin
     let tflops = 4096.0 / worst * h200::SMS * clk / 1e12;
     (
         bound,
-        format!(
-            "about {tflops:.0} TFLOP/s in the main loop ({:.0}% of the mma.sync rate)",
-            100.0 * t_tensor / worst
-        ),
+        format!("about {tflops:.0} TFLOP/s in the main loop ({:.0}% of the mma.sync rate)", 100.0 * t_tensor / worst),
         slots_per_hmma,
         smem_per_hmma,
     )

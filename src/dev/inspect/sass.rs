@@ -70,11 +70,17 @@ pub fn cold_ranges(source: &str) -> Vec<(u32, u32)> {
 /// Addresses of `function`'s instructions compiled from a cold line of `file` (a file name such as
 /// `attention.cu`), directly or through an inlined call made there: read from the line table the
 /// `-lineinfo` build keeps in the cubin (`nvdisasm -gi` prints each instruction's inline chain).
-pub fn cold_addresses(cubin: &[u8], function: &str, file: &str, ranges: &[(u32, u32)]) -> Result<BTreeSet<u32>, String> {
+pub fn cold_addresses(
+    cubin: &[u8],
+    function: &str,
+    file: &str,
+    ranges: &[(u32, u32)],
+) -> Result<BTreeSet<u32>, String> {
     let text = run_on_cubin("nvdisasm", &["-gi"], cubin, function)?;
     let header = format!(".text.{function}:");
     let body = text.split_once(header.as_str()).ok_or(format!("{function} not in the nvdisasm output"))?.1;
-    let is_cold = |f: &str, line: u32| f.rsplit('/').next() == Some(file) && ranges.iter().any(|&(a, b)| (a..=b).contains(&line));
+    let is_cold =
+        |f: &str, line: u32| f.rsplit('/').next() == Some(file) && ranges.iter().any(|&(a, b)| (a..=b).contains(&line));
     // Each `//## File "f", line n [inlined at "g", line m]` line is one frame of the next
     // instruction's chain; an instruction without its own chain keeps the previous one.
     let frame = |l: &str| -> Vec<(String, u32)> {
@@ -197,12 +203,7 @@ pub fn hot_path<'a>(region: &[&'a Sass], cold: &BTreeSet<u32>) -> Vec<&'a Sass> 
             reach[j] = true;
         }
     }
-    blocks
-        .iter()
-        .enumerate()
-        .filter(|&(k, _)| reach[k] && !is_cold[k])
-        .flat_map(|(_, b)| b.iter().copied())
-        .collect()
+    blocks.iter().enumerate().filter(|&(k, _)| reach[k] && !is_cold[k]).flat_map(|(_, b)| b.iter().copied()).collect()
 }
 
 /// Instruction counts of a region.

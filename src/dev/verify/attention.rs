@@ -2,14 +2,14 @@
 
 use std::time::Instant;
 
+use super::common::*;
 use crate::backend::Device;
+use crate::dev::testing::{Rng, Tolerance, compare};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature};
 use crate::reference;
 use crate::tensor::Tensor;
-use crate::dev::testing::{Rng, Tolerance, compare};
-use super::common::*;
 
 // -------------------------------------------------------------------------------- Attention
 
@@ -253,7 +253,8 @@ fn run_paged(
 
 /// The `verify` row's shape text of a case.
 fn case_label(case: &AttentionCase, tq: usize, tk: usize) -> String {
-    let AttentionCase { ref seqlens, q_heads, kv_heads, head_dim: d, opts, fused_qkv, device_offsets, paged, .. } = *case;
+    let AttentionCase { ref seqlens, q_heads, kv_heads, head_dim: d, opts, fused_qkv, device_offsets, paged, .. } =
+        *case;
     let mask = match opts.mask {
         AttentionMask::None => "full".to_string(),
         AttentionMask::Causal => "causal".to_string(),
@@ -265,11 +266,11 @@ fn case_label(case: &AttentionCase, tq: usize, tk: usize) -> String {
         format!("{} seqs q{tq}/k{tk}", seqlens.len())
     };
     format!(
-            "{lens} {q_heads}/{kv_heads}x{d} {mask}{}{}",
-            if opts.temperature.is_some() { " +temp" } else { "" },
-            if fused_qkv { " qkv" } else { "" },
-        ) + if device_offsets { " dev-cu" } else { "" }
-            + &paged.map_or(String::new(), |p| format!(" paged p{p}"))
+        "{lens} {q_heads}/{kv_heads}x{d} {mask}{}{}",
+        if opts.temperature.is_some() { " +temp" } else { "" },
+        if fused_qkv { " qkv" } else { "" },
+    ) + if device_offsets { " dev-cu" } else { "" }
+        + &paged.map_or(String::new(), |p| format!(" paged p{p}"))
 }
 
 pub fn attention_cases(quick: bool) -> Vec<AttentionCase> {

@@ -22,16 +22,16 @@ use crate::backend::Device;
 use crate::block::Checkpoint;
 use crate::block::HostFfn;
 use crate::block::config::{FfnSpec, LayerSpec, ModelConfig};
-use crate::block::{DecoderLayer, KvCache, LayerWorkspace};
 use crate::block::weights::HostLayerWeights;
+use crate::block::{DecoderLayer, KvCache, LayerWorkspace};
+use crate::dev::testing::{Comparison, Rng, Tolerance, compare};
+use crate::dev::verify::moe as vm;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::moe::{MoeRouting, WeightLayout};
 use crate::reference::block as rb;
 use crate::reference::moe as rm;
 use crate::tensor::Tensor;
-use crate::dev::testing::{Comparison, Rng, Tolerance, compare};
-use crate::dev::verify::moe as vm;
 
 /// One row of the stage table.
 #[derive(Clone, Debug)]
@@ -213,14 +213,25 @@ pub fn check_layer(
         let full = rb::forward(&rl, &mut e2e_cache, batch, &x)?;
         match spec.ffn {
             FfnSpec::Dense { intermediate, .. } => {
-                check_dense_ffn(&mut st, &FfnCheck { rl: &rl, host, dtype, hidden: h, post, residual, full: &full }, &tr, intermediate)?;
+                check_dense_ffn(
+                    &mut st,
+                    &FfnCheck { rl: &rl, host, dtype, hidden: h, post, residual, full: &full },
+                    &tr,
+                    intermediate,
+                )?;
             }
             FfnSpec::Moe { .. } => {
                 let moe_w = moe_weights.as_ref().ok_or_else(|| crate::Error::Reference {
                     what: "verify",
                     why: "an MoE layer without MoE weights".into(),
                 })?;
-                check_moe_ffn(&mut st, &FfnCheck { rl: &rl, host, dtype, hidden: h, post, residual, full: &full }, &tr, moe_w, tokens)?;
+                check_moe_ffn(
+                    &mut st,
+                    &FfnCheck { rl: &rl, host, dtype, hidden: h, post, residual, full: &full },
+                    &tr,
+                    moe_w,
+                    tokens,
+                )?;
             }
         }
     }
@@ -257,7 +268,8 @@ struct FfnCheck<'a> {
 
 /// A traced stage of the device forward, or a named error.
 fn trace_stage<'t>(tr: &'t crate::block::Trace, stage: &str) -> Result<&'t [f64]> {
-    tr.get(stage).ok_or_else(|| crate::Error::Reference { what: "verify", why: format!("device trace has no `{stage}`") })
+    tr.get(stage)
+        .ok_or_else(|| crate::Error::Reference { what: "verify", why: format!("device trace has no `{stage}`") })
 }
 
 /// The largest magnitude of a weight.
@@ -270,49 +282,53 @@ fn check_dense_ffn(st: &mut Stages, c: &FfnCheck<'_>, tr: &crate::block::Trace, 
     let (dtype, post, residual, full) = (c.dtype, c.post, c.residual, c.full);
     let (h, round_tol) = (c.hidden, Tolerance::rounded_output(dtype));
     let get = |stage: &str| trace_stage(tr, stage);
-        let gu = get("gate_up")?;
-        let (gate_up_ref, _, _) = rb::dense_mlp(c.rl, post)?;
-        let (g_w, d_w) = match &c.host.ffn {
-            crate::block::HostFfn::Dense { gate, up, down, .. } => {
-                (wmax(&gate.data).max(wmax(&up.data)), wmax(&down.data))
-            }
-            crate::block::HostFfn::Moe { .. } => (0.0, 0.0),
-        };
-        st.add("gate_up", gu, &gate_up_ref, linear_tolerance(dtype, h, max_abs(post) * g_w));
-        let act = get("swiglu")?;
-        st.add("swiglu", act, &rb::dense_down(c.rl, gu)?.0, round_tol);
-        let out = get("output")?;
-        let down = rb::dense_down_from_act(c.rl, act)?;
-        st.add("output", out, &rb::add(residual, &down)?, linear_tolerance(dtype, intermediate, max_abs(act) * d_w));
-        let expected = full.get("output").unwrap_or(&[]);
-        st.add("output e2e", out, expected, e2e_tolerance(dtype, rms(expected)));
+    let gu = get("gate_up")?;
+    let (gate_up_ref, _, _) = rb::dense_mlp(c.rl, post)?;
+    let (g_w, d_w) = match &c.host.ffn {
+        crate::block::HostFfn::Dense { gate, up, down, .. } => (wmax(&gate.data).max(wmax(&up.data)), wmax(&down.data)),
+        crate::block::HostFfn::Moe { .. } => (0.0, 0.0),
+    };
+    st.add("gate_up", gu, &gate_up_ref, linear_tolerance(dtype, h, max_abs(post) * g_w));
+    let act = get("swiglu")?;
+    st.add("swiglu", act, &rb::dense_down(c.rl, gu)?.0, round_tol);
+    let out = get("output")?;
+    let down = rb::dense_down_from_act(c.rl, act)?;
+    st.add("output", out, &rb::add(residual, &down)?, linear_tolerance(dtype, intermediate, max_abs(act) * d_w));
+    let expected = full.get("output").unwrap_or(&[]);
+    st.add("output e2e", out, expected, e2e_tolerance(dtype, rms(expected)));
     Ok(())
 }
 
 /// The MoE stages: router, routing (exact), route_weights, shared, output, output e2e.
-fn check_moe_ffn(st: &mut Stages, c: &FfnCheck<'_>, tr: &crate::block::Trace, moe_w: &MoeRefWeights, tokens: usize) -> Result<()> {
+fn check_moe_ffn(
+    st: &mut Stages,
+    c: &FfnCheck<'_>,
+    tr: &crate::block::Trace,
+    moe_w: &MoeRefWeights,
+    tokens: usize,
+) -> Result<()> {
     let (dtype, post, residual, full) = (c.dtype, c.post, c.residual, c.full);
     let get = |stage: &str| trace_stage(tr, stage);
-        let (rspec, rw) = moe_w.reference();
-        // The router against the reference's own logits; the later stages route the
-        // device's logits (rounded to the dtype), so that a near-tie the rounding flips
-        // does not change the experts under comparison.
-        let logits = get("router")?;
-        let own = rm::moe_ffn(post, tokens, &rspec, &rw, Some(residual), None, None)?;
-        st.add("router", logits, &own.logits, vm::moe_tolerance(dtype, &own.logits, 2.0));
-        let ids = get("routing")?;
-        let dev_ids: Vec<i32> = ids.iter().map(|&v| v as i32).collect();
-        let staged = rm::moe_ffn(post, tokens, &rspec, &rw, Some(residual), Some(logits), Some(&dev_ids))?;
-        let want_ids: Vec<f64> = staged.ids.iter().map(|&v| f64::from(v)).collect();
-        st.add("routing", ids, &want_ids, Tolerance { atol: 0.0, rtol: 0.0 });
-        st.add("route_weights", get("route_weights")?, &staged.weights, vm::ROUTE_WEIGHT_TOLERANCE);
-        if let Some(want) = &staged.shared {
-            st.add("shared", get("shared")?, want, vm::moe_tolerance(dtype, want, 4.0));
-        }
-        let out = get("output")?;
-        st.add("output", out, &staged.out, vm::moe_tolerance(dtype, &staged.out, 8.0));
-        let expected = full.get("output").unwrap_or(&[]);
-        st.add("output e2e", out, expected, e2e_tolerance(dtype, rms(expected)));
+    let (rspec, rw) = moe_w.reference();
+    // The router against the reference's own logits; the later stages route the
+    // device's logits (rounded to the dtype), so that a near-tie the rounding flips
+    // does not change the experts under comparison.
+    let logits = get("router")?;
+    let own = rm::moe_ffn(post, tokens, &rspec, &rw, Some(residual), None, None)?;
+    st.add("router", logits, &own.logits, vm::moe_tolerance(dtype, &own.logits, 2.0));
+    let ids = get("routing")?;
+    let dev_ids: Vec<i32> = ids.iter().map(|&v| v as i32).collect();
+    let staged = rm::moe_ffn(post, tokens, &rspec, &rw, Some(residual), Some(logits), Some(&dev_ids))?;
+    let want_ids: Vec<f64> = staged.ids.iter().map(|&v| f64::from(v)).collect();
+    st.add("routing", ids, &want_ids, Tolerance { atol: 0.0, rtol: 0.0 });
+    st.add("route_weights", get("route_weights")?, &staged.weights, vm::ROUTE_WEIGHT_TOLERANCE);
+    if let Some(want) = &staged.shared {
+        st.add("shared", get("shared")?, want, vm::moe_tolerance(dtype, want, 4.0));
+    }
+    let out = get("output")?;
+    st.add("output", out, &staged.out, vm::moe_tolerance(dtype, &staged.out, 8.0));
+    let expected = full.get("output").unwrap_or(&[]);
+    st.add("output e2e", out, expected, e2e_tolerance(dtype, rms(expected)));
     Ok(())
 }
 

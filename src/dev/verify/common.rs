@@ -1,10 +1,10 @@
 //! What every `verify` case shares: its result row, the table, and buffer helpers.
 
 use crate::backend::Device;
+use crate::dev::testing::{Comparison, Tolerance, compare};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::tensor::Tensor;
-use crate::dev::testing::{Comparison, Tolerance, compare};
 
 /// One checked case: a row of the `verify` table.
 #[derive(Clone, Debug)]

@@ -2,7 +2,9 @@
 
 use std::time::Instant;
 
+use super::common::*;
 use crate::backend::Device;
+use crate::dev::testing::{Rng, Tolerance, compare};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops;
@@ -10,8 +12,6 @@ use crate::ops::rope::{Rope, RopeConfig, RopeLayout};
 use crate::ops::swiglu::GateUp;
 use crate::reference;
 use crate::tensor::Tensor;
-use crate::dev::testing::{Rng, Tolerance, compare};
-use super::common::*;
 
 /// An RMSNorm case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::attention::{LSE_TOLERANCE, attention_tolerance};
 use super::common::{CaseResult, worst_of};
 use crate::backend::Device;
+use crate::dev::testing::{Comparison, Rng, Tolerance, compare};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::attention::{
@@ -14,7 +15,6 @@ use crate::ops::attention::{
 };
 use crate::reference::paged_attention::{self as refp, DecodeSpec, PoolShape};
 use crate::tensor::{Tensor, TensorViewMut};
-use crate::dev::testing::{Comparison, Rng, Tolerance, compare};
 
 /// K and V pools on the device: two tensors, or two views of one `[num_pages, 2, page_size,
 /// kv_heads, head_dim]` buffer (FlashInfer's layout: K and V of a page side by side).
@@ -411,7 +411,13 @@ pub fn paged_decode_case(device: &Device, case: &PagedDecodeCase) -> Result<Case
 
 /// The block table: each sequence's pages (`ids` in order), entries past a sequence invalid (to
 /// prove they are never read), and the planted bad page.
-fn block_table(pages: &[usize], width: usize, ids: &[i32], bad_page: Option<(usize, usize)>, num_pages: usize) -> Vec<i32> {
+fn block_table(
+    pages: &[usize],
+    width: usize,
+    ids: &[i32],
+    bad_page: Option<(usize, usize)>,
+    num_pages: usize,
+) -> Vec<i32> {
     let batch = pages.len();
     let mut table = vec![0i32; batch * width];
     let mut next = 0;

@@ -3,29 +3,27 @@
 //! [`crate::ops::attention`] for the semantics.
 
 use crate::backend::{Device, Queue};
-use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::spec::attention::Llama4Temperature;
+use crate::ffi::params::{LLK_DECODE_MAX_Q_LEN, LLK_DECODE_MAX_SPLITS, LLK_DECODE_ROWS_MMA, LLK_DECODE_ROWS_SIMT};
 use crate::kernels::attention::SUPPORTED_HEAD_DIMS;
+use crate::launch::KernelArgs;
 use crate::launch::check_float;
-use crate::ffi::params::{
-    LLK_DECODE_MAX_Q_LEN, LLK_DECODE_MAX_SPLITS,
-    LLK_DECODE_ROWS_MMA, LLK_DECODE_ROWS_SIMT,
-};
+use crate::spec::attention::Llama4Temperature;
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
-use crate::ops::error_flag::ErrorFlag;
-use super::decode_launch::{DecodeBound, DecodeShape, KEYS_PER_TILE, OP, Outputs, check_dtypes, kernel, launch_dims, merge_splits, params};
-use super::paged::{PagedKvView, PagedKvCache};
+use super::decode_launch::{
+    DecodeBound, DecodeShape, KEYS_PER_TILE, OP, Outputs, check_dtypes, kernel, launch_dims, merge_splits, params,
+};
+use super::paged::{PagedKvCache, PagedKvView};
 use super::variant::Variant;
+use crate::ops::error_flag::ErrorFlag;
 use crate::spec::attention::AttentionMask;
 
 /// Most query tokens per sequence in one decode call.
 pub const MAX_Q_LEN: usize = LLK_DECODE_MAX_Q_LEN as usize;
 /// Most splits per sequence.
 pub const MAX_SPLITS: usize = LLK_DECODE_MAX_SPLITS as usize;
-
 
 /// Options of one decode call.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
@@ -251,4 +249,3 @@ impl PagedDecodeWorkspace {
         merge_splits(margs, &plan, (po, pl), (ob, lb), &oh, tokens, outputs.num_splits)
     }
 }
-

@@ -10,7 +10,9 @@ use super::variant::Variant;
 use crate::backend::LaunchDims;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ffi::params::{LLK_DECODE_KEYS, LLK_DECODE_ROWS_MMA, LLK_DECODE_THREADS, MergeStatesParams, PagedDecodeParams};
+use crate::ffi::params::{
+    LLK_DECODE_KEYS, LLK_DECODE_ROWS_MMA, LLK_DECODE_THREADS, MergeStatesParams, PagedDecodeParams,
+};
 use crate::kernels::paged_attention::{DECODE_KERNELS, MERGE_KERNELS};
 use crate::launch::pool::{Pool, check_block_table, check_pools, table_rows};
 use crate::launch::{Arg, Heads, KernelArgs, Rows, check_disjoint, check_dtype, grid_x, to_i64};
@@ -44,7 +46,6 @@ pub struct DecodeShape {
     /// Page dtype: the q dtype or fp8 for bf16/f16, f32 for f32.
     pub page_dtype: DType,
 }
-
 
 /// Dynamic shared memory of a tensor-core decode kernel (DecodeLayout in
 /// kernels/paged_attention.cu): Q rows, and 2 or 3 stages of K and V tiles plus a byte per key.
@@ -152,7 +153,12 @@ impl DecodeBound {
         let tokens = batch * plan.q_len;
         if let Some(l) = &lb {
             if l.shape() != [plan.q_heads, tokens] || !l.dims.is_contiguous() {
-                return Err(Error::shape(OP, "lse", l.shape().to_vec(), format!("contiguous [{}, {tokens}] (q_heads, batch * q_len)", plan.q_heads)));
+                return Err(Error::shape(
+                    OP,
+                    "lse",
+                    l.shape().to_vec(),
+                    format!("contiguous [{}, {tokens}] (q_heads, batch * q_len)", plan.q_heads),
+                ));
             }
         }
         Ok(DecodeBound {
@@ -178,7 +184,8 @@ impl DecodeBound {
         let (qh, oh) = (self.qh, self.oh);
         let tables = table_rows(&self.table, self.max_pages, self.table_stride);
         let lens = Rows { addr: self.seq_lens.addr, elem: 4, rows: 1, cols: self.batch, row_stride: self.batch };
-        let reads = [("k_pages", self.kp.rows()), ("v_pages", self.vp.rows()), ("block_table", tables), ("seq_lens", lens)];
+        let reads =
+            [("k_pages", self.kp.rows()), ("v_pages", self.vp.rows()), ("block_table", tables), ("seq_lens", lens)];
         check_disjoint(OP, ("out", oh), ("q", qh))?;
         for (what, r) in reads {
             check_disjoint(OP, ("out", oh), (what, r))?;

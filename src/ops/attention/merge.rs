@@ -2,16 +2,13 @@
 //! merge of decode as a public op, for cascade attention over a shared prefix.
 
 use crate::backend::{LaunchDims, Queue};
-use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ffi::params::{LLK_DECODE_THREADS, MergeStatesParams};
 use crate::kernels::paged_attention::MERGE_KERNELS;
+use crate::launch::KernelArgs;
 use crate::launch::{Heads, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
-use crate::ffi::params::{
-    LLK_DECODE_THREADS, MergeStatesParams,
-};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
-
 
 const MERGE: &str = "merge_attention_states";
 const THREADS: u32 = LLK_DECODE_THREADS;
@@ -147,4 +144,3 @@ pub fn merge_attention_states(
         lo.as_mut(),
     )
 }
-

@@ -143,6 +143,6 @@ pub use decode::plan_splits;
 pub use decode::{MAX_Q_LEN, MAX_SPLITS, PagedDecodeOptions, PagedDecodeWorkspace};
 pub use decode_launch::DecodeShape;
 pub use merge::{merge_attention_states, merge_attention_states_on};
-pub use paged::{KvScale, KvScales, MAX_SCALED_KV_HEADS, PagedKvView, PagedKvCache, PagedKvConfig, kv_append_on};
+pub use paged::{KvScale, KvScales, MAX_SCALED_KV_HEADS, PagedKvCache, PagedKvConfig, PagedKvView, kv_append_on};
 pub use prefill::{AttentionOptions, AttentionWorkspace, gqa_attention, gqa_attention_on};
 pub use prefill_launch::{CuSeqlens, MAX_PACK};

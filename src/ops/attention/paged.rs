@@ -3,15 +3,13 @@
 //! cache of one layer ([`PagedKvCache`]). See [`crate::ops::attention`] for the layout.
 
 use crate::backend::{Device, LaunchDims, Queue};
-use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ffi::params::{KvAppendParams, LLK_KV_MAX_SCALES};
 use crate::kernels::paged_attention::APPEND_KERNELS;
+use crate::launch::KernelArgs;
 use crate::launch::pool::{Pool, check_pools};
 use crate::launch::{Heads, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
-use crate::ffi::params::{
-    KvAppendParams, LLK_KV_MAX_SCALES,
-};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 use crate::ops::error_flag::ErrorFlag;
@@ -154,7 +152,12 @@ pub fn kv_append_on(
         }
     }
     if sb.shape() != [kh.tokens] || !sb.dims.is_contiguous() {
-        return Err(Error::shape(OP, "slot_mapping", sb.shape().to_vec(), format!("contiguous [{}] (one slot per token)", kh.tokens)));
+        return Err(Error::shape(
+            OP,
+            "slot_mapping",
+            sb.shape().to_vec(),
+            format!("contiguous [{}] (one slot per token)", kh.tokens),
+        ));
     }
     if kp.head_dim % 16 != 0 {
         return Err(Error::invalid(OP, "head_dim", kp.head_dim, "must be a multiple of 16"));
@@ -310,4 +313,3 @@ impl PagedKvCache {
         self.errors.check(APPEND)
     }
 }
-

@@ -1,7 +1,7 @@
 //! Flash-style grouped-query attention for prefill (kernels/attention.cu): the workspace and
 //! its launch. See [`crate::ops::attention`] for shapes and semantics.
 
-use super::paged::{PagedKvView, PagedKvCache};
+use super::paged::{PagedKvCache, PagedKvView};
 use super::prefill_launch::{
     Bound, CuSeqlens, KvSrc, OP, Tiles, batch_of, check_dtypes, gqa_pack, kernel, launch_dims, params, plan_on_device,
     tokens_per_block,
@@ -11,8 +11,8 @@ use crate::backend::{Device, PinnedStaging, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::LlkDeviceError;
-use crate::ops::error_flag::{Meanings, check_flag};
 use crate::launch::KernelArgs;
+use crate::ops::error_flag::{Meanings, check_flag};
 use crate::spec::attention::{AttentionMask, Llama4Temperature};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
@@ -29,7 +29,6 @@ pub struct AttentionOptions {
     /// picks the largest divisor of the group size up to 16. Must divide q_heads / kv_heads.
     pub gqa_pack: Option<usize>,
 }
-
 
 /// What the prefill kernels' error bits mean.
 const MEANINGS: &Meanings = &[

@@ -11,8 +11,8 @@ use crate::backend::{Device, LaunchDims};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
-    AttentionParams, AttentionPlanParams, LLK_ATTN_KEYS, LLK_ATTN_ROWS_MMA, LLK_ATTN_ROWS_MMA_HD256, LLK_ATTN_ROWS_SIMT,
-    LLK_ATTN_THREADS, LlkKvSource,
+    AttentionParams, AttentionPlanParams, LLK_ATTN_KEYS, LLK_ATTN_ROWS_MMA, LLK_ATTN_ROWS_MMA_HD256,
+    LLK_ATTN_ROWS_SIMT, LLK_ATTN_THREADS, LlkKvSource,
 };
 use crate::kernels::attention::{KERNELS, PLAN, SUPPORTED_HEAD_DIMS};
 use crate::launch::pool::{Pool, check_block_table, check_pools};
@@ -148,7 +148,9 @@ pub(super) fn batch_of(cu_seqlens: CuSeqlens<'_, '_>) -> Result<usize> {
                     format!("must have as many values as cu_seqlens_q ({})", cq.len()),
                 ));
             }
-            cq.len().checked_sub(1).ok_or_else(|| Error::invalid(OP, "cu_seqlens_q", "[]", "needs batch + 1 >= 1 values"))
+            cq.len()
+                .checked_sub(1)
+                .ok_or_else(|| Error::invalid(OP, "cu_seqlens_q", "[]", "needs batch + 1 >= 1 values"))
         }
         CuSeqlens::Device { q: cq, k: ck } => {
             for (what, c) in [("cu_seqlens_q", cq), ("cu_seqlens_k", ck)] {
@@ -158,7 +160,12 @@ pub(super) fn batch_of(cu_seqlens: CuSeqlens<'_, '_>) -> Result<usize> {
                 }
             }
             if cq.numel() != ck.numel() {
-                return Err(Error::shape(OP, "cu_seqlens_k", ck.shape().to_vec(), format!("{:?} like cu_seqlens_q", cq.shape())));
+                return Err(Error::shape(
+                    OP,
+                    "cu_seqlens_k",
+                    ck.shape().to_vec(),
+                    format!("{:?} like cu_seqlens_q", cq.shape()),
+                ));
             }
             Ok(cq.numel() - 1)
         }
@@ -277,7 +284,8 @@ impl Bound {
                     ));
                 }
             }
-            let rows = Rows { addr: p.table.addr, elem: 4, rows: batch, cols: max_pages, row_stride: stride.max(max_pages) };
+            let rows =
+                Rows { addr: p.table.addr, elem: 4, rows: batch, cols: max_pages, row_stride: stride.max(max_pages) };
             table = Some(Table { addr: p.table.addr, max_pages, stride, rows });
         }
         if let CuSeqlens::Host { q: cq, k: ck } = cu_seqlens {
@@ -292,11 +300,18 @@ impl Bound {
     /// Checks the log-sum-exp output's shape; returns its length (`q_heads * total_q`).
     pub fn check_lse(&self) -> Result<usize> {
         let qh = &self.qh;
-        let lse_len =
-            qh.heads.checked_mul(qh.tokens).ok_or_else(|| Error::TooLarge { what: "lse", shape: vec![qh.heads, qh.tokens] })?;
+        let lse_len = qh
+            .heads
+            .checked_mul(qh.tokens)
+            .ok_or_else(|| Error::TooLarge { what: "lse", shape: vec![qh.heads, qh.tokens] })?;
         if let Some(l) = &self.lse {
             if l.shape() != [qh.heads, qh.tokens] || !l.dims.is_contiguous() {
-                return Err(Error::shape(OP, "lse", l.shape().to_vec(), format!("contiguous [{}, {}] (q_heads, total_q)", qh.heads, qh.tokens)));
+                return Err(Error::shape(
+                    OP,
+                    "lse",
+                    l.shape().to_vec(),
+                    format!("contiguous [{}, {}] (q_heads, total_q)", qh.heads, qh.tokens),
+                ));
             }
         }
         Ok(lse_len)
@@ -367,12 +382,9 @@ pub(super) struct Table {
 /// group size up to [`MAX_PACK`].
 pub(super) fn gqa_pack(requested: Option<usize>, group: usize) -> Result<usize> {
     match requested {
-        Some(p) if p == 0 || p > MAX_PACK || group % p != 0 => Err(Error::invalid(
-            OP,
-            "gqa_pack",
-            p,
-            format!("must divide the group size {group} and be 1..={MAX_PACK}"),
-        )),
+        Some(p) if p == 0 || p > MAX_PACK || group % p != 0 => {
+            Err(Error::invalid(OP, "gqa_pack", p, format!("must divide the group size {group} and be 1..={MAX_PACK}")))
+        }
         Some(p) => Ok(p),
         None => Ok((1..=group.min(MAX_PACK)).rev().find(|p| group % p == 0).unwrap_or(1)),
     }

@@ -2,20 +2,20 @@
 //! offsets, rows ordered by token inside each expert, and the block -> expert map.
 
 use crate::backend::{Device, KernelRef, LaunchDims, Queue};
-use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::moe::{ALIGN_HISTOGRAM, ALIGN_SCAN, ALIGN_SCATTER};
-use crate::launch::{check_dtype, grid_x, to_i64};
 use crate::ffi::params::{
     LLK_MOE_ALIGN_MAX_CHUNKS, LLK_MOE_ALIGN_MIN_CHUNK, LLK_MOE_ALIGN_THREADS, LLK_MOE_GEMM_BLOCK_M,
     LLK_MOE_GEMM_BLOCK_M_DECODE, LLK_MOE_MAX_EXPERTS, LLK_MOE_ROW_THREADS, LlkDeviceError, MoeAlignParams,
 };
+use crate::kernels::moe::{ALIGN_HISTOGRAM, ALIGN_SCAN, ALIGN_SCATTER};
+use crate::launch::KernelArgs;
+use crate::launch::{check_dtype, grid_x, to_i64};
 use crate::tensor::{Tensor, TensorView};
 
 use super::route::MAX_EXPERTS;
-use crate::ops::error_flag::{Meanings, check_flag};
 use super::rows::{contiguous_rows, to_i32};
+use crate::ops::error_flag::{Meanings, check_flag};
 
 const OP_ALIGN: &str = "moe_align";
 
@@ -252,16 +252,25 @@ pub(crate) fn check_align_tokens(
     state: AlignState,
 ) -> Result<()> {
     if rows != state.tokens {
-        return Err(Error::shape(op, what, b.shape().to_vec(), format!("{} rows (the tokens of the last alignment)", state.tokens)));
+        return Err(Error::shape(
+            op,
+            what,
+            b.shape().to_vec(),
+            format!("{} rows (the tokens of the last alignment)", state.tokens),
+        ));
     }
     Ok(())
 }
 
 pub(crate) fn check_weights_shape(op: &'static str, w: &crate::launch::Arg, state: AlignState) -> Result<()> {
     if w.shape() != [state.tokens, state.top_k] {
-        return Err(Error::shape(op, "weights", w.shape().to_vec(), format!("[{}, {}] like the aligned ids", state.tokens, state.top_k)));
+        return Err(Error::shape(
+            op,
+            "weights",
+            w.shape().to_vec(),
+            format!("[{}, {}] like the aligned ids", state.tokens, state.top_k),
+        ));
     }
     contiguous_rows(op, "weights", w)?;
     Ok(())
 }
-

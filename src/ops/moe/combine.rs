@@ -2,14 +2,12 @@
 //! order in f32, optionally weighted, plus a shared expert and a residual.
 
 use crate::backend::{LaunchDims, Queue};
-use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ffi::params::{LlkMoeScale, MoeCombineParams};
 use crate::kernels::moe::COMBINE;
+use crate::launch::KernelArgs;
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
-use crate::ffi::params::{
-    LlkMoeScale, MoeCombineParams,
-};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 use super::align::{MoeAlign, check_align_tokens, check_weights_shape, padded_rows, row_threads};
@@ -73,7 +71,12 @@ pub fn moe_combine_on(
     let hidden = or.cols;
     let need = padded_rows(state.tokens * state.top_k, align.experts(), state.block_m);
     if yr.cols != hidden || yr.rows < need {
-        return Err(Error::shape(OP, "y", yb.shape().to_vec(), format!("at least [{need}, {hidden}] (the padded rows of the permutation)")));
+        return Err(Error::shape(
+            OP,
+            "y",
+            yb.shape().to_vec(),
+            format!("at least [{need}, {hidden}] (the padded rows of the permutation)"),
+        ));
     }
     if let Some(w) = &wb {
         check_weights_shape(OP, w, state)?;
@@ -148,4 +151,3 @@ pub fn moe_combine(
     };
     moe_combine_on(y.device(), &y.view(), align, wv.as_ref(), sv.as_ref(), res, &mut TensorViewMut::of_tensor(out))
 }
-

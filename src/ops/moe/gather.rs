@@ -2,14 +2,12 @@
 //! optionally scaled by the routing weight (Llama 4).
 
 use crate::backend::{LaunchDims, Queue};
-use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ffi::params::{LlkMoeScale, MoeGatherParams};
 use crate::kernels::moe::GATHER;
+use crate::launch::KernelArgs;
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
-use crate::ffi::params::{
-    LlkMoeScale, MoeGatherParams,
-};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 use super::align::{MoeAlign, check_align_tokens, check_weights_shape, padded_rows, row_threads};
@@ -47,7 +45,12 @@ pub fn moe_gather_on(
     check_align_tokens(OP, "x", &xb, xr.rows, state)?;
     let need = padded_rows(state.tokens * state.top_k, align.experts(), state.block_m);
     if or.cols != xr.cols || or.rows < need {
-        return Err(Error::shape(OP, "out", ob.shape().to_vec(), format!("at least [{need}, {}] (the padded rows of the permutation)", xr.cols)));
+        return Err(Error::shape(
+            OP,
+            "out",
+            ob.shape().to_vec(),
+            format!("at least [{need}, {}] (the padded rows of the permutation)", xr.cols),
+        ));
     }
     if let Some(w) = &wb {
         check_weights_shape(OP, w, state)?;
@@ -84,4 +87,3 @@ pub fn moe_gather(x: &Tensor, align: &MoeAlign, weights: Option<&Tensor>, out: &
     let wv = weights.map(Tensor::view);
     moe_gather_on(x.device(), &x.view(), align, wv.as_ref(), &mut TensorViewMut::of_tensor(out))
 }
-

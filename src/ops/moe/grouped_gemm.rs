@@ -2,18 +2,18 @@
 //! cores for 16-bit dtypes, a fused SwiGLU epilogue, expert offsets read on the device.
 
 use crate::backend::{LaunchDims, Queue};
-use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::moe::GEMM;
-use crate::launch::{Arg, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::ffi::params::{
-    LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_BLOCK_N_DECODE, LLK_MOE_GEMM_SMEM_BYTES,
-    LLK_MOE_GEMM_SMEM_BYTES_DECODE, LLK_MOE_GEMM_THREADS,
-    LLK_MOE_SIMT_BLOCK_N, LLK_MOE_SIMT_THREADS, LlkMoeEpilogue, LlkMoeSchedule, LlkMoeWeightLayout, MoeGemmParams,
+    LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_BLOCK_N_DECODE, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE,
+    LLK_MOE_GEMM_THREADS, LLK_MOE_SIMT_BLOCK_N, LLK_MOE_SIMT_THREADS, LlkMoeEpilogue, LlkMoeSchedule,
+    LlkMoeWeightLayout, MoeGemmParams,
 };
-use crate::tensor::{Tensor, TensorView, TensorViewMut};
+use crate::kernels::moe::GEMM;
+use crate::launch::KernelArgs;
+use crate::launch::{Arg, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::spec::moe::WeightLayout;
+use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 use super::align::{BLOCK_M, MoeAlign, max_blocks, padded_rows, preferred_block_m};
 
@@ -26,7 +26,6 @@ fn raw_layout(layout: WeightLayout) -> LlkMoeWeightLayout {
         WeightLayout::OutIn => LlkMoeWeightLayout::LLK_MOE_WEIGHT_NK,
     }
 }
-
 
 /// The weights of one grouped GEMM, and so its epilogue.
 #[derive(Clone, Copy, Debug)]
@@ -141,11 +140,21 @@ impl GemmBound {
             WeightLayout::OutIn => "[experts, out, in]",
         };
         if wk != k {
-            return Err(Error::shape(OP, "weights", wb.shape().to_vec(), format!("{layout_name} with in = {k} (the columns of x)")));
+            return Err(Error::shape(
+                OP,
+                "weights",
+                wb.shape().to_vec(),
+                format!("{layout_name} with in = {k} (the columns of x)"),
+            ));
         }
         let n = if packed {
             if wn % 2 != 0 {
-                return Err(Error::shape(OP, "weights", wb.shape().to_vec(), format!("{layout_name} with an even out = 2 I (gate then up)")));
+                return Err(Error::shape(
+                    OP,
+                    "weights",
+                    wb.shape().to_vec(),
+                    format!("{layout_name} with an even out = 2 I (gate then up)"),
+                ));
             }
             wn / 2
         } else {
@@ -153,7 +162,12 @@ impl GemmBound {
         };
         if let (Some(u), Some(ub)) = (&ud, &ub) {
             if (u.experts, u.a, u.b) != (wd.experts, wd.a, wd.b) {
-                return Err(Error::shape(OP, "up weights", ub.shape().to_vec(), format!("{:?} like the gate weights", wb.shape())));
+                return Err(Error::shape(
+                    OP,
+                    "up weights",
+                    ub.shape().to_vec(),
+                    format!("{:?} like the gate weights", wb.shape()),
+                ));
             }
             if (u.expert_stride, u.row_stride) != (wd.expert_stride, wd.row_stride) {
                 return Err(Error::BadLayout {
@@ -166,7 +180,12 @@ impl GemmBound {
             }
         }
         if yr.cols != n {
-            return Err(Error::shape(OP, "y", yb.shape().to_vec(), format!("[rows, {n}] (the weights' {} columns)", if swiglu { "SwiGLU output" } else { "output" })));
+            return Err(Error::shape(
+                OP,
+                "y",
+                yb.shape().to_vec(),
+                format!("[rows, {n}] (the weights' {} columns)", if swiglu { "SwiGLU output" } else { "output" }),
+            ));
         }
         let elem = dtype.size();
         check_disjoint(OP, ("y", yr), ("x", xr))?;
@@ -192,13 +211,23 @@ impl GemmBound {
             GemmGroups::Experts(a) => {
                 let s = a.state(OP)?;
                 if a.experts() != wd.experts {
-                    return Err(Error::shape(OP, "weights", wb.shape().to_vec(), format!("{} experts like the permutation", a.experts())));
+                    return Err(Error::shape(
+                        OP,
+                        "weights",
+                        wb.shape().to_vec(),
+                        format!("{} experts like the permutation", a.experts()),
+                    ));
                 }
                 let slots = s.tokens * s.top_k;
                 let need = padded_rows(slots, a.experts(), s.block_m);
                 for (what, b, r) in [("x", &xb, &xr), ("y", &yb, &yr)] {
                     if r.rows < need {
-                        return Err(Error::shape(OP, what, b.shape().to_vec(), format!("at least {need} rows (the padded rows of the permutation)")));
+                        return Err(Error::shape(
+                            OP,
+                            what,
+                            b.shape().to_vec(),
+                            format!("at least {need} rows (the padded rows of the permutation)"),
+                        ));
                     }
                 }
                 (
@@ -304,7 +333,11 @@ impl GemmBound {
             w_expert_stride: to_i64(OP, "expert stride", wd.expert_stride)?,
             w_row_stride: to_i64(OP, "weight row stride", wd.row_stride)?,
             layout: raw_layout(layout),
-            epilogue: if swiglu { LlkMoeEpilogue::LLK_MOE_EPILOGUE_SWIGLU } else { LlkMoeEpilogue::LLK_MOE_EPILOGUE_PLAIN },
+            epilogue: if swiglu {
+                LlkMoeEpilogue::LLK_MOE_EPILOGUE_SWIGLU
+            } else {
+                LlkMoeEpilogue::LLK_MOE_EPILOGUE_PLAIN
+            },
             schedule,
         })
     }
@@ -411,9 +444,14 @@ pub fn moe_grouped_gemm(
         ExpertWeights::Plain(w) => {
             moe_grouped_gemm_on(x.device(), &x.view(), layout, ExpertWeightsView::Plain(&w.view()), groups, &mut yv)
         }
-        ExpertWeights::SwiGluPacked(w) => {
-            moe_grouped_gemm_on(x.device(), &x.view(), layout, ExpertWeightsView::SwiGluPacked(&w.view()), groups, &mut yv)
-        }
+        ExpertWeights::SwiGluPacked(w) => moe_grouped_gemm_on(
+            x.device(),
+            &x.view(),
+            layout,
+            ExpertWeightsView::SwiGluPacked(&w.view()),
+            groups,
+            &mut yv,
+        ),
         ExpertWeights::SwiGluSeparate { gate, up } => moe_grouped_gemm_on(
             x.device(),
             &x.view(),
@@ -424,4 +462,3 @@ pub fn moe_grouped_gemm(
         ),
     }
 }
-

@@ -64,9 +64,9 @@ mod route;
 mod rows;
 
 pub use crate::spec::moe::{MoeFfnConfig, MoeRouting, WeightLayout};
+pub use align::{BLOCK_M, BLOCK_M_DECODE, MoeAlign};
 #[doc(hidden)]
 pub use align::{padded_rows, preferred_block_m};
-pub use align::{BLOCK_M, BLOCK_M_DECODE, MoeAlign};
 pub use combine::{MoeResidual, moe_combine, moe_combine_on};
 pub use gather::{moe_gather, moe_gather_on};
 pub use grouped_gemm::{ExpertWeights, ExpertWeightsView, GemmGroups, moe_grouped_gemm, moe_grouped_gemm_on};

@@ -2,18 +2,17 @@
 //! DeepSeek-V3 grouped modes, one warp per token. [`crate::reference::moe`] states each mode.
 
 use crate::backend::{LaunchDims, Queue};
-use crate::launch::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::moe::ROUTE;
-use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::ffi::params::{
-    LLK_MOE_MAX_EXPERTS, LLK_MOE_MAX_GROUPS, LLK_MOE_MAX_TOP_K,
-    LLK_MOE_MAX_TOP_K_GROUPED, LLK_MOE_ROUTE_SMALL_EXPERTS, LLK_MOE_ROUTE_WARPS, LlkMoeRenormalize, LlkMoeRouting,
-    MoeRouteParams,
+    LLK_MOE_MAX_EXPERTS, LLK_MOE_MAX_GROUPS, LLK_MOE_MAX_TOP_K, LLK_MOE_MAX_TOP_K_GROUPED, LLK_MOE_ROUTE_SMALL_EXPERTS,
+    LLK_MOE_ROUTE_WARPS, LlkMoeRenormalize, LlkMoeRouting, MoeRouteParams,
 };
-use crate::tensor::{Tensor, TensorView, TensorViewMut};
+use crate::kernels::moe::ROUTE;
+use crate::launch::KernelArgs;
+use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::spec::moe::MoeRouting;
+use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 use super::rows::contiguous_rows;
 
@@ -58,7 +57,12 @@ pub fn moe_route_on(
     let wr = contiguous_rows(OP, "weights", &wb)?;
     let (tokens, experts, k) = (lr.rows, lr.cols, ir.cols);
     if ir.rows != tokens {
-        return Err(Error::shape(OP, "ids", ib.shape().to_vec(), format!("[{tokens}, k] (one row per token of logits)")));
+        return Err(Error::shape(
+            OP,
+            "ids",
+            ib.shape().to_vec(),
+            format!("[{tokens}, k] (one row per token of logits)"),
+        ));
     }
     if wb.shape() != ib.shape() {
         return Err(Error::shape(OP, "weights", wb.shape().to_vec(), format!("{:?} like ids", ib.shape())));
@@ -185,4 +189,3 @@ pub fn moe_route(
         &mut TensorViewMut::of_tensor(weights),
     )
 }
-

@@ -20,4 +20,3 @@ pub(crate) fn contiguous_rows(op: &'static str, what: &'static str, b: &Arg) -> 
 pub(crate) fn to_i32(op: &'static str, what: &'static str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::invalid(op, what, v, "exceeds 2^31 - 1 (expert rows are i32)"))
 }
-

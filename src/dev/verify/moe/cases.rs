@@ -1,14 +1,10 @@
 //! The MoE rows of the `verify` table.
 
-
-use crate::dev::verify::common::{CaseResult, Outcome};
 use crate::backend::Device;
+use crate::dev::verify::common::{CaseResult, Outcome};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::moe::{
-    MoeRouting,
-    WeightLayout,
-};
+use crate::ops::moe::{MoeRouting, WeightLayout};
 
 use super::ffn::*;
 use super::gemm::*;

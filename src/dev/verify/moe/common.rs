@@ -2,11 +2,11 @@
 
 use std::time::Instant;
 
-use crate::dev::verify::common::{CaseResult, worst_of};
 use crate::backend::Device;
+use crate::dev::testing::{Comparison, Tolerance, compare};
+use crate::dev::verify::common::{CaseResult, worst_of};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::dev::testing::{Comparison, Tolerance, compare};
 
 /// Compares with NaN == NaN (routing weights of all-NaN rows are NaN by specification).
 pub(crate) fn compare_nan_aware(got: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {

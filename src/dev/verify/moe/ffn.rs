@@ -1,20 +1,16 @@
 //! `verify` cases of the whole MoE feed-forward layer against the reference layer.
 
-
-use crate::dev::verify::common::CaseResult;
-use crate::backend::Device;
-use crate::dtype::DType;
-use crate::error::Result;
-use crate::block::moe_ffn::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
-use crate::ops::moe::{
-    MoeFfnConfig, MoeRouting,
-    WeightLayout,
-};
-use crate::reference::moe as reference;
-use crate::tensor::Tensor;
-use crate::dev::testing::{Rng, compare};
 use super::common::*;
 use super::gemm::*;
+use crate::backend::Device;
+use crate::block::moe_ffn::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
+use crate::dev::testing::{Rng, compare};
+use crate::dev::verify::common::CaseResult;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::moe::{MoeFfnConfig, MoeRouting, WeightLayout};
+use crate::reference::moe as reference;
+use crate::tensor::Tensor;
 
 // ------------------------------------------------------------------------------------ the layer
 
@@ -159,7 +155,14 @@ pub fn moe_ffn_case(device: &Device, case: &MoeFfnCase) -> Result<CaseResult> {
     let got = out.to_f64_vec()?;
     let stages = ffn.stages()?;
     let dev_logits = stages.logits.to_f64_vec()?;
-    let host = HostFfnData { router: &router, bias: bias.as_deref(), gate: &gate_d, up: &up_d, down: &down_d, shared: (&sg, &su, &sd) };
+    let host = HostFfnData {
+        router: &router,
+        bias: bias.as_deref(),
+        gate: &gate_d,
+        up: &up_d,
+        down: &down_d,
+        shared: (&sg, &su, &sd),
+    };
     let (rw, spec) = reference_layer(case, &host);
     let residual = c.residual.then_some(&res[..]);
     // Stage 1: the router against the reference's own logits.
@@ -179,15 +182,7 @@ pub fn moe_ffn_case(device: &Device, case: &MoeFfnCase) -> Result<CaseResult> {
     if let (Some(s), Some(want)) = (&stages.shared, &staged.shared) {
         parts.push((compare(&s.to_f64_vec()?, want, moe_tolerance(dtype, want, 4.0)), vec![t, h]));
     }
-    Ok(result(
-        "moe_ffn",
-        dtype,
-        ffn_label(case),
-        parts,
-        true,
-        millis,
-        vec![got],
-    ))
+    Ok(result("moe_ffn", dtype, ffn_label(case), parts, true, millis, vec![got]))
 }
 
 /// The host values of one case's layer weights, as the reference reads them.
@@ -201,7 +196,10 @@ struct HostFfnData<'a> {
 }
 
 /// The reference layer of a case: its weights (borrowing `host`) and its configuration.
-fn reference_layer<'a>(case: &MoeFfnCase, host: &HostFfnData<'a>) -> (reference::FfnWeights<'a>, reference::MoeFfnConfig) {
+fn reference_layer<'a>(
+    case: &MoeFfnCase,
+    host: &HostFfnData<'a>,
+) -> (reference::FfnWeights<'a>, reference::MoeFfnConfig) {
     let c = *case;
     let (h, i, e, si) = (c.hidden, c.intermediate, c.experts, c.shared);
     let (gate_d, up_d, down_d) = (host.gate, host.up, host.down);

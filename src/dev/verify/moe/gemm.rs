@@ -1,19 +1,15 @@
 //! `verify` cases of the grouped expert GEMM (layouts, epilogues, block sizes, dtypes).
 
-
-use crate::dev::verify::common::{CaseResult, rows_tensor};
-use crate::backend::Device;
-use crate::dtype::DType;
-use crate::error::Result;
-use crate::ops::moe::{
-    ExpertWeights, GemmGroups, MoeAlign,
-    WeightLayout, moe_grouped_gemm,
-};
-use crate::reference::moe as reference;
-use crate::tensor::Tensor;
-use crate::dev::testing::{Rng, compare};
 use super::common::*;
 use super::route::*;
+use crate::backend::Device;
+use crate::dev::testing::{Rng, compare};
+use crate::dev::verify::common::{CaseResult, rows_tensor};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::moe::{ExpertWeights, GemmGroups, MoeAlign, WeightLayout, moe_grouped_gemm};
+use crate::reference::moe as reference;
+use crate::tensor::Tensor;
 
 // ------------------------------------------------------------------------------------ grouped GEMM
 

@@ -1,18 +1,15 @@
 //! `verify` cases of the gather into expert-contiguous rows and of the combine.
 
-
-use crate::dev::verify::common::CaseResult;
-use crate::backend::Device;
-use crate::dtype::{DType, round_to};
-use crate::error::Result;
-use crate::ops::moe::{
-    MoeAlign, moe_combine, moe_gather,
-};
-use crate::reference::moe as reference;
-use crate::tensor::Tensor;
-use crate::dev::testing::{Rng, Tolerance, compare};
 use super::common::*;
 use super::route::*;
+use crate::backend::Device;
+use crate::dev::testing::{Rng, Tolerance, compare};
+use crate::dev::verify::common::CaseResult;
+use crate::dtype::{DType, round_to};
+use crate::error::Result;
+use crate::ops::moe::{MoeAlign, moe_combine, moe_gather};
+use crate::reference::moe as reference;
+use crate::tensor::Tensor;
 
 // ------------------------------------------------------------------------------------ gather
 

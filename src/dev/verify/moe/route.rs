@@ -1,17 +1,14 @@
 //! `verify` cases of MoE routing (every mode, ties, NaN) and of the expert permutation.
 
-
-use crate::dev::verify::common::{CaseResult, rows_tensor};
+use super::common::*;
 use crate::backend::Device;
+use crate::dev::testing::{Rng, compare};
+use crate::dev::verify::common::{CaseResult, rows_tensor};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::moe::{
-    MoeAlign, MoeRouting, moe_route,
-};
+use crate::ops::moe::{MoeAlign, MoeRouting, moe_route};
 use crate::reference::moe as reference;
 use crate::tensor::Tensor;
-use crate::dev::testing::{Rng, compare};
-use super::common::*;
 
 // ------------------------------------------------------------------------------------ route
 
