@@ -458,6 +458,23 @@ fn layers_depend_only_on_lower_layers() {
     assert!(bad.is_empty(), "imports that go up the layers ({}):\n{}", bad.len(), bad.join("\n"));
 }
 
+/// The specification is checked against, never called by, the implementation: only `dev` (the
+/// verification harness) may import `reference`.
+#[test]
+fn only_dev_imports_the_reference() {
+    let edges = graph();
+    let bad: Vec<String> = edges
+        .iter()
+        .filter(|(from, _)| !matches!(from.first().map(String::as_str), Some("reference" | "dev")))
+        .flat_map(|(from, tos)| {
+            tos.iter()
+                .filter(|to| to.first().is_some_and(|t| t == "reference"))
+                .map(move |to| format!("{} -> {}", show(from), show(to)))
+        })
+        .collect();
+    assert!(bad.is_empty(), "the implementation imports the specification:\n{}", bad.join("\n"));
+}
+
 #[test]
 fn no_module_cycle() {
     let edges = graph();
