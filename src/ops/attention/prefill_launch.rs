@@ -15,7 +15,7 @@ use crate::ffi::params::{
     LLK_ATTN_ROWS_SIMT, LLK_ATTN_THREADS, LlkKvSource,
 };
 use crate::kernels::attention::{KERNELS, PLAN, SUPPORTED_HEAD_DIMS};
-use crate::launch::pool::{Pool, check_block_table, check_pools};
+use crate::launch::pool::{Pool, check_block_table, check_pools, table_rows};
 use crate::launch::{Arg, Heads, KernelArgs, Region, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::tensor::{TensorView, TensorViewMut};
 
@@ -284,8 +284,7 @@ impl Bound {
                     ));
                 }
             }
-            let rows =
-                Rows { addr: p.table.addr, elem: 4, rows: batch, cols: max_pages, row_stride: stride.max(max_pages) };
+            let rows = table_rows(&p.table, max_pages, stride);
             table = Some(Table { addr: p.table.addr, max_pages, stride, rows });
         }
         if let CuSeqlens::Host { q: cq, k: ck } = cu_seqlens {
