@@ -66,6 +66,17 @@ impl Device {
             DeviceInner::Emulated(_) => None,
         }
     }
+    /// Whether this device's stream is being captured into a CUDA graph (`false` on the
+    /// emulated target, which has no graphs).
+    pub fn is_capturing(&self) -> Result<bool> {
+        match &*self.0 {
+            DeviceInner::Cuda(c) => {
+                Ok(c.stream.capture_status()?
+                    != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+            }
+            DeviceInner::Emulated(_) => Ok(false),
+        }
+    }
     /// The emulated target with default options (forward schedule, all cores).
     pub fn emulated() -> Device {
         Self::emulated_with(EmuOptions::default())

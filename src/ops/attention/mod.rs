@@ -33,7 +33,8 @@
 //! from 0, non-decreasing); a single sequence is `[0, total_q]`, `[0, total_k]`. They can be host
 //! slices (validated here, staged through pinned memory) or device tensors ([`CuSeqlens::Device`],
 //! [`AttentionWorkspace::forward_device`]: no host copy at all, so the call can be captured in a
-//! CUDA graph). Device offsets are validated by the device: if they are invalid, the call writes
+//! CUDA graph; host slices during capture are an [`Error::Unsupported`](crate::Error::Unsupported),
+//! since a captured copy would replay stale offsets). Device offsets are validated by the device: if they are invalid, the call writes
 //! nothing and raises the workspace's error flag ([`AttentionWorkspace::check_errors`]).
 //!
 //! Supported: bf16 and f16 on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async), f32 on a SIMT
