@@ -80,7 +80,7 @@ pub(crate) struct CudaShared {
     pub counters: Counters,
     name: String,
     cc: (i32, i32),
-    max_optin_smem: usize,
+    pub(crate) max_optin_smem: usize,
     modules: Mutex<HashMap<&'static str, (Arc<CudaModule>, ImageKind)>>,
     /// Loaded kernels, with the dynamic shared memory they were opted in to.
     functions: Mutex<HashMap<KernelRef, (CudaFunction, u32)>>,

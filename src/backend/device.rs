@@ -125,6 +125,14 @@ impl Device {
             DeviceInner::Emulated(_) => 132,
         }
     }
+    /// The most shared memory one block may use, in bytes (the opt-in maximum: 227 KiB on 9.0,
+    /// 163 KiB on 8.0, 99 KiB on 8.6 and 8.9). The emulated target reports 9.0's.
+    pub fn max_shared_memory_per_block(&self) -> usize {
+        match &*self.0 {
+            DeviceInner::Cuda(c) => c.shared.max_optin_smem,
+            DeviceInner::Emulated(_) => 227 * 1024,
+        }
+    }
     /// The PTX architecture of the images loaded on this device (`sm_90`, `sm_80`), or `None`
     /// when emulated.
     pub fn ptx_arch(&self) -> Option<&'static str> {

@@ -13,7 +13,8 @@ use crate::spec::attention::Llama4Temperature;
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 use super::decode_launch::{
-    DecodeBound, DecodeShape, KEYS_PER_TILE, OP, Outputs, check_dtypes, kernel, launch_dims, merge_splits, params,
+    DecodeBound, DecodeShape, KEYS_PER_TILE, OP, Outputs, check_dtypes, decode_smem_bytes, kernel, launch_dims,
+    merge_splits, params,
 };
 use super::paged::{MAX_SCALED_KV_HEADS, PagedKvCache, PagedKvView};
 use super::variant::Variant;
@@ -113,6 +114,21 @@ impl PagedDecodeWorkspace {
         }
         if s.max_seq_len > i32::MAX as usize {
             return Err(Error::invalid(OP, "max_seq_len", s.max_seq_len, "must fit in i32"));
+        }
+        if s.dtype != DType::F32 {
+            let (bytes, limit) =
+                (decode_smem_bytes(s.head_dim, s.page_dtype.size()), device.max_shared_memory_per_block());
+            if bytes > limit {
+                return Err(Error::invalid(
+                    OP,
+                    "head_dim",
+                    s.head_dim,
+                    format!(
+                        "with {} pages needs {bytes} bytes of shared memory per block; this device allows {limit}",
+                        s.page_dtype
+                    ),
+                ));
+            }
         }
         let rows_per_block = if s.dtype == DType::F32 { LLK_DECODE_ROWS_SIMT } else { LLK_DECODE_ROWS_MMA } as usize;
         let group = s.q_heads / s.kv_heads;
