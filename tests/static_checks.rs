@@ -346,3 +346,15 @@ fn every_planned_shared_memory_size_fits_hopper_and_the_readme_says_what_runs_wh
     let readme = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
     assert!(readme.contains(&t), "README's shared-memory table is stale; it should read:\n{t}");
 }
+
+#[test]
+fn embedding_copies_rows_with_128_bit_accesses() {
+    // The 16-byte path: every store is 128-bit; the loads are the 128-bit row vector and the
+    // token's 32-bit id.
+    for (name, global) in vector_kernels("embedding", 3) {
+        let (loads, stores): (Vec<&String>, Vec<&String>) = global.iter().partition(|o| o.starts_with("LDG"));
+        assert!(!stores.is_empty() && stores.iter().all(|o| o.contains(".128")), "{name}: {stores:?}");
+        assert!(loads.iter().any(|o| o.contains(".128")), "{name}: no 128-bit load in {loads:?}");
+        assert!(loads.iter().filter(|o| !o.contains(".128")).count() <= 1, "{name}: {loads:?}");
+    }
+}
