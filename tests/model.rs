@@ -71,11 +71,68 @@ fn the_real_model_matches_the_reference() {
         let host = HostModel::from_gguf(&path, dtype).unwrap();
         assert_eq!((host.layers.len(), host.vocab(), host.hidden()), (30, 49152, 576));
         assert!(host.lm_head.is_none(), "SmolLM2 ties its LM head to the embedding");
-        // "<|im_start|>user\nWhat is the capital of France?" in SmolLM2's vocabulary, then two
-        // decode steps.
+        // "<|im_start|>user\nWhat is the capital of France?" as Hugging Face `tokenizers` encodes
+        // it with this file's vocabulary and merges (byte-level BPE), then two decode steps.
         let prompt = vec![1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47];
         let r = check_model(&d, &host, dtype, &[prompt, vec![2], vec![198]]).unwrap();
         println!("SmolLM2-135M {dtype}:\n{}", r.describe(dtype));
         assert!(r.pass, "{dtype}:\n{}", r.describe(dtype));
     }
+}
+
+#[test]
+fn generation_stops_on_a_stop_id_the_limit_or_the_caller_and_frees_the_slot() {
+    use llama_kernels::model::{GenerateOptions, Sampling, StopReason};
+    let d = Device::emulated();
+    let host = HostModel::random(&two_layers(), 300, false, DType::F32, 5).unwrap();
+    let plan = ModelPlan { slots: 1, max_len: 24, max_tokens: 4 };
+    let mut m = Model::new(&d, &host, DType::F32, plan).unwrap();
+    let prompt: Vec<u32> = (0..10).map(|i| (i * 31 % 300) as u32).collect();
+    let opts = GenerateOptions { max_new_tokens: 6, stop: Default::default(), sampling: Sampling::Greedy };
+    // The reference loop: the same prompt stepped by hand (chunks of 4), greedy on the host.
+    let mut manual = Model::new(&d, &host, DType::F32, plan).unwrap();
+    let mut logits = Vec::new();
+    for chunk in prompt.chunks(4) {
+        logits = manual.step(&[(0, chunk)], Logits::Last).unwrap().to_f64_vec().unwrap();
+    }
+    let mut want = Vec::new();
+    for _ in 0..6 {
+        let next = (0..300).fold(0, |b, i| if logits[i] > logits[b] { i } else { b }) as u32;
+        want.push(next);
+        logits = manual.step(&[(0, &[next])], Logits::Last).unwrap().to_f64_vec().unwrap();
+    }
+    let mut streamed = Vec::new();
+    let g = m
+        .generate(0, &prompt, &opts, &mut |t| {
+            streamed.push(t);
+            true
+        })
+        .unwrap();
+    assert_eq!((g.tokens.clone(), g.reason), (want.clone(), StopReason::Limit));
+    assert_eq!(streamed, want);
+    assert_eq!(m.len(0), 0, "the slot is freed");
+    // A stop id: generation ends on it (returned, not streamed).
+    let stop = GenerateOptions { stop: [want[2]].into(), ..opts.clone() };
+    let g = m.generate(0, &prompt, &stop, &mut |_| true).unwrap();
+    assert_eq!((g.tokens.as_slice(), g.reason), (&want[..3], StopReason::Stop(want[2])));
+    // The caller stops after two tokens; the context limit stops a long request.
+    let mut n = 0;
+    let g = m
+        .generate(0, &prompt, &opts, &mut |_| {
+            n += 1;
+            n < 2
+        })
+        .unwrap();
+    assert_eq!((g.tokens.len(), g.reason), (2, StopReason::Caller));
+    let long = GenerateOptions { max_new_tokens: 100, ..opts.clone() };
+    let g = m.generate(0, &prompt, &long, &mut |_| true).unwrap();
+    assert_eq!((g.tokens.len(), g.reason), (24 - 10 + 1, StopReason::Context));
+    // Bad requests are named and leave the slot free.
+    assert!(matches!(m.generate(0, &[], &opts, &mut |_| true), Err(Error::InvalidArgument { name: "prompt", .. })));
+    let too_long: Vec<u32> = vec![1; 24];
+    assert!(matches!(
+        m.generate(0, &too_long, &opts, &mut |_| true),
+        Err(Error::InvalidArgument { name: "prompt", .. })
+    ));
+    assert_eq!(m.len(0), 0);
 }

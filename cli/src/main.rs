@@ -3,14 +3,18 @@
 //! ```text
 //! llama-kernels verify [--target cuda|emulated] [--quick|--full]
 //!                      [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]]
+//!                      [--model GGUF_OR_DIR]
 //! llama-kernels info
 //! ```
 //!
 //! `verify` runs decoder layers (built-in Llama 3 and Llama 4 configs with seeded random
 //! weights, or the layers of a Hugging Face checkpoint directory) through the block composer on
 //! the best target present (CUDA, else emulated) and prints a stage-by-stage table against the
-//! f64 reference composer, then runs every op against its reference and prints the per-op table;
-//! it exits non-zero if any row fails. `info` prints the target, the device, the PTX
+//! f64 reference composer, then the whole model of `--model` (a GGUF file or a checkpoint
+//! directory; by default the SmolLM2-135M-Instruct GGUF that `scripts/setup.sh` fetches) on a
+//! built-in prompt and two decode steps (every layer stage-local, the next-token distributions
+//! by KL divergence), then every op against its reference and prints the per-op table; it exits
+//! non-zero if any row fails. `info` prints the target, the device, the PTX
 //! architecture, where the device code came from (compiled by nvcc, or the prebuilt copy) and
 //! each kernel's registers and spills; `info --perf` prints the static performance report.
 
@@ -20,7 +24,7 @@ use llama_kernels::dev::verify::block as verify_block;
 use llama_kernels::dev::{inspect, verify};
 use llama_kernels::{DType, Device, Target};
 
-const USAGE: &str = "usage: llama-kernels verify [--target cuda|emulated] [--quick|--full] [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]]\n       llama-kernels info [--perf]";
+const USAGE: &str = "usage: llama-kernels verify [--target cuda|emulated] [--quick|--full] [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]] [--model GGUF_OR_DIR]\n       llama-kernels info [--perf]";
 
 fn pick_device(target: Option<&str>) -> Result<Device, String> {
     match target {
@@ -29,6 +33,27 @@ fn pick_device(target: Option<&str>) -> Result<Device, String> {
         Some("emulated") => Ok(Device::emulated()),
         Some(other) => Err(format!("unknown target `{other}` (cuda, emulated)")),
     }
+}
+
+/// `<|im_start|>user\nWhat is the capital of France?` in SmolLM2's vocabulary (byte-level BPE):
+/// the built-in prompt of `verify`'s model check, followed by two decode steps.
+const MODEL_PROMPT: [u32; 10] = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47];
+
+/// The whole model of a GGUF file or checkpoint directory against the f64 reference.
+fn check_model_file(
+    device: &Device,
+    path: &std::path::Path,
+    dtype: DType,
+) -> llama_kernels::Result<verify::model::ModelReport> {
+    let host = if path.is_dir() {
+        llama_kernels::model::HostModel::from_checkpoint(path, dtype)?
+    } else {
+        llama_kernels::model::HostModel::from_gguf(path, dtype)?
+    };
+    let vocab = host.vocab() as u32;
+    // Ids of another vocabulary are folded into this one (the check needs valid ids, not text).
+    let prompt: Vec<u32> = MODEL_PROMPT.iter().map(|&t| t % vocab).collect();
+    verify::model::check_model(device, &host, dtype, &[prompt, vec![2 % vocab], vec![198 % vocab]])
 }
 
 fn main() -> ExitCode {
@@ -86,6 +111,44 @@ fn main() -> ExitCode {
             let (block_total, block_passed) = verify_block::counts(&blocks);
             println!("{block_passed} of {block_total} stage rows passed");
 
+            // The whole model: --model PATH, else the test model when scripts/setup.sh fetched it.
+            let model = match flag_value("--model") {
+                Some(p) => Some(std::path::PathBuf::from(p)),
+                None => match llama_kernels::dev::testing::test_model_path() {
+                    Ok(p) => Some(p),
+                    Err(why) => {
+                        println!(
+                            "
+model: not checked ({why})"
+                        );
+                        None
+                    }
+                },
+            };
+            let mut model_failed = None;
+            if let Some(path) = model {
+                let dtype = match flag_value("--dtype").unwrap_or("bf16") {
+                    "f16" => DType::F16,
+                    "f32" => DType::F32,
+                    _ => DType::BF16,
+                };
+                println!(
+                    "
+model: {} ({dtype}), {} prompt tokens then 2 decode steps",
+                    path.display(),
+                    MODEL_PROMPT.len()
+                );
+                match check_model_file(&device, &path, dtype) {
+                    Ok(report) => {
+                        print!("{}", report.describe(dtype));
+                        if !report.pass {
+                            model_failed = Some(format!("model {}: outside tolerance", path.display()));
+                        }
+                    }
+                    Err(e) => model_failed = Some(format!("model {}: {e}", path.display())),
+                }
+            }
+
             println!("\nops:");
             let results = verify::run_all(&device, quick);
             print!("{}", verify::table(&results));
@@ -99,6 +162,7 @@ fn main() -> ExitCode {
                 .collect();
             println!("{} of {} cases passed", results.len() - failed.len(), results.len());
             failed.extend(verify_block::failures(&blocks));
+            failed.extend(model_failed);
             for f in &failed {
                 println!("FAILED: {f}");
             }

@@ -18,8 +18,10 @@
 //! # }
 //! ```
 
+pub mod generate;
 pub mod runner;
 pub mod weights;
 
+pub use generate::{GenerateOptions, Generation, Sampling, StopReason};
 pub use runner::{Logits, Model, ModelPlan};
 pub use weights::{HostModel, MAX_VOCAB};
