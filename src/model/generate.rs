@@ -125,6 +125,17 @@ impl Model {
         let mut tokens = Vec::new();
         let mut first = None;
         let reason = loop {
+            if logits.iter().any(|v| !v.is_finite()) {
+                return Err(Error::DeviceReported {
+                    op: OP,
+                    what: format!(
+                        "non-finite logits after {} tokens in {}: an activation overflowed (f16's range ends at 65504; \
+                         bf16 and f32 do not overflow there)",
+                        self.len(slot),
+                        self.dtype()
+                    ),
+                });
+            }
             let next = match opts.sampling {
                 Sampling::Greedy => argmax(&logits),
             };
