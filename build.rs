@@ -218,9 +218,10 @@ fn describe_external(out: &Path, families: &[String]) -> Result<BTreeMap<String,
         if !f.ends_with(".cubin") && std::str::from_utf8(&bytes).is_err() {
             return Err(format!("{} is not UTF-8", path.display()));
         }
-        let sha = device_code::sha256_hex(&bytes);
+        files.insert(f, (bytes.len() as u64, device_code::sha256_hex(&bytes)));
+    }
+    for (f, (_, sha)) in &files {
         let _ = writeln!(list, "{sha}  {f}");
-        files.insert(f, (bytes.len() as u64, sha));
     }
     let list_path = out.join("device-code.sha256");
     std::fs::write(&list_path, list).map_err(|e| format!("cannot write {}: {e}", list_path.display()))?;
