@@ -81,7 +81,7 @@ check_listing() {
         printf "gpu-stage: the stage is %s (%d bytes), over its %s budget (the device tool carries at most 64 MiB)\n", mib(total), total, mib(stage_budget)
         over = 1
       }
-      printf "gpu-stage: %d files, %s of %s%s\n", files, mib(total), mib(stage_budget), (over || bad) ? ": OVER BUDGET OR INVALID" : ": within budget"
+      printf "gpu-stage: %d files, %s of %s%s\n", files, mib(total), mib(stage_budget), bad ? ": invalid listing" : over ? ": OVER BUDGET" : ": within budget"
       exit (over || bad) ? 1 : 0
     }' "$1"
 }
