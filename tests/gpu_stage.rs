@@ -123,5 +123,9 @@ fn a_malformed_listing_is_rejected() {
     assert!(log.contains("bad listing line 1") && log.contains("device-code.tar.xz has no size"), "{log}");
     // Binaries inside an archive that the listing does not have.
     let out = check_listing("orphans", "100 bin.tar.xz:bin/a\n");
-    assert!(!out.status.success() && text(&out).contains("bin.tar.xz holds 1 binaries but is not listed"), "{}", text(&out));
+    assert!(
+        !out.status.success() && text(&out).contains("bin.tar.xz holds 1 binaries but is not listed"),
+        "{}",
+        text(&out)
+    );
 }
