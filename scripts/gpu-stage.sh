@@ -34,7 +34,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 readonly MIB=$((1024 * 1024))
 readonly STAGE_BUDGET=$((60 * MIB))
 readonly BINARY_BUDGET=$((16 * MIB))
-readonly BINARY_XZ_BUDGET=$((3 * MIB / 2))
+readonly BINARY_XZ_BUDGET=$((1 * MIB))
 readonly stage=target/gpu-stage
 readonly build_dir=target/gpu-stage-build
 readonly wheel_pin=scripts/gpu-stage-wheel.txt
