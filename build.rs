@@ -148,7 +148,13 @@ fn run() -> Result<(), String> {
 
     build_host(&kernels, &families)?;
 
-    let external_files = if external { Some(describe_external(&out, &families)?) } else { None };
+    let external_files = if external {
+        Some(describe_external(&out, &families)?)
+    } else {
+        // No list of files to ship is left from an earlier external build of this folder.
+        let _ = std::fs::remove_file(out.join("device-code.sha256"));
+        None
+    };
     let origin = if external {
         format!("{origin}; external: read at run time from $LLK_DEVICE_CODE_DIR, checked by SHA-256")
     } else {

@@ -47,7 +47,7 @@ benches() { sed -n '/^\[\[bench\]\]/,/^name/s/^name = "\(.*\)"/\1/p' Cargo.toml;
 tar_c() { tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --mode=u+rw,go+r -cf - "$@"; }
 xz_device_code() { xz -T0 -1 -c; }
 # A large dictionary: the binaries share most of their code, and xz finds it across them.
-xz_binaries() { xz -T1 --lzma2=preset=6,dict=64MiB -c; }
+xz_binaries() { xz -T1 --lzma2=preset=3,dict=64MiB -c; }
 
 # check_listing FILE: the budget over a listing; prints a table; exit status 1 if over budget.
 check_listing() {
