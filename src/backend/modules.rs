@@ -10,7 +10,7 @@
 //! missing file or a different one is a [`DeviceCodeError`], never a panic. The emulated target
 //! needs none of these files: its kernels are host code, linked in every build.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use sha2::{Digest, Sha256};
@@ -135,14 +135,19 @@ fn external_files() -> Result<&'static [(&'static str, OwnedFiles)], DeviceCodeE
     if let Some(files) = LOADED.get() {
         return Ok(files);
     }
-    let dir = std::env::var_os(DEVICE_CODE_DIR_VAR).filter(|d| !d.is_empty()).ok_or(DeviceCodeError::DirUnset)?;
+    let dir = device_code_dir(std::env::var_os(DEVICE_CODE_DIR_VAR))?;
     let mut all = Vec::with_capacity(MODULES.len());
     for m in MODULES {
         if let DeviceCode::External(expected) = &m.code {
-            all.push((m.name, load_family(Path::new(&dir), expected)?));
+            all.push((m.name, load_family(&dir, expected)?));
         }
     }
     Ok(LOADED.get_or_init(|| all))
+}
+
+/// The folder that [`DEVICE_CODE_DIR_VAR`] names: unset and empty are the same error.
+fn device_code_dir(value: Option<std::ffi::OsString>) -> Result<PathBuf, DeviceCodeError> {
+    value.filter(|d| !d.is_empty()).map(PathBuf::from).ok_or(DeviceCodeError::DirUnset)
 }
 
 /// Reads and checks one family's six files.
@@ -226,8 +231,6 @@ pub fn kernel_modules() -> Result<impl Iterator<Item = KernelModuleInfo>> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {
@@ -241,6 +244,18 @@ mod tests {
 
     fn hello() -> ExternalFile {
         ExternalFile { path: "sm_90/x.ptx", bytes: 5, sha256: HELLO_SHA }
+    }
+
+    #[test]
+    fn an_unset_or_empty_folder_is_a_named_error() {
+        assert_eq!(device_code_dir(None), Err(DeviceCodeError::DirUnset));
+        assert_eq!(device_code_dir(Some("".into())), Err(DeviceCodeError::DirUnset));
+        assert_eq!(device_code_dir(Some("/opt/llk".into())), Ok(PathBuf::from("/opt/llk")));
+        let message = crate::Error::from(DeviceCodeError::DirUnset).to_string();
+        assert!(
+            message.starts_with("device code unavailable: ") && message.contains("LLK_DEVICE_CODE_DIR"),
+            "{message}"
+        );
     }
 
     #[test]
