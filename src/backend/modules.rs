@@ -101,6 +101,7 @@ impl ModuleSource {
 }
 
 /// One family's external files, as read.
+#[derive(Debug)]
 struct OwnedFiles {
     ptx_sm90: String,
     ptx_sm80: String,
