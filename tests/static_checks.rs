@@ -8,7 +8,7 @@ use llama_kernels::dev::inspect::{parse_ptxas, ptx_entries};
 
 #[test]
 fn every_symbol_the_wrappers_load_exists_everywhere() {
-    let modules: Vec<_> = kernel_modules().collect();
+    let modules: Vec<_> = kernel_modules().expect("the device code").collect();
     for k in llama_kernels::dev::kernel_symbols() {
         let m = modules.iter().find(|m| m.name == k.module).unwrap_or_else(|| panic!("no module {}", k.module));
         for (arch, ptx) in [("sm_90", m.ptx_sm90), ("sm_80", m.ptx_sm80)] {
@@ -38,7 +38,7 @@ fn every_symbol_the_wrappers_load_exists_everywhere() {
 fn every_ptx_kernel_is_reachable_from_exactly_one_table_row() {
     let rows = llama_kernels::dev::kernel_symbols();
     let mut checked = 0;
-    for m in kernel_modules() {
+    for m in kernel_modules().expect("the device code") {
         for (arch, ptx) in [("sm_90", m.ptx_sm90), ("sm_80", m.ptx_sm80)] {
             let entries = ptx_entries(ptx);
             assert!(!entries.is_empty(), "module {} has no kernels for {arch}", m.name);
@@ -54,7 +54,7 @@ fn every_ptx_kernel_is_reachable_from_exactly_one_table_row() {
 
 #[test]
 fn no_kernel_spills_at_sm_90() {
-    for m in kernel_modules() {
+    for m in kernel_modules().expect("the device code") {
         let kernels = parse_ptxas(m.ptxas_sm90);
         assert!(!kernels.is_empty(), "no ptxas report for {}", m.name);
         for k in kernels {
@@ -237,7 +237,8 @@ fn kv_append_moves_128_bits_per_access() {
 
 #[test]
 fn attention_and_paged_attention_spill_nothing_or_within_budget_at_sm_80() {
-    for m in kernel_modules().filter(|m| m.name == "attention" || m.name == "paged_attention") {
+    for m in kernel_modules().expect("the device code").filter(|m| m.name == "attention" || m.name == "paged_attention")
+    {
         for k in parse_ptxas(m.ptxas_sm80) {
             check_spills(&k, "sm_80");
         }

@@ -17,9 +17,12 @@
 //! non-zero if any row fails. `info` prints the target, the device, the PTX
 //! architecture, where the device code came from (compiled by nvcc, or the prebuilt copy) and
 //! each kernel's registers and spills; `info --perf` prints the static performance report.
+//! A build with external device code (`LLK_DEVICE_CODE_LOCATION=external`) reads it from
+//! `$LLK_DEVICE_CODE_DIR`; `info` names that folder and fails, saying why, when it cannot be used.
 
 use std::process::ExitCode;
 
+use llama_kernels::backend;
 use llama_kernels::dev::verify::block as verify_block;
 use llama_kernels::dev::{inspect, verify};
 use llama_kernels::{DType, Device, Target};
@@ -183,14 +186,26 @@ model: {} ({dtype}), {} prompt tokens then 2 decode steps",
                 println!("cuda:   {reason}");
             }
             let arch = device.ptx_arch().unwrap_or("sm_90");
-            let isa = llama_kernels::backend::kernel_modules()
-                .next()
-                .and_then(|m| m.ptx_sm90.lines().find_map(|l| l.trim().strip_prefix(".version ")))
+            println!("device code: {}", backend::DEVICE_CODE_ORIGIN);
+            if backend::DEVICE_CODE_EXTERNAL {
+                let dir = std::env::var(backend::DEVICE_CODE_DIR_VAR).unwrap_or_else(|_| "(not set)".into());
+                println!("device code dir: {}={dir}", backend::DEVICE_CODE_DIR_VAR);
+            }
+            let resources = match inspect::all_resources(arch) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("llama-kernels info: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let isa = resources
+                .first()
+                .and_then(|(m, _)| m.ptx_sm90.lines().find_map(|l| l.trim().strip_prefix(".version ")))
                 .unwrap_or("?");
-            println!("ptx:    {arch} (embedded: sm_90, sm_80; PTX ISA {isa})");
-            println!("device code: {}", llama_kernels::backend::DEVICE_CODE_ORIGIN);
+            let built = if backend::DEVICE_CODE_EXTERNAL { "external" } else { "embedded" };
+            println!("ptx:    {arch} ({built}: sm_90, sm_80; PTX ISA {isa})");
             println!("\n{:<32} {:>5} {:>12} {:>11} {:>10}", "kernel", "regs", "spill st/ld", "stack B", "smem B");
-            for (module, kernels) in inspect::all_resources(arch) {
+            for (module, kernels) in resources {
                 println!("[{}]", module.name);
                 for k in kernels {
                     println!(
