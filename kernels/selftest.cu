@@ -189,6 +189,21 @@ __device__ void guards_kernel(const SelftestParams& p) {
   out[t] = v;
 }
 
+// The approximations with .ftz and the explicitly rounded operations, on both targets: input
+// f32 [x: n | c: n], out f32 [3][n] = fast_exp2(x), fast_rcp(x), __fadd_rn(__fmul_rn(x, x), c).
+// The tests feed the special cases the PTX ISA defines exactly (zeros, subnormals, infinities,
+// results that flush) and products whose fma would round differently.
+__device__ void fast_math_kernel(const SelftestParams& p) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.n) return;
+  const float* in = reinterpret_cast<const float*>(p.input);
+  float* out = reinterpret_cast<float*>(p.out);
+  const float x = in[i], c = in[p.n + i];
+  out[i] = llk::fast_exp2(x);
+  out[p.n + i] = llk::fast_rcp(x);
+  out[2 * p.n + i] = __fadd_rn(__fmul_rn(x, x), c);
+}
+
 // out[i] = 1 for i < n: a kernel whose __launch_bounds__ (128 threads) a launch can exceed.
 __device__ void bounded_fill_kernel(const SelftestParams& p) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -324,6 +339,7 @@ __device__ void fp8_convert_kernel(const Fp8ConvertParams& p) {
   X(selftest_cp_async, SelftestParams, (32), (cp_async_kernel))                            \
   X(selftest_out_of_bounds, SelftestParams, (1024), (out_of_bounds_kernel))           \
   X(selftest_bounded_fill, SelftestParams, (128, 4), (bounded_fill_kernel))             \
+  X(selftest_fast_math, SelftestParams, (1024), (fast_math_kernel))                       \
   X(fp8_e4m3_convert, Fp8ConvertParams, (256), (fp8_convert_kernel))
 
 LLK_EXPORT_KERNELS(selftest, SELFTEST_KERNELS)

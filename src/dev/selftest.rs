@@ -64,6 +64,9 @@ pub enum Kernel {
     /// `out[i] = 1` for `i < n` (`out: f32 [n]`), with `__launch_bounds__(128, 4)`: a launch
     /// with larger blocks is the planted bug.
     BoundedFill,
+    /// `fast_exp2`, `fast_rcp` and `__fadd_rn(__fmul_rn(x, x), c)` (`in: f32 [x: n | c: n]`,
+    /// `out: f32 [3][n]`).
+    FastMath,
 }
 
 impl Kernel {
@@ -84,9 +87,10 @@ impl Kernel {
             Kernel::CpAsync => "selftest_cp_async",
             Kernel::OutOfBounds => "selftest_out_of_bounds",
             Kernel::BoundedFill => "selftest_bounded_fill",
+            Kernel::FastMath => "selftest_fast_math",
         }
     }
-    pub const ALL: [Kernel; 15] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::Stencil,
         Kernel::Deadlock,
         Kernel::DivergentBarrier,
@@ -102,6 +106,7 @@ impl Kernel {
         Kernel::CpAsync,
         Kernel::OutOfBounds,
         Kernel::BoundedFill,
+        Kernel::FastMath,
     ];
     /// Warp-level PTX checks: one warp, fixed input and output sizes (in, out elements).
     fn fixed_io(self) -> Option<(usize, usize)> {
@@ -174,6 +179,7 @@ pub fn launch_with_dyn_smem(
             Kernel::ShflEdges => (n, 6 * threads),
             Kernel::Guards | Kernel::StackHog => (n, block),
             Kernel::Atomics => (n, 2),
+            Kernel::FastMath => (n, 3 * n),
             Kernel::Deadlock | Kernel::DivergentBarrier => (n, n.min(block)),
             _ => (n, n),
         },
@@ -181,13 +187,19 @@ pub fn launch_with_dyn_smem(
     if !out.is_contiguous() || out.numel() < needed {
         return Err(Error::invalid(OP, "out", out.numel(), format!("needs {needed} contiguous elements")));
     }
-    let inputs = if kernel == Kernel::OutOfBounds { 1 } else { n };
+    let inputs = match kernel {
+        Kernel::OutOfBounds => 1,
+        Kernel::FastMath => 2 * n,
+        _ => n,
+    };
     if let Some(i) = input {
         check_dtype(OP, "in", i.dtype(), DType::F32)?;
         if !i.is_contiguous() || i.numel() < inputs {
             return Err(Error::invalid(OP, "in", i.numel(), format!("needs {inputs} contiguous elements")));
         }
-    } else if matches!(kernel, Kernel::Stencil | Kernel::DynSmem | Kernel::OutOfBounds) || kernel.fixed_io().is_some() {
+    } else if matches!(kernel, Kernel::Stencil | Kernel::DynSmem | Kernel::OutOfBounds | Kernel::FastMath)
+        || kernel.fixed_io().is_some()
+    {
         return Err(Error::invalid(OP, "in", "None", "this kernel reads an input"));
     }
     let mut args = KernelArgs::new(OP, out.device());
