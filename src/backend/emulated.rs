@@ -135,10 +135,9 @@ fn static_smem_by_kernel(report: &'static str) -> HashMap<&'static str, u32> {
             if let Some(name) = current {
                 out.insert(name, 0);
             }
-        } else if let (Some(name), Some(head)) =
-            (current, line.split(" bytes smem").next().filter(|_| line.contains(" bytes smem")))
-        {
-            let bytes = head.rsplit([' ', ',']).next().and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
+        } else if let (Some(name), Some(at)) = (current, line.find(" bytes smem")) {
+            // `Used 30 registers, used 1 barriers, 128 bytes smem, ...`: the number just before.
+            let bytes = line[..at].rsplit([' ', ',']).next().and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
             out.insert(name, bytes);
         }
     }
