@@ -167,7 +167,7 @@ fn main() {
             bytes: (slots * 4 * 3) as f64,
             flops: 0.0,
         });
-        let rows = moe::padded_rows(slots, experts, bm);
+        let rows = moe::padded_rows(slots, experts, bm).unwrap();
         let x = zeros(&device, dt, &[tokens, hidden]);
         let xp = zeros(&device, dt, &[rows, hidden]);
         let out = zeros(&device, dt, &[tokens, hidden]);
@@ -201,7 +201,7 @@ fn main() {
             let bm = moe::preferred_block_m(slots, e);
             let mut align = MoeAlign::plan(&device, e, slots).expect("plan");
             align.align(&ids, bm).expect("align");
-            let rows = moe::padded_rows(slots, e, bm);
+            let rows = moe::padded_rows(slots, e, bm).unwrap();
             let xp = zeros(&device, dt, &[rows, h]);
             let hbuf = zeros(&device, dt, &[rows, i]);
             let y = zeros(&device, dt, &[rows, h]);

@@ -303,8 +303,10 @@ __device__ void paged_decode_mma_kernel(const PagedDecodeParams& p) {
   const int shares = 4 / mtiles;  // warps per m-tile (1, 2 or 4)
   const int mt = warp % mtiles, share = warp / mtiles;
   const bool active = share < shares;
-  const float k_scale = p.k_scale[rows.kv_head] * (kFp8 ? llk::kFp8Unscale : 1.f);
-  const float v_scale = p.v_scale[rows.kv_head] * (kFp8 ? llk::kFp8Unscale : 1.f);
+  // Scales exist for fp8 pages only (at most LLK_KV_MAX_SCALES KV heads); 16-bit pages may have
+  // any number of KV heads and never index the arrays.
+  const float k_scale = kFp8 ? p.k_scale[rows.kv_head] * llk::kFp8Unscale : 1.f;
+  const float v_scale = kFp8 ? p.v_scale[rows.kv_head] * llk::kFp8Unscale : 1.f;
 
   // This lane's rows g and g + 8 of its m-tile.
   KeyInterval keys[2];
@@ -543,7 +545,7 @@ __device__ void paged_decode_simt_kernel(const PagedDecodeParams& p) {
   const int64_t token = s.b * s.q_len + (valid ? rows.token(r) : 0), head = rows.head(valid ? r : 0);
   const int64_t pos = int64_t(s.len) - s.q_len + (valid ? rows.token(r) : 0);
   const KeyInterval keys = valid ? decode_interval(p, pos, s.len) : KeyInterval{0, -1};
-  const float sc = decode_scale_log2(p, pos, p.k_scale[rows.kv_head]);
+  const float sc = decode_scale_log2(p, pos, 1.f);  // f32 pages: no scales (any KV head count)
   const float* qrow = reinterpret_cast<const float*>(p.q) + token * p.q_token_stride + head * p.q_head_stride;
   float qv[kPer], acc[kPer];
 #pragma unroll
@@ -586,7 +588,7 @@ __device__ void paged_decode_simt_kernel(const PagedDecodeParams& p) {
     }
   }
   if (!valid) return;  // no barriers or warp operations below
-  const float inv = l == 0.f ? 0.f : p.v_scale[rows.kv_head] / l;
+  const float inv = l == 0.f ? 0.f : 1.f / l;
   const RowOut<float> dst = row_out<float>(p, token, head);
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
@@ -619,19 +621,23 @@ __device__ void merge_kernel(const MergeStatesParams& p) {
   float sum = 0.f;
   for (int64_t st = 0; st < states; ++st) sum += llk::fast_exp2((lse_of(st) - base) * kLog2e);
   const float inv = sum == 0.f ? 0.f : 1.f / sum;  // no state saw a key: zeros, lse = -inf
+  // Each lane takes 4 consecutive elements from 4 * lane; the last group of a head_dim that is
+  // not a multiple of 4 has n < 4 of them (elements past n are neither read nor written).
   for (int64_t d = 4 * lane; d < p.head_dim; d += 128) {
+    const int n = int(min(int64_t(4), p.head_dim - d));
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int64_t st = 0; st < states; ++st) {
       const float w = llk::fast_exp2((lse_of(st) - base) * kLog2e) * inv;
-      float v[4];
+      float v[4] = {0.f, 0.f, 0.f, 0.f};
       if constexpr (kSplits) {
+        // The split partials are a contiguous f32 buffer whose head_dim the planner made a
+        // multiple of 4, so this is one 16-byte load.
         const float* src = reinterpret_cast<const float*>(p.v_a) + (st * p.tokens * p.heads + row) * p.head_dim + d;
         llk::load_f32<float, 4>(src, v);
       } else {
         const T* src = st == 0 ? reinterpret_cast<const T*>(p.v_a) + token * p.a_token_stride + head * p.a_head_stride + d
                                : reinterpret_cast<const T*>(p.v_b) + token * p.b_token_stride + head * p.b_head_stride + d;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = llk::to_f32(src[i]);
+        for (int i = 0; i < n; ++i) v[i] = llk::to_f32(src[i]);
       }
       // A state with weight 0 contributes nothing, even where its values are not finite (a
       // split without keys wrote zeros anyway).
@@ -640,8 +646,7 @@ __device__ void merge_kernel(const MergeStatesParams& p) {
         for (int i = 0; i < 4; ++i) acc[i] = fmaf(w, v[i], acc[i]);
     }
     T* dst = reinterpret_cast<T*>(p.out) + token * p.out_token_stride + head * p.out_head_stride + d;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dst[i] = llk::from_f32<T>(acc[i]);
+    for (int i = 0; i < n; ++i) dst[i] = llk::from_f32<T>(acc[i]);
   }
   if (p.lse_out != 0 && lane == 0)
     reinterpret_cast<float*>(p.lse_out)[token * p.lse_out_token_stride + head * p.lse_out_head_stride] =

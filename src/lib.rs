@@ -88,6 +88,7 @@ pub mod error;
 mod ffi;
 mod kernels;
 mod launch;
+pub mod model;
 pub mod ops;
 pub mod reference;
 pub mod spec;

@@ -508,3 +508,169 @@ fn a_small_page_pool_is_shared_reused_and_exhausted_by_name() {
     layer.forward(&mut ws2, &fresh, 0, &s2, &y2).unwrap();
     assert!(common::bitwise_equal(&[y.to_f64_vec().unwrap()], &[y2.to_f64_vec().unwrap()]));
 }
+
+// ------------------------------------------------------------------------------------ hostile input
+
+/// `Checkpoint::open` on another thread, failing the test (instead of hanging it) if the call
+/// does not return within 20 s: a loader that opens a FIFO blocks forever.
+fn open_within_20s(dir: &std::path::Path) -> llama_kernels::Result<Checkpoint> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(Checkpoint::open(&dir));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20)).expect("Checkpoint::open did not return within 20 s")
+}
+
+#[test]
+fn the_loader_never_opens_files_outside_the_checkpoint() {
+    let root = temp_dir("escape");
+    let (dir, outside) = (root.join("ckpt"), root.join("outside"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    write_llama4(&outside, &[0], false);
+    let shard = "model-00001-of-00004.safetensors";
+    std::fs::write(dir.join("config.json"), LLAMA4_SMALL).unwrap();
+    let tensor = "language_model.model.layers.0.input_layernorm.weight";
+    let escapes = [
+        format!("../outside/{shard}"),
+        outside.join(shard).display().to_string(),
+        "/etc/passwd".into(),
+        "/dev/zero".into(),
+        "sub/x.safetensors".into(),
+        "..".into(),
+        ".".into(),
+        String::new(),
+    ];
+    for name in escapes {
+        let index = serde_json::json!({ "metadata": {}, "weight_map": { tensor: name } });
+        std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+        match open_within_20s(&dir) {
+            Err(Error::Io { why, .. }) => assert!(why.contains("plain file name"), "{name}: {why}"),
+            other => panic!("shard `{name}` was accepted: {other:?}"),
+        }
+    }
+    // A shard that is a symlink inside the directory (as in the Hugging Face cache) still loads.
+    std::fs::remove_file(dir.join("model.safetensors.index.json")).unwrap();
+    std::os::unix::fs::symlink(outside.join(shard), dir.join(shard)).unwrap();
+    let ckpt = open_within_20s(&dir).unwrap();
+    ckpt.layer(0, DType::BF16).unwrap();
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn only_regular_files_are_opened() {
+    let dir = temp_dir("fifo");
+    std::fs::write(dir.join("config.json"), LLAMA3_SMALL).unwrap();
+    // A FIFO under a shard's name (opening it for reading would block until a writer comes).
+    let fifo = dir.join("model.safetensors");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("note: mkfifo unavailable; FIFO case not run");
+    } else {
+        match open_within_20s(&dir) {
+            Err(Error::Io { why, .. }) => assert!(why.contains("not a regular file"), "{why}"),
+            other => panic!("a FIFO shard was accepted: {other:?}"),
+        }
+        std::fs::remove_file(&fifo).unwrap();
+    }
+    // A directory under a shard's name, and an index that is a directory.
+    std::fs::create_dir(dir.join("x.safetensors")).unwrap();
+    assert!(matches!(open_within_20s(&dir), Err(Error::Io { why, .. }) if why.contains("not a regular file")));
+    std::fs::remove_dir(dir.join("x.safetensors")).unwrap();
+    std::fs::create_dir(dir.join("model.safetensors.index.json")).unwrap();
+    assert!(matches!(open_within_20s(&dir), Err(Error::Io { why, .. }) if why.contains("not a regular file")));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sizes_from_a_config_are_bounded_before_anything_is_allocated() {
+    // 10^12 layers (allocated per-layer flags), 2^58 heads (wrapped qkv_dim to 0 in release).
+    let (f, why) = config_err(
+        r#"{"model_type": "llama4_text", "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64,
+            "intermediate_size": 8, "num_hidden_layers": 1000000000000}"#,
+    );
+    assert_eq!(f, "num_hidden_layers", "{why}");
+    let (f, why) = config_err(
+        r#"{"model_type": "llama", "hidden_size": 256, "num_attention_heads": 288230376151711744,
+            "num_key_value_heads": 288230376151711744, "head_dim": 64, "intermediate_size": 8, "num_hidden_layers": 1}"#,
+    );
+    assert_eq!(f, "num_attention_heads", "{why}");
+    for key in ["hidden_size", "intermediate_size"] {
+        let json = format!(
+            r#"{{"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 8,
+                "num_hidden_layers": 1, "{key}": 4611686018427387904}}"#
+        );
+        assert_eq!(config_err(&json).0, key);
+    }
+    let (f, _) = config_err(
+        r#"{"model_type": "llama4_text", "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64,
+            "intermediate_size": 8, "num_hidden_layers": 2, "num_local_experts": 100000}"#,
+    );
+    assert_eq!(f, "num_local_experts");
+    // A spec built by hand gets the same bounds.
+    let (spec, w) = built_in(LLAMA3_SMALL, 0, DType::BF16);
+    let d = Device::emulated();
+    let huge = llama_kernels::block::LayerSpec { q_heads: 1 << 58, kv_heads: 1 << 58, ..spec };
+    assert!(matches!(
+        DecoderLayer::new(&d, DType::BF16, huge, &w),
+        Err(Error::InvalidArgument { name: "q_heads", .. })
+    ));
+    assert!(matches!(
+        KvCache::for_layers(&d, DType::BF16, &[huge], 1, 8),
+        Err(Error::InvalidArgument { name: "q_heads", .. })
+    ));
+}
+
+#[test]
+fn cache_sizes_from_a_caller_are_bounded() {
+    let d = Device::emulated();
+    for slots in [1usize << 40, usize::MAX] {
+        let config = KvCacheConfig { slots, max_len: 16, page_size: 16, num_pages: Some(4) };
+        let r = KvCache::with_config(&d, DType::BF16, 1, 2, 64, &config);
+        assert!(matches!(r, Err(Error::InvalidArgument { name: "slots", .. })), "{slots}: {r:?}");
+        let r = KvCache::new(&d, DType::BF16, 1, 2, 64, slots, 16);
+        assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{slots}: {r:?}");
+    }
+    let r = KvCache::new(&d, DType::BF16, 1, 2, 64, 1, 1 << 40);
+    assert!(matches!(r, Err(Error::InvalidArgument { name: "max_len", .. })), "{r:?}");
+    let r = KvCache::new(&d, DType::BF16, 1 << 40, 2, 64, 1, 16);
+    assert!(matches!(r, Err(Error::InvalidArgument { name: "layers", .. })), "{r:?}");
+}
+
+#[test]
+fn a_step_that_overflows_fails_before_changing_the_cache() {
+    let d = Device::emulated();
+    let (spec, _) = built_in(LLAMA3_SMALL, 0, DType::BF16);
+    let mut cache = KvCache::for_layers(&d, DType::BF16, &[spec], 2, 64).unwrap();
+    let mut ws = LayerWorkspace::plan(&d, DType::BF16, &[spec], 16, &cache).unwrap();
+    let step = ws.begin_step(&mut cache, &[(0, 3)]).unwrap();
+    cache.commit(&step).unwrap();
+    let before = (cache.free_pages(), cache.pages(0).to_vec(), cache.pages(1).to_vec(), cache.lens().to_vec());
+    for batch in [vec![(0, usize::MAX)], vec![(0, usize::MAX - 2)], vec![(0, 1), (1, usize::MAX)]] {
+        match ws.begin_step(&mut cache, &batch) {
+            Err(Error::InvalidArgument { name, .. }) => assert!(name == "new tokens" || name == "tokens", "{name}"),
+            other => panic!("{batch:?}: {other:?}"),
+        }
+        let after = (cache.free_pages(), cache.pages(0).to_vec(), cache.pages(1).to_vec(), cache.lens().to_vec());
+        assert_eq!(after, before, "{batch:?} changed the cache");
+    }
+}
+
+#[test]
+fn a_cache_of_another_dtype_is_named_with_both_dtypes() {
+    let d = Device::emulated();
+    let (spec, w) = built_in(LLAMA3_SMALL, 0, DType::F32);
+    let layer = DecoderLayer::new(&d, DType::F32, spec, &w).unwrap();
+    let mut c32 = KvCache::for_layers(&d, DType::F32, &[spec], 1, 8).unwrap();
+    let mut ws32 = LayerWorkspace::plan(&d, DType::F32, &[spec], 8, &c32).unwrap();
+    let c16 = KvCache::for_layers(&d, DType::BF16, &[spec], 1, 8).unwrap();
+    // A step of the f32 workspace and cache, run against the bf16 cache: the message said
+    // "workspace or cache has dtype f32, expected f32".
+    let step = ws32.begin_step(&mut c32, &[(0, 1)]).unwrap();
+    let hidden = Tensor::zeros(&d, DType::F32, &[1, spec.hidden]).unwrap();
+    match layer.forward(&mut ws32, &c16, 0, &step, &hidden) {
+        Err(Error::DTypeMismatch { what: "cache", got: DType::BF16, expected: DType::F32, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+}

@@ -241,3 +241,34 @@ fn tolerance_can_fail() {
     assert!(!c.pass, "a 2-ulp error must fail: {t:?}");
     let _ = Tolerance::rounded_output(DType::BF16);
 }
+
+#[test]
+fn row_strides_past_cublas_32_bit_sizes_are_refused_on_every_target() {
+    // Two rows of x 2^31 elements apart (a 4 GiB buffer, of which only the two rows are ever
+    // touched: emulated memory is mapped lazily). CUDA refused this (cuBLAS takes 32-bit leading
+    // dimensions) while the emulated target ran it; both refuse now, with the same error.
+    for d in common::devices() {
+        let full = Tensor::zeros(&d, DType::BF16, &[(1 << 31) + 8]).unwrap();
+        let x = full.as_strided(&[2, 8], &[1 << 31, 1], 0).unwrap();
+        let w = Tensor::zeros(&d, DType::BF16, &[6, 8]).unwrap();
+        let y = Tensor::poisoned(&d, DType::BF16, &[2, 6]).unwrap();
+        match linear(&x, &w, None, &y) {
+            Err(Error::InvalidArgument { name, why, .. }) => {
+                assert_eq!(name, "x row stride", "{why}");
+                assert!(why.contains("32-bit"), "{why}");
+            }
+            other => panic!("{d:?}: {other:?}"),
+        }
+        // 2^31 - 1 is the largest accepted (small integers: the product is exact in bf16).
+        let x = full.as_strided(&[2, 8], &[(1 << 31) - 1, 1], 0).unwrap();
+        let xs: Vec<f64> = (0..16).map(|i| f64::from(i % 5) - 2.0).collect();
+        let ws: Vec<f64> = (0..48).map(|i| f64::from(i % 3) - 1.0).collect();
+        // (Row by row through the base buffer: a copy into the strided view would touch its span.)
+        full.narrow(0, 0, 8).unwrap().copy_from_f64(&xs[..8]).unwrap();
+        full.narrow(0, (1 << 31) - 1, 8).unwrap().copy_from_f64(&xs[8..]).unwrap();
+        let w = Tensor::from_f64(&d, DType::BF16, &ws, &[6, 8]).unwrap();
+        linear(&x, &w, None, &y).unwrap();
+        let want: Vec<f64> = (0..12).map(|i| (0..8).map(|j| xs[(i / 6) * 8 + j] * ws[(i % 6) * 8 + j]).sum()).collect();
+        assert_eq!(y.to_f64_vec().unwrap(), want);
+    }
+}

@@ -482,7 +482,7 @@ fn every_permutation_gemm_and_combine_error_is_named() {
     shape(a.align(&ids.reshape(&[6]).unwrap(), 16), "ids");
     // Using the permutation before aligning it.
     let x = t(DType::BF16, &[3, 64]);
-    let rows = moe::padded_rows(6, 8, 16);
+    let rows = moe::padded_rows(6, 8, 16).unwrap();
     assert!(matches!(moe::moe_gather(&x, &a, None, &t(DType::BF16, &[rows, 64])), Err(Error::InvalidView { .. })));
     a.align(&ids, 16).unwrap();
     // Gather: too few rows, wrong tokens, weights of the wrong shape.
@@ -597,6 +597,30 @@ fn every_permutation_gemm_and_combine_error_is_named() {
         moe::moe_grouped_gemm(&both, WeightLayout::OutIn, ExpertWeights::Plain(&w64), GemmGroups::Experts(&a), &both),
         Err(Error::Overlap { .. })
     ));
+    // More slots per token than any routing produces: combine keeps a token's slots in shared
+    // arrays of MAX_TOP_K_GROUPED entries, so the alignment (which gather and combine take k
+    // from) refuses them (k = 17 overflowed those arrays in combine).
+    let mut wide = MoeAlign::plan(&d, 32, 64).unwrap();
+    let ids17 = Tensor::from_slice(&d, &(0..17).collect::<Vec<i32>>(), &[1, 17]).unwrap();
+    invalid(wide.align(&ids17, 16), "top_k");
+    assert_eq!(wide.aligned_for(), None, "a refused alignment leaves no state");
+    let ids16 = Tensor::from_slice(&d, &(0..16).collect::<Vec<i32>>(), &[1, 16]).unwrap();
+    wide.align(&ids16, 16).unwrap();
+    invalid(wide.align(&t(DType::I32, &[2, 0]), 16), "top_k");
+    // Sizes whose padded row count overflows are named errors, not panics or wraps.
+    invalid(MoeAlign::plan(&d, 8, usize::MAX).map(|_| ()), "slots");
+    invalid(MoeAlign::plan(&d, 8, usize::MAX / 16).map(|_| ()), "slots");
+    assert!(moe::padded_rows(usize::MAX - 3, 8, 64).is_err());
+    for max_tokens in [usize::MAX, usize::MAX / 2, 1 << 60] {
+        let r = llama_kernels::block::MoeWorkspace::plan(
+            &d,
+            MoeFfnConfig::llama4(64, 64, 8, 1),
+            DType::BF16,
+            64,
+            max_tokens,
+        );
+        assert!(r.is_err(), "max_tokens {max_tokens} planned");
+    }
     // Combine: y rows, out tokens, shared shape, weights dtype.
     let y = t(DType::BF16, &[rows, 64]);
     moe::moe_combine(&y, &a, None, None, None, &t(DType::BF16, &[3, 64])).unwrap();

@@ -428,6 +428,100 @@ fn prefill_bad_page_is_skipped_and_flagged() {
 
 // ------------------------------------------------------------------------------------ merge
 #[test]
+fn decode_with_more_kv_heads_than_fp8_scales_16_bit_and_f32_pages() {
+    // The per-head fp8 scales end the params struct (MAX_SCALED_KV_HEADS of them): 16-bit and
+    // f32 pages never read them, so any KV head count decodes (this read past the struct and gave
+    // NaN at 256 heads); fp8 pages decode at the bound.
+    use llama_kernels::ops::attention::MAX_SCALED_KV_HEADS;
+    for device in common::devices() {
+        for (q, page, heads) in [
+            (DType::BF16, DType::BF16, 256),
+            (DType::F16, DType::F16, 129),
+            (DType::F32, DType::F32, 256),
+            (DType::BF16, DType::F8E4M3, MAX_SCALED_KV_HEADS),
+        ] {
+            decode_pass(&device, &PagedDecodeCase::new(q, page, &[20, 3], heads, heads, 32, 16));
+        }
+    }
+}
+
+#[test]
+fn fp8_caches_are_bounded_to_the_scales_in_every_op() {
+    // An fp8 pool reads a scale per KV head even when none is given: more heads than scales is a
+    // named error in the cache, the decode planner and kv_append (default scales included).
+    use llama_kernels::ops::attention::MAX_SCALED_KV_HEADS;
+    let d = Device::emulated();
+    let heads = MAX_SCALED_KV_HEADS + 1;
+    let config = PagedKvConfig {
+        num_pages: 1,
+        page_size: 16,
+        kv_heads: heads,
+        head_dim: 16,
+        dtype: DType::F8E4M3,
+        scales: KvScales::default(),
+    };
+    let e = PagedKvCache::new(&d, &config).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArgument { name: "kv_heads", .. }), "{e}");
+    let shape = DecodeShape { page_dtype: DType::F8E4M3, ..bf16_shape(1, heads, heads, 64, 16) };
+    named(PagedDecodeWorkspace::plan(&d, &shape).map(drop), "kv_heads");
+    use llama_kernels::dtype::F8E4M3;
+    let (mut ka, mut va) = (vec![F8E4M3(0); 16 * heads * 16], vec![F8E4M3(0); 16 * heads * 16]);
+    let mut kp = TensorViewMut::host(&mut ka, &[1, 16, heads, 16]).unwrap();
+    let mut vp = TensorViewMut::host(&mut va, &[1, 16, heads, 16]).unwrap();
+    let k = Tensor::zeros(&d, DType::BF16, &[1, heads, 16]).unwrap();
+    let slots = Tensor::from_slice(&d, &[0i64], &[1]).unwrap();
+    let flag = ErrorFlag::new(&d).unwrap();
+    let r = kv_append_on(&d, &k.view(), &k.view(), &slots.view(), &mut kp, &mut vp, &KvScales::default(), &flag);
+    named(r, "kv_heads");
+    // 16-bit pools of as many heads are fine.
+    PagedKvCache::new(&d, &PagedKvConfig { dtype: DType::BF16, ..config }).unwrap();
+}
+
+#[test]
+fn merge_attention_states_any_head_dim_writes_only_its_rows() {
+    // Each lane takes 4 elements: a head_dim that is not a multiple of 4 has a short last group,
+    // which must neither read nor write past the row (this wrote past every row).
+    for device in common::devices() {
+        for d in [1, 2, 6, 130] {
+            let (tokens, heads, pad) = (3, 2, 5);
+            let dtype = DType::BF16;
+            let mut rng = Rng::new(d as u64);
+            let va = rng.normal_vec(tokens * heads * d, 1.0, dtype);
+            let vb = rng.normal_vec(tokens * heads * d, 1.0, dtype);
+            let la: Vec<f64> = (0..tokens * heads).map(|_| f64::from(rng.normal() as f32)).collect();
+            let lb: Vec<f64> = (0..tokens * heads).map(|_| f64::from(rng.normal() as f32)).collect();
+            let (vref, _) = reference::paged_attention::merge_states(&va, &la, &vb, &lb, tokens, heads, d).unwrap();
+            let vat = Tensor::from_f64(&device, dtype, &va, &[tokens, heads, d]).unwrap();
+            let vbt = Tensor::from_f64(&device, dtype, &vb, &[tokens, heads, d]).unwrap();
+            let lat = Tensor::from_f64(&device, DType::F32, &la, &[heads, tokens]).unwrap();
+            let lbt = Tensor::from_f64(&device, DType::F32, &lb, &[heads, tokens]).unwrap();
+            // out: the first d columns of rows d + pad wide, the rest a sentinel that must survive.
+            const SENTINEL: f64 = 1024.0; // exact in bf16
+            let wide = Tensor::from_f64(
+                &device,
+                dtype,
+                &vec![SENTINEL; tokens * heads * (d + pad)],
+                &[tokens, heads, d + pad],
+            )
+            .unwrap();
+            merge_attention_states(&vat, &lat, &vbt, &lbt, &wide.narrow(2, 0, d).unwrap(), None).unwrap();
+            let all = wide.to_f64_vec().unwrap();
+            let (mut got, mut kept) = (Vec::new(), true);
+            for (i, x) in all.iter().enumerate() {
+                if i % (d + pad) < d {
+                    got.push(*x);
+                } else {
+                    kept &= *x == SENTINEL;
+                }
+            }
+            assert!(kept, "head_dim {d} on {device:?}: merge wrote past its rows");
+            let c = compare(&got, &vref, Tolerance::rounded_output(dtype));
+            assert!(c.pass, "head_dim {d}: {}", c.describe(&[tokens, heads, d]));
+        }
+    }
+}
+
+#[test]
 fn merge_attention_states_matches_the_reference() {
     let (tokens, heads, d) = (7, 3, 40);
     for device in common::devices() {

@@ -366,3 +366,29 @@ fn moe_gather_and_combine_move_rows_with_128_bit_accesses() {
         assert!(global.iter().filter(|o| o.starts_with("STG")).all(|o| o == "STG.E.128"), "{name}: {global:?}");
     }
 }
+
+#[test]
+fn every_planned_shared_memory_size_fits_hopper_and_the_readme_says_what_runs_where() {
+    use llama_kernels::dev::inspect::smem::{ARCHS, table, totals};
+    let all = totals();
+    assert!(all.len() >= 20, "prefill, decode and MoE GEMM configurations: {}", all.len());
+    for (u, total) in &all {
+        // Every kernel runs on 9.0; a size no architecture has would be a planner bug.
+        assert!(total[0] <= ARCHS[0].max_block_bytes, "{} needs {} bytes on sm_90", u.what, total[0]);
+    }
+    let t = table();
+    let readme = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    assert!(readme.contains(&t), "README's shared-memory table is stale; it should read:\n{t}");
+}
+
+#[test]
+fn embedding_copies_rows_with_128_bit_accesses() {
+    // The 16-byte path: every store is 128-bit; the loads are the 128-bit row vector and the
+    // token's 32-bit id.
+    for (name, global) in vector_kernels("embedding", 3) {
+        let (loads, stores): (Vec<&String>, Vec<&String>) = global.iter().partition(|o| o.starts_with("LDG"));
+        assert!(!stores.is_empty() && stores.iter().all(|o| o.contains(".128")), "{name}: {stores:?}");
+        assert!(loads.iter().any(|o| o.contains(".128")), "{name}: no 128-bit load in {loads:?}");
+        assert!(loads.iter().filter(|o| !o.contains(".128")).count() <= 1, "{name}: {loads:?}");
+    }
+}

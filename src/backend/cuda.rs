@@ -80,7 +80,7 @@ pub(crate) struct CudaShared {
     pub counters: Counters,
     name: String,
     cc: (i32, i32),
-    max_optin_smem: usize,
+    pub(crate) max_optin_smem: usize,
     modules: Mutex<HashMap<&'static str, (Arc<CudaModule>, ImageKind)>>,
     /// Loaded kernels, with the dynamic shared memory they were opted in to.
     functions: Mutex<HashMap<KernelRef, (CudaFunction, u32)>>,
@@ -169,6 +169,10 @@ impl CudaShared {
         let entry = match functions.get_mut(&kernel) {
             Some(e) => e,
             None => {
+                // cuModuleGetFunction and cuFuncSetAttribute act on the current context, which
+                // a thread that never used this context does not have: bind it first (cudarc
+                // binds only in its own calls that need it, such as module loading).
+                self.ctx.bind_to_thread()?;
                 let f = self
                     .module(kernel.module)?
                     .0
@@ -187,6 +191,7 @@ impl CudaShared {
                     format!("exceeds the device's {} bytes per block", self.max_optin_smem),
                 ));
             }
+            self.ctx.bind_to_thread()?;
             entry.0.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 dyn_smem as i32,
@@ -202,6 +207,7 @@ impl CudaShared {
     pub fn kernel_info(&self, kernel: KernelRef) -> Result<CudaKernelInfo> {
         let f = self.function(kernel, 0)?;
         let image = self.module(kernel.module)?.1;
+        self.ctx.bind_to_thread()?;
         let attr = |a| f.get_attribute(a);
         Ok(CudaKernelInfo {
             module: kernel.module,
@@ -219,6 +225,7 @@ impl CudaShared {
     /// after the same opt-in and carveout a launch sets.
     pub fn blocks_per_sm(&self, kernel: KernelRef, threads: u32, dyn_smem: u32) -> Result<u32> {
         let f = self.function(kernel, dyn_smem)?;
+        self.ctx.bind_to_thread()?;
         Ok(f.occupancy_max_active_blocks_per_multiprocessor(threads, dyn_smem as usize, None)?)
     }
 

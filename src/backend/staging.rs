@@ -7,6 +7,12 @@
 //! only once its previous copy has run, so the host waits (and the counting hook records a
 //! synchronization) only when the device is more than `SLOTS` calls behind.
 //!
+//! Host data cannot be captured into a CUDA graph: a captured copy would re-read the slot at
+//! every replay, whatever it holds by then, and the ring's event queries are not allowed during
+//! capture. [`PinnedStaging::upload`] therefore returns [`Error::Unsupported`] while the copying
+//! stream or the stream of the kernels that read the upload is capturing; calls that take
+//! device-resident offsets instead are the ones to capture.
+//!
 //! On the emulated target there is no staging: the "device" is host memory, and the copy is a
 //! `memcpy` under the device's stream lock (counted as a pinned upload, which it stands for).
 
@@ -63,9 +69,24 @@ impl PinnedStaging {
     /// The copy is queued on the stream of `dst`'s device, and the slot's "copy done" event is
     /// recorded on that same stream, whatever stream the caller launches on afterwards: a slot
     /// is never rewritten while the copy that reads it is pending. (Readers on other streams are
-    /// ordered after the copy by cudarc's write event on `dst`.)
-    pub fn upload(staging: Option<&mut PinnedStaging>, data: &[u8], dst: &Storage, dst_offset: usize) -> Result<()> {
+    /// ordered after the copy by cudarc's write event on `dst`.) `reader` is the device (stream)
+    /// whose kernels read the upload: `Err` ([`Error::Unsupported`]) when it or `dst`'s stream is
+    /// being captured into a CUDA graph, before anything is written or queued.
+    pub fn upload(
+        staging: Option<&mut PinnedStaging>,
+        data: &[u8],
+        dst: &Storage,
+        dst_offset: usize,
+        reader: &Device,
+    ) -> Result<()> {
         let device = dst.device();
+        if reader.is_capturing()? || device.is_capturing()? {
+            return Err(Error::Unsupported {
+                what: "host data (such as host sequence offsets) during CUDA graph capture: a captured copy \
+                       would replay stale data; pass device-resident offsets instead"
+                    .into(),
+            });
+        }
         match (&*device.0, staging) {
             (DeviceInner::Emulated(_), _) => {
                 // SAFETY: `data` is a live host slice of `data.len()` bytes; on the emulated

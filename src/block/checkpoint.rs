@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, Metadata};
 
-use super::config::{FfnSpec, LayerSpec, ModelConfig};
-use super::weights::{HostFfn, HostLayerWeights, HostTensor, expected_shapes};
+use super::config::{LayerSpec, ModelConfig};
+use super::weights::{HostLayerWeights, HostTensor};
 use crate::dtype::{DType, round_to};
 use crate::error::{Error, Result};
 
@@ -34,10 +34,36 @@ struct Mapped {
     meta: Metadata,
 }
 
+/// Opens `path` for reading if it is a regular file (after following symlinks): a FIFO, a device
+/// or a directory under a checkpoint file's name is an error, never opened (opening a FIFO would
+/// block, reading a device would not end).
+pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File> {
+    let io = |why: String| Error::Io { path: path.display().to_string(), why };
+    let meta = std::fs::metadata(path).map_err(|e| io(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(io(format!("not a regular file ({:?})", meta.file_type())));
+    }
+    let file = std::fs::File::open(path).map_err(|e| io(e.to_string()))?;
+    // The same check on what was opened, in case the path changed in between.
+    if !file.metadata().map_err(|e| io(e.to_string()))?.is_file() {
+        return Err(io("not a regular file".into()));
+    }
+    Ok(file)
+}
+
+/// Whether `name` is a plain file name: one path component, not `.` or `..`, no separator. Shard
+/// names of an index must be, so that every file read lies inside the checkpoint directory
+/// (a shard may still be a symlink, as in the Hugging Face cache).
+fn is_plain_file_name(name: &str) -> bool {
+    let mut parts = Path::new(name).components();
+    matches!((parts.next(), parts.next()), (Some(std::path::Component::Normal(n)), None) if n == name)
+        && !name.contains(['/', '\\', '\0'])
+}
+
 impl Mapped {
     fn open(path: &Path) -> Result<Mapped> {
         let io = |e: std::io::Error| Error::Io { path: path.display().to_string(), why: e.to_string() };
-        let file = std::fs::File::open(path).map_err(io)?;
+        let file = open_regular(path)?;
         // SAFETY: the mapping is read-only and private to this process; it stays valid while the
         // file exists. A checkpoint file changed by another process while it is mapped could
         // change the bytes we read (never memory safety of this process beyond that: the header
@@ -76,7 +102,8 @@ impl Checkpoint {
         let mut mapped = HashMap::new();
         let index = dir.join(INDEX);
         if index.exists() {
-            let text = std::fs::read_to_string(&index)
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut open_regular(&index)?, &mut text)
                 .map_err(|e| Error::Io { path: index.display().to_string(), why: e.to_string() })?;
             let value: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| Error::Io { path: index.display().to_string(), why: format!("not valid JSON: {e}") })?;
@@ -89,6 +116,14 @@ impl Checkpoint {
                     path: index.display().to_string(),
                     why: format!("weight_map entry `{name}` is not a file name"),
                 })?;
+                if !is_plain_file_name(file) {
+                    return Err(Error::Io {
+                        path: index.display().to_string(),
+                        why: format!(
+                            "weight_map entry `{name}` names `{file}`: shards must be plain file names in the checkpoint directory"
+                        ),
+                    });
+                }
                 files_by_tensor.insert(name.clone(), file.to_string());
             }
         } else {
@@ -237,58 +272,9 @@ impl Checkpoint {
         }
         let spec = self.config.layer(index)?;
         let prefix = self.layer_prefix(index)?;
-        let mut tensors: HashMap<String, HostTensor> = HashMap::new();
-        for (name, shape) in expected_shapes(&spec) {
-            let t = self.tensor(&format!("{prefix}{name}"), &shape, dtype)?;
-            tensors.insert(name, t);
-        }
-        let mut take = |name: &str| {
-            tensors
-                .remove(name)
-                .ok_or_else(|| Error::Checkpoint { tensor: format!("{prefix}{name}"), why: "missing".into() })
-        };
-        let mlp = crate::spec::weights::ffn_prefix(&spec);
-        let input_norm = take("input_layernorm.weight")?;
-        let q_proj = take("self_attn.q_proj.weight")?;
-        let k_proj = take("self_attn.k_proj.weight")?;
-        let v_proj = take("self_attn.v_proj.weight")?;
-        let o_proj = take("self_attn.o_proj.weight")?;
-        let post_norm = take("post_attention_layernorm.weight")?;
-        let attn_bias = if spec.attention_bias {
-            Some([
-                take("self_attn.q_proj.bias")?,
-                take("self_attn.k_proj.bias")?,
-                take("self_attn.v_proj.bias")?,
-                take("self_attn.o_proj.bias")?,
-            ])
-        } else {
-            None
-        };
-        let ffn = match spec.ffn {
-            FfnSpec::Dense { bias, .. } => HostFfn::Dense {
-                gate: take(&format!("{mlp}.gate_proj.weight"))?,
-                up: take(&format!("{mlp}.up_proj.weight"))?,
-                down: take(&format!("{mlp}.down_proj.weight"))?,
-                bias: if bias {
-                    Some([
-                        take(&format!("{mlp}.gate_proj.bias"))?,
-                        take(&format!("{mlp}.up_proj.bias"))?,
-                        take(&format!("{mlp}.down_proj.bias"))?,
-                    ])
-                } else {
-                    None
-                },
-            },
-            FfnSpec::Moe { .. } => HostFfn::Moe {
-                router: take("feed_forward.router.weight")?,
-                experts_gate_up: take("feed_forward.experts.gate_up_proj")?,
-                experts_down: take("feed_forward.experts.down_proj")?,
-                shared_gate: take("feed_forward.shared_expert.gate_proj.weight")?,
-                shared_up: take("feed_forward.shared_expert.up_proj.weight")?,
-                shared_down: take("feed_forward.shared_expert.down_proj.weight")?,
-            },
-        };
-        Ok((spec, HostLayerWeights { input_norm, q_proj, k_proj, v_proj, o_proj, attn_bias, post_norm, ffn }))
+        let w =
+            HostLayerWeights::from_source(&spec, |name, shape| self.tensor(&format!("{prefix}{name}"), shape, dtype))?;
+        Ok((spec, w))
     }
 }
 

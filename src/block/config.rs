@@ -22,7 +22,10 @@
 //! Fields Hugging Face gives a default take that default; the fields without one
 //! (`hidden_size`, `num_attention_heads`, `intermediate_size`, `num_hidden_layers`) are required.
 //! A missing required field, a value of the wrong type, or an unsupported value is an
-//! [`Error::Config`] that names the field (with its `text_config.` prefix when nested).
+//! [`Error::Config`] that names the field (with its `text_config.` prefix when nested). Every
+//! count is bounded before anything is allocated or multiplied from it: [`MAX_LAYERS`] layers,
+//! [`MAX_WIDTH`] for the hidden and intermediate sizes, [`MAX_HEADS`] heads, and the MoE kernels'
+//! [`MAX_EXPERTS`](crate::ops::moe::MAX_EXPERTS) and [`MAX_TOP_K`](crate::ops::moe::MAX_TOP_K).
 //!
 //! RoPE layout: Hugging Face Llama 3 checkpoints are half-split (`rotate_half`: their q/k weights
 //! were permuted from Meta's interleaved originals at conversion); Llama 4 checkpoints are
@@ -134,6 +137,10 @@ struct Fields<'a> {
     prefix: String,
 }
 
+/// Most decoder layers a config may declare (Llama 3.1 405B has 126).
+pub const MAX_LAYERS: usize = 1024;
+pub use crate::spec::layer::{MAX_HEADS, MAX_WIDTH};
+
 fn config_err(field: impl Into<String>, why: impl Into<String>) -> Error {
     Error::Config { field: field.into(), why: why.into() }
 }
@@ -165,6 +172,15 @@ impl<'a> Fields<'a> {
         };
         if v == 0 {
             return Err(config_err(self.name(key), "must be > 0"));
+        }
+        Ok(v)
+    }
+    /// A positive count of at most `max`: every size a file gives is bounded before anything
+    /// is allocated or multiplied from it.
+    fn bounded(&self, key: &str, default: Option<usize>, max: usize) -> Result<usize> {
+        let v = self.positive(key, default)?;
+        if v > max {
+            return Err(config_err(self.name(key), format!("{v} exceeds the supported maximum of {max}")));
         }
         Ok(v)
     }
@@ -282,9 +298,9 @@ fn scaling(s: &Fields<'_>) -> Result<Option<Llama3Scaling>> {
 
 /// The attention shape fields shared by both families.
 fn heads(f: &Fields<'_>) -> Result<(usize, usize, usize, usize)> {
-    let hidden = f.positive("hidden_size", None)?;
-    let q_heads = f.positive("num_attention_heads", None)?;
-    let kv_heads = f.positive("num_key_value_heads", Some(q_heads))?;
+    let hidden = f.bounded("hidden_size", None, MAX_WIDTH)?;
+    let q_heads = f.bounded("num_attention_heads", None, MAX_HEADS)?;
+    let kv_heads = f.bounded("num_key_value_heads", Some(q_heads), MAX_HEADS)?;
     if q_heads % kv_heads != 0 {
         return Err(config_err(
             f.name("num_key_value_heads"),
@@ -334,8 +350,8 @@ impl LlamaConfig {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            intermediate_size: f.positive("intermediate_size", None)?,
-            num_hidden_layers: f.positive("num_hidden_layers", None)?,
+            intermediate_size: f.bounded("intermediate_size", None, MAX_WIDTH)?,
+            num_hidden_layers: f.bounded("num_hidden_layers", None, MAX_LAYERS)?,
             rms_norm_eps: eps(f, 1e-6)?,
             rope: rope_params(f, 10_000.0, "full_attention")?,
             attention_bias: f.bool("attention_bias", false)?,
@@ -347,7 +363,7 @@ impl LlamaConfig {
 impl Llama4TextConfig {
     fn parse(f: &Fields<'_>) -> Result<Llama4TextConfig> {
         let (hidden_size, num_attention_heads, num_key_value_heads, head_dim) = heads(f)?;
-        let layers = f.positive("num_hidden_layers", None)?;
+        let layers = f.bounded("num_hidden_layers", None, MAX_LAYERS)?;
         let per_layer_flags = |key: &str| -> Result<Option<Vec<bool>>> {
             let Some(list) = f.list(key)? else { return Ok(None) };
             if list.is_empty() {
@@ -409,8 +425,8 @@ impl Llama4TextConfig {
             }
             None => (step - 1..layers).step_by(step).collect(),
         };
-        let experts = f.positive("num_local_experts", Some(16))?;
-        let top_k = f.positive("num_experts_per_tok", Some(1))?;
+        let experts = f.bounded("num_local_experts", Some(16), crate::ops::moe::MAX_EXPERTS)?;
+        let top_k = f.bounded("num_experts_per_tok", Some(1), crate::ops::moe::MAX_TOP_K)?;
         if top_k > experts {
             return Err(config_err(
                 f.name("num_experts_per_tok"),
@@ -434,8 +450,8 @@ impl Llama4TextConfig {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            intermediate_size: f.positive("intermediate_size", None)?,
-            intermediate_size_mlp: f.positive("intermediate_size_mlp", Some(16384))?,
+            intermediate_size: f.bounded("intermediate_size", None, MAX_WIDTH)?,
+            intermediate_size_mlp: f.bounded("intermediate_size_mlp", Some(16384), MAX_WIDTH)?,
             num_hidden_layers: layers,
             rms_norm_eps: eps(f, 1e-5)?,
             rope: rope_params(f, 500_000.0, "chunked_attention")?,
@@ -465,7 +481,8 @@ impl ModelConfig {
 
     /// Reads `path` (a `config.json`).
     pub fn from_file(path: &std::path::Path) -> Result<ModelConfig> {
-        let text = std::fs::read_to_string(path)
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut super::checkpoint::open_regular(path)?, &mut text)
             .map_err(|e| Error::Io { path: path.display().to_string(), why: e.to_string() })?;
         Self::from_json(&text)
     }

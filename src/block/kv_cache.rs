@@ -1,7 +1,7 @@
 //! The paged KV cache of a layer stack: per-layer page pools, host page lists and a free
 //! list (see [`crate::block`] for how a step uses it).
 
-use super::config::LayerSpec;
+use super::config::{LayerSpec, MAX_LAYERS};
 use crate::backend::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -13,6 +13,9 @@ const OP: &str = "DecoderLayer::forward";
 
 /// The default page size of [`KvCache`] (16 tokens, vLLM's and FlashInfer's usual).
 pub const DEFAULT_PAGE_SIZE: usize = 16;
+
+/// Most sequences a [`KvCache`] holds at once (its host bookkeeping is per slot).
+pub const MAX_SLOTS: usize = 1 << 20;
 
 /// The size of a paged [`KvCache`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,8 +102,18 @@ impl KvCache {
                 "every size must be > 0",
             ));
         }
-        if !c.page_size.is_power_of_two() {
-            return Err(Error::invalid(op, "page_size", c.page_size, "must be a power of two"));
+        if c.slots > MAX_SLOTS {
+            return Err(Error::invalid(op, "slots", c.slots, format!("exceeds the maximum of {MAX_SLOTS}")));
+        }
+        if layers > MAX_LAYERS {
+            return Err(Error::invalid(op, "layers", layers, format!("exceeds the maximum of {MAX_LAYERS}")));
+        }
+        // Sequence lengths and key offsets travel to the kernels as i32.
+        if i32::try_from(c.max_len).is_err() {
+            return Err(Error::invalid(op, "max_len", c.max_len, "must fit in i32"));
+        }
+        if !c.page_size.is_power_of_two() || i32::try_from(c.page_size).is_err() {
+            return Err(Error::invalid(op, "page_size", c.page_size, "must be a power of two that fits in i32"));
         }
         let per_slot = c.max_len.div_ceil(c.page_size);
         let num_pages = match c.num_pages {
@@ -152,6 +165,7 @@ impl KvCache {
     ) -> Result<KvCache> {
         let first =
             specs.first().ok_or_else(|| Error::invalid("KvCache::for_layers", "specs", "[]", "needs a layer"))?;
+        specs.iter().try_for_each(LayerSpec::check)?;
         if let Some(s) = specs.iter().find(|s| s.kv_heads != first.kv_heads || s.head_dim != first.head_dim) {
             return Err(Error::invalid(
                 "KvCache::for_layers",

@@ -103,6 +103,7 @@ pub struct DecoderLayer {
 impl DecoderLayer {
     /// Uploads `host` (checked against `spec`) in `dtype`.
     pub fn new(device: &Device, dtype: DType, spec: LayerSpec, host: &HostLayerWeights) -> Result<DecoderLayer> {
+        spec.check()?;
         let weights = LayerWeights::upload(device, dtype, &spec, host)?;
         let rope = spec.rope.map(|cfg| Rope::new(device, cfg)).transpose()?;
         Ok(DecoderLayer { spec, dtype, weights, rope })
@@ -204,13 +205,10 @@ impl DecoderLayer {
         if hidden.dtype() != self.dtype {
             return Err(Error::DTypeMismatch { op: OP, what: "hidden", got: hidden.dtype(), expected: self.dtype });
         }
-        if ws.dtype != self.dtype || cache.dtype != self.dtype {
-            return Err(Error::DTypeMismatch {
-                op: OP,
-                what: "workspace or cache",
-                got: ws.dtype,
-                expected: self.dtype,
-            });
+        for (what, dtype) in [("workspace", ws.dtype), ("cache", cache.dtype)] {
+            if dtype != self.dtype {
+                return Err(Error::DTypeMismatch { op: OP, what, got: dtype, expected: self.dtype });
+            }
         }
         if hidden.shape() != [t, s.hidden] || !hidden.is_contiguous() {
             return Err(Error::shape(

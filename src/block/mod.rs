@@ -56,6 +56,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod gguf;
 mod kv_cache;
 pub mod layer;
 pub mod moe_ffn;
@@ -65,7 +66,7 @@ mod workspace;
 
 pub use checkpoint::Checkpoint;
 pub use config::{FfnSpec, LayerSpec, Llama4TextConfig, LlamaConfig, ModelConfig, ModelKind};
-pub use kv_cache::{DEFAULT_PAGE_SIZE, KvCache, KvCacheConfig};
+pub use kv_cache::{DEFAULT_PAGE_SIZE, KvCache, KvCacheConfig, MAX_SLOTS};
 pub use layer::{DecoderLayer, Trace};
 pub use moe_ffn::{GateUpTensors, MoeFfn, MoeFfnStages, MoeFfnWeights, MoeWorkspace, SharedExpertTensors};
 pub use step::{Step, StepSeq};

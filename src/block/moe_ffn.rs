@@ -198,7 +198,7 @@ impl MoeWorkspace {
         let max_tokens = max_tokens.max(1);
         let slots =
             max_tokens.checked_mul(top_k).ok_or_else(|| Error::invalid(OP, "max_tokens", max_tokens, "too large"))?;
-        let rows = padded_rows(slots, experts, BLOCK_M);
+        let rows = padded_rows(slots, experts, BLOCK_M)?;
         let shared_len = max_tokens
             .checked_mul(shared_intermediate)
             .ok_or_else(|| Error::invalid(OP, "shared intermediate", shared_intermediate, "too large"))?;
@@ -318,7 +318,7 @@ impl MoeWorkspace {
         let MoeFfnConfig { experts, top_k, weights_on_input, .. } = self.config;
         let slots = tokens * top_k;
         let block_m = preferred_block_m(slots, experts);
-        let rows = padded_rows(slots, experts, block_m);
+        let rows = padded_rows(slots, experts, block_m)?;
         let logits = self.logits.narrow(0, 0, tokens)?;
         let ids = self.ids.narrow(0, 0, tokens)?;
         let rw = self.route_weights.narrow(0, 0, tokens)?;

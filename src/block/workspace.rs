@@ -97,6 +97,7 @@ impl LayerWorkspace {
     ) -> Result<Self> {
         let op = "LayerWorkspace::plan";
         let first = specs.first().ok_or_else(|| Error::invalid(op, "specs", "[]", "needs a layer"))?;
+        specs.iter().try_for_each(LayerSpec::check)?;
         if let Some(s) = specs.iter().find(|s| {
             (s.hidden, s.q_heads, s.kv_heads, s.head_dim)
                 != (first.hidden, first.q_heads, first.kv_heads, first.head_dim)
@@ -213,7 +214,7 @@ impl LayerWorkspace {
             return Err(Error::invalid(op, "batch", "[]", "needs at least one sequence"));
         }
         let mut seqs = Vec::with_capacity(batch.len());
-        let mut offset = 0usize;
+        let (mut offset, mut keys) = (0usize, 0usize);
         for (i, &(slot, new)) in batch.iter().enumerate() {
             if slot >= cache.slots() {
                 return Err(Error::invalid(op, "slot", slot, format!("the cache has {} slots", cache.slots())));
@@ -225,29 +226,33 @@ impl LayerWorkspace {
                 return Err(Error::invalid(op, "new tokens", 0, format!("slot {slot} needs at least one new token")));
             }
             let start = cache.lens[slot];
-            if start + new > cache.max_len() {
-                return Err(Error::invalid(
+            let end = start.checked_add(new).filter(|&end| end <= cache.max_len()).ok_or_else(|| {
+                Error::invalid(
                     op,
                     "new tokens",
                     new,
                     format!(
-                        "slot {slot} holds {start} tokens; {} exceed the cache's {} per slot",
-                        start + new,
+                        "slot {slot} holds {start} tokens; with these it would exceed the cache's {} per slot",
                         cache.max_len()
                     ),
-                ));
-            }
+                )
+            })?;
             seqs.push(StepSeq { slot, start, new, offset });
-            offset += new;
+            offset = offset.checked_add(new).filter(|&n| n <= self.max_tokens).ok_or_else(|| {
+                Error::invalid(
+                    op,
+                    "tokens",
+                    new,
+                    format!("the step would exceed the workspace's max_tokens {}", self.max_tokens),
+                )
+            })?;
+            // The keys of the whole batch are counted in i32 (cumulative key offsets).
+            keys = keys
+                .checked_add(end)
+                .filter(|&n| i32::try_from(n).is_ok())
+                .ok_or_else(|| Error::invalid(op, "tokens", end, "the batch's keys exceed i32"))?;
         }
-        if offset > self.max_tokens {
-            return Err(Error::invalid(
-                op,
-                "tokens",
-                offset,
-                format!("exceed the workspace's max_tokens {}", self.max_tokens),
-            ));
-        }
+        // Every check is above: from here on the cache changes (pages are reserved).
         let needs: Vec<(usize, usize)> = seqs.iter().map(|s| (s.slot, s.start + s.new)).collect();
         cache.reserve(&needs)?;
         cache.generation += 1;
@@ -276,7 +281,7 @@ impl LayerWorkspace {
             self.host_meta[l.table + b * width..l.table + b * width + pages.len()].copy_from_slice(pages);
         }
         let bytes = crate::tensor::as_bytes(&self.host_meta);
-        PinnedStaging::upload(self.staging.as_mut(), bytes, self.meta.storage(), 0)?;
+        PinnedStaging::upload(self.staging.as_mut(), bytes, self.meta.storage(), 0, self.meta.device())?;
         self.generation += 1;
         Ok(Step {
             workspace: self.id,

@@ -28,7 +28,7 @@ impl ErrorFlag {
     }
     /// Reads and clears the flag (waits for the device): `Err` names what the kernels found.
     pub fn check(&self, op: &'static str) -> Result<()> {
-        check_flag(op, &self.flag, PAGED)
+        check_flag(op, &self.flag, ALL)
     }
 }
 
@@ -42,6 +42,18 @@ pub(crate) const PAGED: &Meanings = &[
         "sequence lengths or offsets (negative, decreasing, or past the block table)",
     ),
     (LlkDeviceError::LLK_DEVICE_BAD_PAGE, "a page id or slot outside the page pool (its keys were skipped)"),
+];
+
+/// The MoE permutation's meaning of its bit.
+pub(crate) const BAD_EXPERT: (LlkDeviceError, &str) =
+    (LlkDeviceError::LLK_DEVICE_BAD_EXPERT_ID, "an expert id outside [0, experts) (its slot was dropped)");
+
+/// Every bit, for a flag several ops may share.
+const ALL: &Meanings = &[
+    PAGED[0],
+    PAGED[1],
+    BAD_EXPERT,
+    (LlkDeviceError::LLK_DEVICE_BAD_TOKEN_ID, "a token id outside [0, vocab) (its embedding row is zeros)"),
 ];
 
 /// Reads and clears an i32 error flag (waits for the device), naming its bits by `meanings`.

@@ -27,7 +27,8 @@
 //! gate-up buffer feeds the down projection directly), `weight` is `[out, in]` with contiguous
 //! rows (any row stride), `bias` is `[out]` contiguous, `y` is `[..., out]` with the same
 //! leading dimensions as `x` and any row stride. One float dtype throughout. `y` must not
-//! overlap the inputs.
+//! overlap the inputs. Sizes and row strides are at most 2^31 - 1 elements (cuBLAS's 32-bit
+//! interface), on both targets: a larger one is an [`Error::InvalidArgument`](crate::Error::InvalidArgument).
 //!
 //! [`linear_add`] accumulates instead (`y += x W^T`): cuBLAS's `beta = 1`, which fuses a residual
 //! add into the product with a single rounding of the sum.
@@ -179,9 +180,11 @@ fn run(
         y_stride: if tokens > 1 { yr.row_stride } else { d_out },
         accumulate,
     };
+    // Both targets take cuBLAS's 32-bit sizes and row strides, so a call valid on one is valid on
+    // the other.
+    let dims = g.cuda_dims(op)?;
     match device.cuda_stream() {
         Some(stream) => {
-            let dims = g.cuda_dims(op)?;
             let entry = handle_for(device, stream)?;
             let ones = match g.bias {
                 Some(_) => Some(entry.lock().unwrap_or_else(|p| p.into_inner()).ones(device, dtype, tokens)?),

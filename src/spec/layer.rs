@@ -3,8 +3,14 @@
 //! ([`FfnSpec`]), all in one [`LayerSpec`]. `block::config` derives these from Hugging Face
 //! configs; [`crate::reference::block`] specifies the layer's forward.
 
+use crate::error::{Error, Result};
 use crate::spec::attention::{AttentionMask, Llama4Temperature};
 use crate::spec::rope::RopeConfig;
+
+/// Largest hidden or intermediate size of a layer (Llama 3.1 405B: 16384 and 53248).
+pub const MAX_WIDTH: usize = 1 << 20;
+/// Most attention heads (query or key/value) of a layer (Llama 3.1 405B has 128).
+pub const MAX_HEADS: usize = 1024;
 
 /// Which model family a config describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +87,33 @@ impl LayerSpec {
     /// Columns of the fused QKV projection: `(q_heads + 2 kv_heads) * head_dim`.
     pub fn qkv_dim(&self) -> usize {
         (self.q_heads + 2 * self.kv_heads) * self.head_dim
+    }
+    /// Checks the sizes: every count positive and at most [`MAX_WIDTH`] or [`MAX_HEADS`], KV heads
+    /// dividing the query heads, and a MoE's `top_k` at most its expert count, so that every
+    /// derived size (such as [`LayerSpec::qkv_dim`]) is exact.
+    pub fn check(&self) -> Result<()> {
+        const OP: &str = "LayerSpec";
+        let sizes = [
+            ("hidden", self.hidden, MAX_WIDTH),
+            ("q_heads", self.q_heads, MAX_HEADS),
+            ("kv_heads", self.kv_heads, MAX_HEADS),
+            ("head_dim", self.head_dim, MAX_WIDTH),
+            ("intermediate", self.intermediate(), MAX_WIDTH),
+        ];
+        for (what, v, max) in sizes {
+            if v == 0 || v > max {
+                return Err(Error::invalid(OP, what, v, format!("must be 1..={max}")));
+            }
+        }
+        if self.q_heads % self.kv_heads != 0 {
+            return Err(Error::invalid(OP, "kv_heads", self.kv_heads, format!("must divide q_heads {}", self.q_heads)));
+        }
+        if let FfnSpec::Moe { experts, top_k, .. } = self.ffn {
+            if experts == 0 || top_k == 0 || top_k > experts {
+                return Err(Error::invalid(OP, "top_k", top_k, format!("must be 1..={experts} (the experts)")));
+            }
+        }
+        Ok(())
     }
     /// The intermediate size of the dense MLP or of the shared expert.
     pub fn intermediate(&self) -> usize {

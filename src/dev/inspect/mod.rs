@@ -5,6 +5,7 @@
 
 pub mod perf;
 pub mod sass;
+pub mod smem;
 
 use crate::backend::{KernelModuleInfo, kernel_modules};
 

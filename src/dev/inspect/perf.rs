@@ -158,7 +158,7 @@ pub const SPECS: &[Spec] = &[
         shape: "causal prefill, head_dim 128",
         region: Region::MatrixLoop,
         threads: 128,
-        dyn_smem: (128 + 4 * 64) * 128 * 2,
+        dyn_smem: crate::ops::attention::mma_smem_bytes(128),
         vec: 0,
         stores_per_elem: 0,
         bytes_per_elem: 0.0,

@@ -13,9 +13,10 @@ use crate::spec::attention::Llama4Temperature;
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 use super::decode_launch::{
-    DecodeBound, DecodeShape, KEYS_PER_TILE, OP, Outputs, check_dtypes, kernel, launch_dims, merge_splits, params,
+    DecodeBound, DecodeShape, KEYS_PER_TILE, OP, Outputs, check_dtypes, decode_smem_bytes, kernel, launch_dims,
+    merge_splits, params,
 };
-use super::paged::{PagedKvCache, PagedKvView};
+use super::paged::{MAX_SCALED_KV_HEADS, PagedKvCache, PagedKvView};
 use super::variant::Variant;
 use crate::ops::error_flag::ErrorFlag;
 use crate::spec::attention::AttentionMask;
@@ -100,11 +101,34 @@ impl PagedDecodeWorkspace {
         if s.q_heads % s.kv_heads != 0 {
             return Err(Error::invalid(OP, "q_heads", s.q_heads, format!("not divisible by kv_heads {}", s.kv_heads)));
         }
+        if s.page_dtype == DType::F8E4M3 && s.kv_heads > MAX_SCALED_KV_HEADS {
+            return Err(Error::invalid(
+                OP,
+                "kv_heads",
+                s.kv_heads,
+                format!("an fp8 cache supports at most {MAX_SCALED_KV_HEADS} KV heads"),
+            ));
+        }
         if !(1..=MAX_Q_LEN).contains(&s.q_len) {
             return Err(Error::invalid(OP, "q_len", s.q_len, format!("must be 1..={MAX_Q_LEN}")));
         }
         if s.max_seq_len > i32::MAX as usize {
             return Err(Error::invalid(OP, "max_seq_len", s.max_seq_len, "must fit in i32"));
+        }
+        if s.dtype != DType::F32 {
+            let (bytes, limit) =
+                (decode_smem_bytes(s.head_dim, s.page_dtype.size()), device.max_shared_memory_per_block());
+            if bytes > limit {
+                return Err(Error::invalid(
+                    OP,
+                    "head_dim",
+                    s.head_dim,
+                    format!(
+                        "with {} pages needs {bytes} bytes of shared memory per block; this device allows {limit}",
+                        s.page_dtype
+                    ),
+                ));
+            }
         }
         let rows_per_block = if s.dtype == DType::F32 { LLK_DECODE_ROWS_SIMT } else { LLK_DECODE_ROWS_MMA } as usize;
         let group = s.q_heads / s.kv_heads;
@@ -114,7 +138,12 @@ impl PagedDecodeWorkspace {
                 return Err(Error::invalid(OP, "num_splits", n, format!("must be 1..={MAX_SPLITS}")));
             }
             Some(n) => n,
-            None => plan_splits(device.sm_count(), s.batch.max(1) * s.kv_heads * row_blocks, s.max_seq_len),
+            // (Only a heuristic's input: a product too large for usize fills the GPU anyway.)
+            None => plan_splits(
+                device.sm_count(),
+                s.batch.max(1).saturating_mul(s.kv_heads).saturating_mul(row_blocks),
+                s.max_seq_len,
+            ),
         };
         let tokens = s.batch.checked_mul(s.q_len).ok_or_else(|| Error::invalid(OP, "batch", s.batch, "too large"))?;
         let partial = if num_splits > 1 {

@@ -299,13 +299,22 @@ pub(super) fn params(
 
 /// Grid, block and shared memory of the decode kernel.
 pub(super) fn launch_dims(plan: &DecodeShape, b: &DecodeBound, o: &Outputs) -> Result<LaunchDims> {
-    let grid_y = u32::try_from(plan.kv_heads * o.row_blocks)
-        .ok()
+    let grid_y = plan
+        .kv_heads
+        .checked_mul(o.row_blocks)
+        .and_then(|y| u32::try_from(y).ok())
         .filter(|&y| y <= 65535)
         .ok_or_else(|| Error::invalid(OP, "kv_heads", plan.kv_heads, "too many head blocks for grid.y (65535)"))?;
     let mma = plan.dtype != DType::F32;
     Ok(LaunchDims {
-        grid: (grid_x(OP, b.batch * o.num_splits)?, grid_y, 1),
+        grid: (
+            grid_x(
+                OP,
+                b.batch.checked_mul(o.num_splits).ok_or_else(|| Error::invalid(OP, "batch", b.batch, "too large"))?,
+            )?,
+            grid_y,
+            1,
+        ),
         block: (THREADS, 1, 1),
         dyn_smem: if mma { decode_smem_bytes(plan.head_dim, b.kp.dtype.size()) as u32 } else { 0 },
     })

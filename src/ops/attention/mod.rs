@@ -33,7 +33,8 @@
 //! from 0, non-decreasing); a single sequence is `[0, total_q]`, `[0, total_k]`. They can be host
 //! slices (validated here, staged through pinned memory) or device tensors ([`CuSeqlens::Device`],
 //! [`AttentionWorkspace::forward_device`]: no host copy at all, so the call can be captured in a
-//! CUDA graph). Device offsets are validated by the device: if they are invalid, the call writes
+//! CUDA graph; host slices during capture are an [`Error::Unsupported`](crate::Error::Unsupported),
+//! since a captured copy would replay stale offsets). Device offsets are validated by the device: if they are invalid, the call writes
 //! nothing and raises the workspace's error flag ([`AttentionWorkspace::check_errors`]).
 //!
 //! Supported: bf16 and f16 on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async), f32 on a SIMT
@@ -142,7 +143,9 @@ pub use crate::spec::attention::{AttentionMask, Llama4Temperature};
 pub use decode::plan_splits;
 pub use decode::{MAX_Q_LEN, MAX_SPLITS, PagedDecodeOptions, PagedDecodeWorkspace};
 pub use decode_launch::DecodeShape;
+pub(crate) use decode_launch::decode_smem_bytes;
 pub use merge::{merge_attention_states, merge_attention_states_on};
 pub use paged::{KvScale, KvScales, MAX_SCALED_KV_HEADS, PagedKvCache, PagedKvConfig, PagedKvView, kv_append_on};
 pub use prefill::{AttentionOptions, AttentionWorkspace, gqa_attention, gqa_attention_on};
+pub(crate) use prefill_launch::mma_smem_bytes;
 pub use prefill_launch::{CuSeqlens, MAX_PACK};

@@ -15,7 +15,8 @@ use crate::tensor::{Tensor, TensorView, TensorViewMut};
 use crate::ops::error_flag::ErrorFlag;
 
 const APPEND: &str = "kv_append";
-/// Most KV heads of an fp8 cache (its scales travel in the kernel parameters).
+/// Most KV heads of an fp8 cache (its scales travel in the kernel parameters). Pools of other
+/// dtypes take any number of KV heads.
 pub const MAX_SCALED_KV_HEADS: usize = LLK_KV_MAX_SCALES as usize;
 
 /// The scale of one fp8 pool: stored = fp8(x / scale), read = fp8 * scale.
@@ -53,6 +54,16 @@ impl KvScales {
         kv_heads: usize,
     ) -> Result<([f32; MAX_SCALED_KV_HEADS], [f32; MAX_SCALED_KV_HEADS])> {
         let mut out = [[1f32; MAX_SCALED_KV_HEADS]; 2];
+        // fp8 kernels read a scale per KV head from the parameters (1 when none is given), so the
+        // bound holds for every fp8 pool; 16-bit and f32 pages never read them.
+        if page_dtype == DType::F8E4M3 && kv_heads > MAX_SCALED_KV_HEADS {
+            return Err(Error::invalid(
+                op,
+                "kv_heads",
+                kv_heads,
+                format!("an fp8 cache supports at most {MAX_SCALED_KV_HEADS} KV heads"),
+            ));
+        }
         for (i, (name, s)) in [("k_scale", &self.k), ("v_scale", &self.v)].into_iter().enumerate() {
             if *s == KvScale::None {
                 continue;
@@ -63,14 +74,6 @@ impl KvScales {
                     name,
                     format!("{s:?}"),
                     format!("scales apply to fp8 pages only, not {page_dtype}"),
-                ));
-            }
-            if kv_heads > MAX_SCALED_KV_HEADS {
-                return Err(Error::invalid(
-                    op,
-                    "kv_heads",
-                    kv_heads,
-                    format!("an fp8 cache supports at most {MAX_SCALED_KV_HEADS} KV heads"),
                 ));
             }
             let values: Vec<f32> = match s {
@@ -218,7 +221,7 @@ pub struct PagedKvConfig {
     pub num_pages: usize,
     /// A power of two; 16 is the usual choice.
     pub page_size: usize,
-    /// KV heads (> 0; at most [`MAX_SCALED_KV_HEADS`] with fp8 scales).
+    /// KV heads (> 0; at most [`MAX_SCALED_KV_HEADS`] for fp8 pages).
     pub kv_heads: usize,
     /// Elements per head ([`kv_append_on`] needs a multiple of 16).
     pub head_dim: usize,

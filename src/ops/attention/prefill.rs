@@ -255,7 +255,7 @@ impl AttentionWorkspace {
         let tokens_per_block = tokens_per_block(dtype, d, pack);
         let (cu_q, cu_k, grid_tiles) = match cu_seqlens {
             CuSeqlens::Host { q: cq, k: ck } => {
-                let tiles = self.stage_host_offsets(cq, ck, tokens_per_block, b.qh.tokens)?;
+                let tiles = self.stage_host_offsets(&device, cq, ck, tokens_per_block, b.qh.tokens)?;
                 (args.read_tensor("workspace", &cq_t)?, args.read_tensor("workspace", &ck_t)?, tiles)
             }
             CuSeqlens::Device { q: cq, k: ck } => {
@@ -282,7 +282,14 @@ impl AttentionWorkspace {
     /// Host offsets: the three arrays as they lie in the workspace (capacity entries each: the
     /// q and k offsets and the cumulative tile map), staged and uploaded in one asynchronous
     /// copy. Returns the number of query tiles.
-    fn stage_host_offsets(&mut self, cq: &[i32], ck: &[i32], tokens_per_block: usize, total_q: usize) -> Result<usize> {
+    fn stage_host_offsets(
+        &mut self,
+        reader: &Device,
+        cq: &[i32],
+        ck: &[i32],
+        tokens_per_block: usize,
+        total_q: usize,
+    ) -> Result<usize> {
         let cap = self.capacity;
         self.host.clear();
         self.host.resize(3 * cap, 0);
@@ -296,7 +303,7 @@ impl AttentionWorkspace {
         }
         let buf = self.buf.as_ref().ok_or(Error::InvalidView { what: OP, why: "workspace not planned".into() })?;
         let bytes = crate::tensor::as_bytes(&self.host);
-        PinnedStaging::upload(self.staging.as_mut(), bytes, buf.storage(), ARRAYS * 4)?;
+        PinnedStaging::upload(self.staging.as_mut(), bytes, buf.storage(), ARRAYS * 4, reader)?;
         Ok(tiles)
     }
 

@@ -30,13 +30,13 @@ pub const MAX_PACK: usize = 16;
 
 /// Rows per block of the tensor-core kernel (kBlockRows in kernels/attention.cu, checked against
 /// params.h there): 4 warps of two 16-row m-tiles up to head_dim 128, of one at head_dim 256.
-fn rows_mma(head_dim: usize) -> usize {
+const fn rows_mma(head_dim: usize) -> usize {
     (if head_dim <= 128 { LLK_ATTN_ROWS_MMA } else { LLK_ATTN_ROWS_MMA_HD256 }) as usize
 }
 
 /// Dynamic shared memory of the tensor-core kernel: Q, and two stages of K and V, in rows padded
 /// to a power of two of 16-byte chunks (kPitch in kernels/attention.cu).
-fn mma_smem_bytes(head_dim: usize) -> u32 {
+pub(crate) const fn mma_smem_bytes(head_dim: usize) -> u32 {
     let row = if head_dim <= 64 {
         64
     } else if head_dim <= 128 {

@@ -6,16 +6,16 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
     LLK_MOE_ALIGN_MAX_CHUNKS, LLK_MOE_ALIGN_MIN_CHUNK, LLK_MOE_ALIGN_THREADS, LLK_MOE_GEMM_BLOCK_M,
-    LLK_MOE_GEMM_BLOCK_M_DECODE, LLK_MOE_MAX_EXPERTS, LLK_MOE_ROW_THREADS, LlkDeviceError, MoeAlignParams,
+    LLK_MOE_GEMM_BLOCK_M_DECODE, LLK_MOE_MAX_EXPERTS, LLK_MOE_ROW_THREADS, MoeAlignParams,
 };
 use crate::kernels::moe::{ALIGN_HISTOGRAM, ALIGN_SCAN, ALIGN_SCATTER};
 use crate::launch::KernelArgs;
 use crate::launch::{check_dtype, grid_x, to_i64};
 use crate::tensor::{Tensor, TensorView};
 
-use super::route::MAX_EXPERTS;
+use super::route::{MAX_EXPERTS, MAX_TOP_K_GROUPED};
 use super::rows::{contiguous_rows, to_i32};
-use crate::ops::error_flag::{Meanings, check_flag};
+use crate::ops::error_flag::{BAD_EXPERT, Meanings, check_flag};
 
 const OP_ALIGN: &str = "moe_align";
 
@@ -26,14 +26,29 @@ pub const BLOCK_M_DECODE: usize = LLK_MOE_GEMM_BLOCK_M_DECODE as usize;
 
 /// Upper bound on the grouped GEMM's row blocks for `slots` rows over `experts` experts:
 /// `sum_e ceil(c_e / block_m) <= floor((slots + min(experts, slots) (block_m - 1)) / block_m)`.
-pub(crate) fn max_blocks(slots: usize, experts: usize, block_m: usize) -> usize {
-    (slots + experts.min(slots) * (block_m - 1)) / block_m
+/// `Err` when the bound overflows `usize` (`block_m` must be > 0).
+pub(crate) fn max_blocks(slots: usize, experts: usize, block_m: usize) -> Result<usize> {
+    experts
+        .min(slots)
+        .checked_mul(block_m.saturating_sub(1))
+        .and_then(|pad| pad.checked_add(slots))
+        .and_then(|n| n.checked_div(block_m))
+        .ok_or_else(|| too_many_slots(slots, experts, block_m))
+}
+
+fn too_many_slots(slots: usize, experts: usize, block_m: usize) -> Error {
+    Error::invalid(
+        OP_ALIGN,
+        "slots",
+        slots,
+        format!("too many: padded for {experts} experts in blocks of {block_m} rows, the row count overflows"),
+    )
 }
 
 /// Rows an expert-contiguous buffer (gather output, GEMM input and output) needs for `slots`
-/// slots: every block the GEMM may run, whole.
-pub fn padded_rows(slots: usize, experts: usize, block_m: usize) -> usize {
-    max_blocks(slots, experts, block_m) * block_m
+/// slots: every block the GEMM may run, whole. `Err` when that count overflows `usize`.
+pub fn padded_rows(slots: usize, experts: usize, block_m: usize) -> Result<usize> {
+    max_blocks(slots, experts, block_m)?.checked_mul(block_m).ok_or_else(|| too_many_slots(slots, experts, block_m))
 }
 
 /// The GEMM block rows for `slots` slots over `experts` experts: 16 (the decode kernel) when the
@@ -100,9 +115,9 @@ impl MoeAlign {
             return Ok(());
         }
         let slots = slots.max(1);
-        to_i32(OP_ALIGN, "slots", padded_rows(slots, self.experts, BLOCK_M))?;
+        to_i32(OP_ALIGN, "slots", padded_rows(slots, self.experts, BLOCK_M)?)?;
         let e = self.experts;
-        let blocks = max_blocks(slots, e, BLOCK_M_DECODE).max(max_blocks(slots, e, BLOCK_M)).max(1);
+        let blocks = max_blocks(slots, e, BLOCK_M_DECODE)?.max(max_blocks(slots, e, BLOCK_M)?).max(1);
         let chunk = LLK_MOE_ALIGN_MAX_CHUNKS as usize * e;
         let sizes = [1, e, e + 1, slots, blocks, chunk];
         let total: usize = sizes.iter().sum();
@@ -146,7 +161,8 @@ impl MoeAlign {
     }
     /// Rows the expert-contiguous buffers need for the last alignment.
     pub fn padded_rows(&self) -> Option<usize> {
-        self.state.map(|s| padded_rows(s.tokens * s.top_k, self.experts, s.block_m))
+        // (Within the planned capacity, which was checked to fit: never `None` after an alignment.)
+        self.state.and_then(|s| padded_rows(s.tokens * s.top_k, self.experts, s.block_m).ok())
     }
     /// `[experts]` i32: rows routed to each expert (device memory, valid after an alignment).
     pub fn counts(&self) -> Result<Tensor> {
@@ -165,14 +181,13 @@ impl MoeAlign {
     /// are set; the rest are stale).
     pub fn block_expert(&self) -> Result<Tensor> {
         let s = self.state(OP_ALIGN)?;
-        self.arrays()?.block_expert.narrow(0, 0, max_blocks(s.tokens * s.top_k, self.experts, s.block_m))
+        self.arrays()?.block_expert.narrow(0, 0, max_blocks(s.tokens * s.top_k, self.experts, s.block_m)?)
     }
 
     /// Reads and clears the device-side error flag (waits for the device): `Err` when an earlier
     /// alignment met an expert id outside `[0, experts)` (those slots were dropped).
     pub fn check_errors(&self) -> Result<()> {
-        const MEANINGS: &Meanings =
-            &[(LlkDeviceError::LLK_DEVICE_BAD_EXPERT_ID, "an expert id outside [0, experts) (its slot was dropped)")];
+        const MEANINGS: &Meanings = &[BAD_EXPERT];
         check_flag(OP_ALIGN, &self.arrays()?.flag, MEANINGS)
     }
 
@@ -197,6 +212,16 @@ impl MoeAlign {
             return Err(Error::shape(OP, "ids", ids.shape().to_vec(), "[tokens, k]"));
         }
         let (tokens, top_k) = (ids.shape()[0], ids.shape()[1]);
+        // Gather and combine take k from this alignment, and combine keeps a token's k slots in
+        // shared arrays of MAX_TOP_K_GROUPED entries (the most any routing mode produces).
+        if !(1..=MAX_TOP_K_GROUPED).contains(&top_k) {
+            return Err(Error::invalid(
+                OP,
+                "top_k",
+                top_k,
+                format!("must be 1..={MAX_TOP_K_GROUPED} (ids is [tokens, k])"),
+            ));
+        }
         let slots =
             tokens.checked_mul(top_k).ok_or_else(|| Error::TooLarge { what: "ids", shape: ids.shape().to_vec() })?;
         self.reserve(slots)?;

@@ -69,7 +69,7 @@ pub fn moe_combine_on(
     let (yr, or) = (Rows::of(OP, "y", &yb, 1)?, Rows::of(OP, "out", &ob, 1)?);
     check_align_tokens(OP, "out", &ob, or.rows, state)?;
     let hidden = or.cols;
-    let need = padded_rows(state.tokens * state.top_k, align.experts(), state.block_m);
+    let need = padded_rows(state.tokens * state.top_k, align.experts(), state.block_m)?;
     if yr.cols != hidden || yr.rows < need {
         return Err(Error::shape(
             OP,

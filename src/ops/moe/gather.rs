@@ -43,7 +43,7 @@ pub fn moe_gather_on(
     let wb = weights.map(|w| args.read("weights", w)).transpose()?;
     let (xr, or) = (Rows::of(OP, "x", &xb, 1)?, Rows::of(OP, "out", &ob, 1)?);
     check_align_tokens(OP, "x", &xb, xr.rows, state)?;
-    let need = padded_rows(state.tokens * state.top_k, align.experts(), state.block_m);
+    let need = padded_rows(state.tokens * state.top_k, align.experts(), state.block_m)?;
     if or.cols != xr.cols || or.rows < need {
         return Err(Error::shape(
             OP,

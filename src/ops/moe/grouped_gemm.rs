@@ -219,7 +219,7 @@ impl GemmBound {
                     ));
                 }
                 let slots = s.tokens * s.top_k;
-                let need = padded_rows(slots, a.experts(), s.block_m);
+                let need = padded_rows(slots, a.experts(), s.block_m)?;
                 for (what, b, r) in [("x", &xb, &xr), ("y", &yb, &yr)] {
                     if r.rows < need {
                         return Err(Error::shape(
@@ -233,7 +233,7 @@ impl GemmBound {
                 (
                     LlkMoeSchedule::LLK_MOE_GROUPED,
                     xr.rows.min(yr.rows),
-                    max_blocks(slots, a.experts(), s.block_m),
+                    max_blocks(slots, a.experts(), s.block_m)?,
                     s.block_m,
                     Some(a),
                 )

@@ -101,7 +101,7 @@ pub fn moe_gemm_case(device: &Device, case: &MoeGemmCase) -> Result<CaseResult> 
         a.align(&it, block_m)?;
         let r = reference::align(&ids, experts, block_m);
         let mut re = r.row_experts();
-        let rows = crate::ops::moe::padded_rows(tokens * top_k, experts, block_m);
+        let rows = crate::ops::moe::padded_rows(tokens * top_k, experts, block_m)?;
         re.resize(rows, None);
         (rows, re, Some(a))
     };

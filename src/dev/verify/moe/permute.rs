@@ -32,7 +32,7 @@ pub fn moe_gather_case(device: &Device, case: &MoeGatherCase) -> Result<CaseResu
     let x = rng.normal_vec(tokens * hidden, 1.0, dtype);
     let w = rng.uniform_vec(tokens * top_k, 0.1, 1.0, DType::F32);
     let block_m = crate::ops::moe::preferred_block_m(tokens * top_k, experts);
-    let rows = crate::ops::moe::padded_rows(tokens * top_k, experts, block_m);
+    let rows = crate::ops::moe::padded_rows(tokens * top_k, experts, block_m)?;
     let xt = Tensor::from_f64(device, dtype, &x, &[tokens, hidden])?;
     let wt = Tensor::from_f64(device, DType::F32, &w, &[tokens, top_k])?;
     let it = Tensor::from_slice(device, &ids, &[tokens, top_k])?;
@@ -82,7 +82,7 @@ pub fn moe_combine_case(device: &Device, case: &MoeCombineCase) -> Result<CaseRe
     let mut rng = Rng::new(seed ^ (tokens as u64) << 20 ^ (hidden as u64) << 40);
     let ids = expert_ids(tokens, experts, top_k, IdPattern::Random, &mut rng);
     let block_m = crate::ops::moe::preferred_block_m(tokens * top_k, experts);
-    let rows = crate::ops::moe::padded_rows(tokens * top_k, experts, block_m);
+    let rows = crate::ops::moe::padded_rows(tokens * top_k, experts, block_m)?;
     let it = Tensor::from_slice(device, &ids, &[tokens, top_k])?;
     let mut a = MoeAlign::plan(device, experts, tokens * top_k)?;
     a.align(&it, block_m)?;
