@@ -293,20 +293,22 @@ fn shared_memory_limits_follow_the_emulated_architecture() {
         let n = 256;
         let x = Tensor::from_slice(&d, &vec![1.0f32; n], &[n]).unwrap();
         let y = Tensor::zeros(&d, DType::F32, &[n]).unwrap();
-        // Dynamic only: up to the limit runs, one byte more is refused.
+        assert_eq!(d.max_shared_memory_per_block(), limit as usize);
+        // Dynamic only: up to the limit runs, one byte more is refused before the launch.
         let run = |kernel, dyn_smem| {
             selftest::launch_with_dyn_smem(kernel, Variant::Correct, Some(&x), &y, n, n, 256, Some(dyn_smem))
         };
         run(Kernel::DynSmem, limit).unwrap_or_else(|e| panic!("{arch:?}: {e}"));
-        let (_, status, message) = emulation_error("dynamic", run(Kernel::DynSmem, limit + 1).unwrap_err());
-        assert_eq!(status, "shared memory limit", "{arch:?}: {message}");
-        let sm = format!("sm_{}", arch.compute_capability());
-        assert!(message.contains(&format!("{} bytes per block of {sm}", limit)), "{message}");
+        let e = run(Kernel::DynSmem, limit + 1).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { name: "shared memory", .. }), "{arch:?}: {e}");
         // Static shared memory counts too: the stencil's 1152 bytes plus the rest of the limit.
         run(Kernel::Stencil, limit - 1152).unwrap_or_else(|e| panic!("{arch:?}: {e}"));
+        // The emulator refuses what the dynamic-only check lets through.
         let (_, status, message) = emulation_error("static", run(Kernel::Stencil, limit - 1151).unwrap_err());
         assert_eq!(status, "shared memory limit", "{arch:?}: {message}");
+        let sm = format!("sm_{}", arch.compute_capability());
         assert!(message.contains("1152 static"), "{message}");
+        assert!(message.contains(&format!("{limit} bytes per block of {sm}")), "{message}");
     }
 }
 

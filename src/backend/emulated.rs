@@ -75,6 +75,15 @@ impl EmuArch {
             EmuArch::Sm90 => 90,
         }
     }
+    /// The most shared memory (static + dynamic) one block may use on this architecture, in
+    /// bytes. The emulation runtime enforces the same table (kernels/emu/emu_runtime.h).
+    pub fn max_shared_memory_per_block(self) -> usize {
+        match self {
+            EmuArch::Sm80 => 163 * 1024,
+            EmuArch::Sm86 | EmuArch::Sm89 => 99 * 1024,
+            EmuArch::Sm90 => 227 * 1024,
+        }
+    }
 }
 
 /// Options of the emulated target.
@@ -208,6 +217,10 @@ pub(crate) struct EmuBackend {
 impl EmuBackend {
     pub fn new(options: EmuOptions) -> Self {
         EmuBackend { options, counters: Counters::default(), stream: Mutex::new(()) }
+    }
+    /// The architecture this device emulates.
+    pub fn arch(&self) -> EmuArch {
+        self.options.arch
     }
     pub fn description(&self) -> String {
         let sched = match self.options.schedule {
