@@ -195,11 +195,19 @@ fn build_host(kernels: &Path, families: &[String]) -> Result<(), String> {
         .flag("-fno-strict-aliasing") // kernels reinterpret 16-byte vectors as elements
         .flag("-ftls-model=initial-exec") // __shared__ is thread_local: keep its access cheap
         .flag("-fstack-clash-protection") // big frames probe their pages: an overflow hits a canary or the guard
+        .flag("-ffp-contract=off") // a * b + c rounds twice, as __fmul_rn / __fadd_rn promise, never one fma
         .flag("-Wno-unused-parameter")
         .flag("-Wno-unused-function")
         .flag("-Wno-unknown-pragmas")
         .flag("-Wno-unused-variable")
         .warnings(true);
+    // Every index into a fixed-size array (static __shared__, local) is checked; the handler in
+    // kernels/emu/emu_checks.cc fails the launch. No sanitizer runtime is linked.
+    if host.get_compiler().is_like_clang() {
+        host.flag("-fsanitize=array-bounds").flag("-fno-sanitize-recover=array-bounds");
+    } else {
+        host.flag("-fsanitize=bounds").flag("-fno-sanitize-recover=bounds");
+    }
     if let Ok(extra) = std::env::var("LLK_HOST_CXXFLAGS") {
         for f in extra.split_whitespace() {
             host.flag(f);
@@ -209,6 +217,7 @@ fn build_host(kernels: &Path, families: &[String]) -> Result<(), String> {
         host.file(kernels.join(format!("{family}.cu")));
     }
     host.file(kernels.join("emu/emu_exports.cc"));
+    host.file(kernels.join("emu/emu_checks.cc"));
     host.try_compile("llama_kernels_emu").map_err(|e| format!("compiling the emulated kernels failed: {e}"))
 }
 

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use llama_kernels::backend::{emulated_kernel_names, kernel_modules};
+use llama_kernels::backend::{emulated_kernel_info, emulated_kernel_names, kernel_modules};
 use llama_kernels::dev::inspect::{parse_ptxas, ptx_entries};
 
 #[test]
@@ -30,6 +30,40 @@ fn every_symbol_the_wrappers_load_exists_everywhere() {
         assert_eq!(ptx, emu, "module {}", m.name);
         assert!(m.ptx_sm90.contains(".version 9.0"), "module {}: nvcc 13.0 emits PTX ISA 9.0", m.name);
     }
+}
+
+/// The emulator enforces each kernel's launch bound and shared memory as the GPU does: the bound
+/// its host table records is the PTX's `.maxntid`, and its static shared memory is what ptxas
+/// reports, for both architectures.
+#[test]
+fn emulated_launch_bounds_and_static_shared_memory_match_the_device_code() {
+    let mut checked = 0;
+    for m in kernel_modules() {
+        for (arch, ptx, report) in [("sm_90", m.ptx_sm90, m.ptxas_sm90), ("sm_80", m.ptx_sm80, m.ptxas_sm80)] {
+            let resources = parse_ptxas(report);
+            let mut lines = ptx.lines();
+            while let Some(line) = lines.next() {
+                let Some(rest) = line.trim_start().strip_prefix(".visible .entry ") else { continue };
+                let name = rest.split('(').next().unwrap_or_default().trim();
+                let maxntid = lines
+                    .by_ref()
+                    .take_while(|l| !l.starts_with('{'))
+                    .find_map(|l| l.trim_start().strip_prefix(".maxntid "))
+                    .unwrap_or_else(|| {
+                        panic!("{name} ({arch}) has no .maxntid: every kernel declares __launch_bounds__")
+                    });
+                let threads: u32 = maxntid.split(',').map(|d| d.trim().parse::<u32>().unwrap()).product();
+                let info =
+                    emulated_kernel_info(name).unwrap_or_else(|| panic!("{name} missing from the emulated registry"));
+                assert_eq!(info.max_threads, threads, "{name} ({arch}): emulated bound vs .maxntid {maxntid}");
+                let smem = resources.iter().find(|k| k.name == name).map_or(0, |k| k.smem_bytes);
+                let emulated = if arch == "sm_90" { info.static_smem_sm90 } else { info.static_smem_sm80 };
+                assert_eq!(emulated, smem, "{name} ({arch}): static shared memory");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} kernels checked");
 }
 
 /// The other direction: every kernel in the PTX of either architecture is reachable from

@@ -32,7 +32,9 @@ pub(crate) use counters::Count;
 pub use counters::DeviceCounters;
 pub use cuda::{CudaKernelInfo, ImageKind};
 pub use device::{Device, Queue, Selection};
-pub use emulated::{CpAsyncTiming, EmuOptions, Schedule, emulated_kernel_names};
+pub use emulated::{
+    CpAsyncTiming, EmuArch, EmuOptions, EmulatedKernelInfo, Schedule, emulated_kernel_info, emulated_kernel_names,
+};
 pub use kernel::KernelRef;
 pub(crate) use kernel::{KernelParams, LaunchDims};
 pub use modules::{DEVICE_CODE_DIR_VAR, DEVICE_CODE_EXTERNAL, DEVICE_CODE_ORIGIN, KernelModuleInfo, kernel_modules};
