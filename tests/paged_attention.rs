@@ -844,6 +844,23 @@ fn every_prefill_paged_and_merge_validation_error_is_named() {
 }
 
 #[test]
+fn planning_an_absurd_batch_is_a_named_error_or_allocates_nothing() {
+    // batch usize::MAX overflowed the planner's block count (a panic in debug builds). Now the
+    // split heuristic saturates and every size is checked: a plan either fails by name or holds
+    // no buffer it could not have allocated.
+    let d = Device::emulated();
+    for (batch, splits) in [(usize::MAX, None), (usize::MAX, Some(2)), (usize::MAX / 2, Some(40)), (1 << 40, None)] {
+        let shape = DecodeShape { max_seq_len: 1 << 20, ..bf16_shape(batch, 8, 2, 64, 0) };
+        match PagedDecodeWorkspace::plan_with_splits(&d, &shape, splits) {
+            Ok(ws) => assert_eq!(ws.num_splits(), 1, "batch {batch}: a split plan needs partial buffers"),
+            Err(e) => {
+                assert!(matches!(e, Error::TooLarge { .. } | Error::InvalidArgument { .. }), "batch {batch}: {e}")
+            }
+        }
+    }
+}
+
+#[test]
 fn what_does_not_fit_an_architecture_is_refused_by_name() {
     // 8.6/8.9 have 99 KiB of shared memory per block: decode with 16-bit pages at head_dim 96,
     // 128 and 256 and prefill at head_dim 256 do not fit (the README's table), fp8 pages do.
