@@ -50,5 +50,6 @@ kernel_params!(
     crate::ffi::params::MoeGatherParams,
     crate::ffi::params::MoeGemmParams,
     crate::ffi::params::MoeCombineParams,
+    crate::ffi::params::SampleParams,
     crate::ffi::params::SelftestParams,
 );

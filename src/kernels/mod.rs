@@ -8,6 +8,7 @@ pub(crate) mod moe;
 pub(crate) mod paged_attention;
 pub(crate) mod rms_norm;
 pub(crate) mod rope;
+pub(crate) mod sampling;
 pub(crate) mod swiglu;
 
 use crate::backend::KernelRef;
@@ -39,5 +40,6 @@ impl<K: PartialEq + Copy> KernelTable<K> {
 /// Every kernel the library's wrappers may load, family by family.
 pub(crate) fn all() -> Vec<KernelRef> {
     let v = rms_norm::symbols().chain(rope::symbols()).chain(swiglu::symbols());
-    v.chain(attention::symbols()).chain(paged_attention::symbols()).chain(moe::symbols()).collect()
+    let v = v.chain(attention::symbols()).chain(paged_attention::symbols()).chain(moe::symbols());
+    v.chain(sampling::symbols()).collect()
 }

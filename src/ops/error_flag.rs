@@ -30,6 +30,10 @@ impl ErrorFlag {
     pub fn check(&self, op: &'static str) -> Result<()> {
         check_flag(op, &self.flag, PAGED)
     }
+    /// [`ErrorFlag::check`] for a flag [`crate::ops::sampling`] raised: names its bits.
+    pub fn check_sampling(&self) -> Result<()> {
+        check_flag("sample", &self.flag, SAMPLING)
+    }
 }
 
 /// What each bit means to an op, in the words of its inputs.
@@ -42,6 +46,15 @@ pub(crate) const PAGED: &Meanings = &[
         "sequence lengths or offsets (negative, decreasing, or past the block table)",
     ),
     (LlkDeviceError::LLK_DEVICE_BAD_PAGE, "a page id or slot outside the page pool (its keys were skipped)"),
+];
+
+/// Token sampling's meanings.
+pub(crate) const SAMPLING: &Meanings = &[
+    (
+        LlkDeviceError::LLK_DEVICE_BAD_SAMPLING_PARAMS,
+        "bad sampling parameters (temperature negative, NaN or inf; top_k < 0; top_p or min_p outside [0, 1]): token -1",
+    ),
+    (LlkDeviceError::LLK_DEVICE_NO_CANDIDATE, "a row of logits all -inf or NaN: token -1"),
 ];
 
 /// Reads and clears an i32 error flag (waits for the device), naming its bits by `meanings`.
