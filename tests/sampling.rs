@@ -404,3 +404,37 @@ fn every_validation_error_is_named() {
         assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
     }
 }
+
+#[test]
+fn one_launch_no_allocation_no_host_wait() {
+    // Capturable: with the arrays in place, a call queues one kernel and nothing else.
+    let d = Device::emulated();
+    let logits = Tensor::from_slice(&d, &[0.5f32, 2.0, -1.0, 2.0, 0.0, 1.0, 3.0, -2.0], &[2, 4]).unwrap();
+    let params = SamplingBatch::new(&d, &[cfg(0.8, 2, 0.9, 0.05); 2], &[1, 2], &[3, 4]).unwrap();
+    let tokens = Tensor::zeros(&d, DType::I32, &[2]).unwrap();
+    let errors = ErrorFlag::new(&d).unwrap();
+    let before = d.counters();
+    sample(&logits, &params.tensors(), &tokens, &errors).unwrap();
+    let after = d.counters();
+    assert_eq!(after.launches - before.launches, 1);
+    assert_eq!(after.allocations, before.allocations);
+    assert_eq!(after.pageable_uploads + after.pinned_uploads, before.pageable_uploads + before.pinned_uploads);
+    assert_eq!(after.downloads, before.downloads);
+    assert_eq!(after.synchronizations, before.synchronizations);
+}
+
+#[test]
+fn weightless_and_non_finite_tokens_are_never_drawn() {
+    let device = Device::emulated();
+    // top-k beyond the finite tokens: the k-th largest is -inf, so everything is "kept", but
+    // -inf and NaN weigh nothing. A gap of 100 is below the 2^-40 fixed-point floor.
+    let row = vec![5.0, f64::NEG_INFINITY, f64::NAN, 4.0, -95.0, f64::NEG_INFINITY];
+    for c in [cfg(1.0, 5, 1.0, 0.0), cfg(1.0, 0, 0.9999, 0.0), cfg(2.0, 0, 1.0, 0.0)] {
+        let tokens = run_same(&device, DType::F32, &vec![row.clone(); 300], c);
+        assert!(tokens.iter().all(|&t| t == 0 || t == 3), "{c:?}: {tokens:?}");
+        assert!(tokens.contains(&0) && tokens.contains(&3), "{c:?}");
+    }
+    // A tiny temperature leaves only the max.
+    let tokens = run_same(&device, DType::BF16, &vec![vec![1.0, 1.0078125, 0.5, 1.0]; 50], cfg(1e-6, 0, 1.0, 0.0));
+    assert!(tokens.iter().all(|&t| t == 1), "{tokens:?}");
+}
