@@ -101,6 +101,21 @@ typedef struct SwiGluParams {
   LlkGateUpLayout layout;
 } SwiGluParams;
 
+// ---------------------------------------------------------------------------- Embedding
+// out[t] = table[ids[t]], a row gather; see embedding.cu.
+#define LLK_EMBEDDING_THREADS 256
+typedef struct EmbeddingParams {
+  uint64_t table;       // [vocab, hidden], rows table_row_stride elements apart
+  uint64_t ids;         // [tokens] i32
+  uint64_t out;         // [tokens, hidden], rows out_row_stride elements apart
+  uint64_t error_flag;  // [1] i32: LLK_DEVICE_BAD_TOKEN_ID when an id lies outside [0, vocab)
+  int64_t tokens;
+  int64_t hidden;
+  int64_t vocab;
+  int64_t table_row_stride;
+  int64_t out_row_stride;
+} EmbeddingParams;
+
 // ---------------------------------------------------------------------------- Attention
 // O = softmax(scale * Q K^T + mask) V per (sequence, q head), flash style; see attention.cu.
 typedef enum LlkAttnMask {
@@ -134,8 +149,9 @@ typedef enum LlkDeviceError {
   LLK_DEVICE_BAD_SEQLENS = 1,  // cu_seqlens not from 0, not non-decreasing, or not ending at the totals
   LLK_DEVICE_BAD_PAGE = 2,     // a block-table entry outside [0, num_pages)
   LLK_DEVICE_BAD_EXPERT_ID = 4,  // an expert id outside [0, experts) (MoE align; the slot is dropped)
-  LLK_DEVICE_BAD_SAMPLING_PARAMS = 8,  // a row's temperature, top_k, top_p or min_p outside its domain (token -1)
-  LLK_DEVICE_NO_CANDIDATE = 16,  // a row whose logits are all -inf or NaN (token -1)
+  LLK_DEVICE_BAD_TOKEN_ID = 8,   // a token id outside [0, vocab) (embedding; its row is zeros)
+  LLK_DEVICE_BAD_SAMPLING_PARAMS = 16,  // a row's temperature, top_k, top_p or min_p outside its domain (token -1)
+  LLK_DEVICE_NO_CANDIDATE = 32,  // a row whose logits are all -inf or NaN (token -1)
 } LlkDeviceError;
 
 // Where the prefill kernel reads K and V from.

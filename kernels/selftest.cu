@@ -115,14 +115,26 @@ __device__ void shfl_edges_kernel(const SelftestParams& p) {
     for (int i = 0; i < 6; ++i) out[6 * t + i] = r[i];
 }
 
-// Emulator guards, each with a planted bug (never launched on a GPU). out[threadIdx.x] is written
-// by every thread; p.n picks the guard:
+// Emulator guards, each with a planted bug (never launched on a GPU). Blocks of 64 threads (two
+// warps); out[threadIdx.x] is written by every thread, after a barrier; p.n picks the guard:
 //  1: dynamic shared memory: a block writes one float past what it was launched with (bug);
-//  2: warp operations: half a warp shuffles while the other half votes (bug).
+//  2: warp operations: half a warp shuffles while the other half votes (bug);
+//  3: a static __shared__ array: thread 0 writes one element past its end (bug);
+//  4: params: thread 0 reads the byte right after its params struct (bug);
+//  5: a 16-byte vector load (llk::load_f32) 4 bytes past 16-byte alignment (bug);
+//  6: a 16-byte vector store (llk::store_f32) 4 bytes past 16-byte alignment (bug);
+//  7: cp.async to a shared address 4 bytes past 16-byte alignment (bug);
+//  8: cp.async from a global address 4 bytes past 16-byte alignment (bug);
+//  9: ldmatrix with lane 3's row address 2 bytes past 16-byte alignment (bug);
+// 10: a local array indexed one past its end (bug).
+// Each bug is one thread's: thread 0 (lane 3 for ldmatrix), which is what the reports name.
 __device__ void guards_kernel(const SelftestParams& p) {
   float* out = reinterpret_cast<float*>(p.out);
   const bool bug = p.variant == LLK_SELFTEST_PLANTED_BUG;
-  const int t = int(threadIdx.x);
+  const int t = int(threadIdx.x), lane = t & 31;
+  const int off = bug && t == 0 ? 1 : 0;  // elements of 4 bytes off alignment (or past the end)
+  __shared__ __align__(16) float s[32 * 4 + 4];
+  __shared__ __align__(16) __nv_bfloat16 m[8 * 8 + 8];
   float v = 0.f;
   if (p.n == 1) {
     LLK_DYN_SMEM(raw);
@@ -131,11 +143,71 @@ __device__ void guards_kernel(const SelftestParams& p) {
     if (bug && t == 0) buf[blockDim.x] = 1.f;  // one past the launch's blockDim.x floats
     __syncthreads();
     v = buf[blockDim.x - 1 - t];
-  } else {
+  } else if (p.n == 2) {
     if (!bug || (t & 31) < 16) v = __shfl_xor_sync(0xffffffffu, float(t), 1);
     else v = float(__ballot_sync(0xffffffffu, 1) & 1);
+  } else if (p.n == 3) {
+    __shared__ float tile[64];
+    tile[(t & 63) + 64 * off] = float(t);  // thread 0 of the bug: tile[64]
+    __syncthreads();
+    v = tile[63 - (t & 63)];
+  } else if (p.n == 4) {
+    const volatile unsigned char* bytes = reinterpret_cast<const volatile unsigned char*>(&p);
+    v = float(bytes[sizeof(SelftestParams) - 1 + off]);  // the last byte, or (bug) the one after it
+  } else if (p.n == 10) {
+    float local[4] = {1.f, 2.f, 3.f, float(t)};
+    v = local[(t & 3) + 4 * off];  // thread 0 of the bug: local[4]
+  } else {
+    for (int i = t; i < 32 * 4 + 4; i += int(blockDim.x)) s[i] = float(i);
+    for (int i = t; i < 8 * 8 + 8; i += int(blockDim.x)) m[i] = llk::from_f32<__nv_bfloat16>(float(i));
+    __syncthreads();
+    if (t < 32) {
+      float x[4] = {0.f, 0.f, 0.f, 0.f};
+      if (p.n == 5) {
+        llk::load_f32<float, 4>(s + 4 * lane + off, x);
+      } else if (p.n == 6) {
+        x[0] = x[1] = x[2] = x[3] = float(t);
+        llk::store_f32<float, 4>(s + 4 * lane + off, x);
+      } else if (p.n == 7 || p.n == 8) {
+        if (lane < 16) {  // out[4 lane .. 4 lane + 4) of the 64 floats of out, into s
+          llk::cp_async_16(s + 4 * lane + (p.n == 7 ? off : 0), out + 4 * lane + (p.n == 8 ? off : 0));
+        }
+        llk::cp_async_commit();
+        llk::cp_async_wait<0>();
+      } else {
+        uint32_t r[1];
+        const int bad = bug && lane == 3 ? 1 : 0;  // one bf16 element: 2 bytes off
+        llk::ldmatrix<1, false>(r, m + 8 * (lane & 7) + bad);
+        x[0] = float(r[0] & 0xffffu);
+      }
+      v = x[0] + x[1] + x[2] + x[3];
+    }
+    __syncthreads();
+    if (t < 32) v += s[4 * lane];
   }
+  __syncthreads();
   out[t] = v;
+}
+
+// The approximations with .ftz and the explicitly rounded operations, on both targets: input
+// f32 [x: n | c: n], out f32 [3][n] = fast_exp2(x), fast_rcp(x), __fadd_rn(__fmul_rn(x, x), c).
+// The tests feed the special cases the PTX ISA defines exactly (zeros, subnormals, infinities,
+// results that flush) and products whose fma would round differently.
+__device__ void fast_math_kernel(const SelftestParams& p) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.n) return;
+  const float* in = reinterpret_cast<const float*>(p.input);
+  float* out = reinterpret_cast<float*>(p.out);
+  const float x = in[i], c = in[p.n + i];
+  out[i] = llk::fast_exp2(x);
+  out[p.n + i] = llk::fast_rcp(x);
+  out[2 * p.n + i] = __fadd_rn(__fmul_rn(x, x), c);
+}
+
+// out[i] = 1 for i < n: a kernel whose __launch_bounds__ (128 threads) a launch can exceed.
+__device__ void bounded_fill_kernel(const SelftestParams& p) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < p.n) reinterpret_cast<float*>(p.out)[i] = 1.f;
 }
 
 // Always a planted bug (emulated only): each thread needs a 96 KiB local array, more than the
@@ -266,6 +338,8 @@ __device__ void fp8_convert_kernel(const Fp8ConvertParams& p) {
   X(selftest_ldmatrix, SelftestParams, (32), (ldmatrix_kernel))                           \
   X(selftest_cp_async, SelftestParams, (32), (cp_async_kernel))                            \
   X(selftest_out_of_bounds, SelftestParams, (1024), (out_of_bounds_kernel))           \
+  X(selftest_bounded_fill, SelftestParams, (128, 4), (bounded_fill_kernel))             \
+  X(selftest_fast_math, SelftestParams, (1024), (fast_math_kernel))                       \
   X(fp8_e4m3_convert, Fp8ConvertParams, (256), (fp8_convert_kernel))
 
 LLK_EXPORT_KERNELS(selftest, SELFTEST_KERNELS)

@@ -1,19 +1,59 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after scripts/gpu-stage.sh staged the
-# binaries here. One call: GPU tests, verify at full size, the benches, then PyTorch on the same
-# shapes, with our/their ratios printed last. Everything is also written to $OUT/ (returned).
+# binaries here. One call: GPU tests, compute-sanitizer, verify at full size, the benches, then
+# PyTorch on the same shapes, with our/their ratios printed last. Everything is also written to
+# $OUT/ (returned).
+#
+# The binaries read their device code from LLK_DEVICE_CODE_DIR, which this script points at the
+# unpacked device-code.tar.xz after checking every file with sha256sum.
+#
+# On a machine without a GPU (a dry run: OUT=/tmp/llk-out bash target/gpu-stage/gpu-run.sh) every
+# step still runs or says why it skips: the tests run their emulated cases (their CUDA cases say
+# that they skip), the benches say that there is nothing to measure, and the steps that need a GPU
+# are skipped. The last line counts the steps run, skipped and failed.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-/tmp/llk-out}"
 stage=/tmp/llk-stage
-rm -rf "$stage" && mkdir -p "$stage"
-tar -C "$stage" -xJf "$here/bin.tar.xz" || { echo "gpu-run: cannot unpack $here/bin.tar.xz"; exit 1; }
-cp "$here/torch_compare.py" "$stage/"
 mkdir -p "$out"
 log="$out/gpu-run.txt"
 exec > >(tee "$log") 2>&1
 
-echo "== machine"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv || true
+ran=0 skipped=0 failed=0
+step_ok() { ran=$((ran + 1)); }
+step_failed() { ran=$((ran + 1)); failed=$((failed + 1)); echo "FAILED: $1"; }
+step_skip() { skipped=$((skipped + 1)); echo "skipped: $1"; }
+summary() {
+  echo
+  echo "gpu-run: $ran steps run, $skipped skipped, $failed failed$1"
+}
+
+echo "== stage"
+rm -rf "$stage" && mkdir -p "$stage"
+if ! tar -C "$stage" -xJf "$here/bin.tar.xz"; then
+  step_failed "cannot unpack $here/bin.tar.xz"; summary " (nothing to run)"; exit 1
+fi
+if ! { mkdir -p "$stage/device-code" && tar -C "$stage/device-code" -xJf "$here/device-code.tar.xz"; }; then
+  step_failed "cannot unpack $here/device-code.tar.xz"; summary " (nothing to run)"; exit 1
+fi
+if (cd "$stage/device-code" && sha256sum --quiet -c device-code.sha256); then
+  echo "device code: $(grep -c '' "$stage/device-code/device-code.sha256") files, every sha256 matches"
+  step_ok
+else
+  step_failed "the staged device code does not match its device-code.sha256"; summary ""; exit 1
+fi
+export LLK_DEVICE_CODE_DIR="$stage/device-code"
+cp "$here/torch_compare.py" "$stage/"
+
+echo; echo "== machine"; date -u
+gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 &&
+   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv; then
+  gpu=1
+  step_ok
+else
+  step_skip "nvidia-smi: no GPU here (dry run): the tests run on the emulated target, GPU-only steps skip"
+fi
 
 # cuBLAS (and the CUDA runtime pieces torch ships) live inside the torch wheels on that machine.
 py=python3
@@ -26,10 +66,12 @@ for sp in site.getsitepackages() + [site.getusersitepackages()]:
 print(":".join(sorted(dirs)))
 PY
 )
-export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [[ -n "$libs" ]]; then
+  export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 # cudarc (CUDA 13.0 bindings) looks for libcublas.so or libcublas.so.13. If the torch wheels only
 # ship cuBLAS 12 (libcublas.so.12; cublasGemmEx has the same ABI), expose it under the plain name.
-if ! ls ${libs//:/\/libcublas.so.13 }/libcublas.so.13 >/dev/null 2>&1; then
+if [[ -n "$libs" ]] && ! ls ${libs//:/\/libcublas.so.13 }/libcublas.so.13 >/dev/null 2>&1; then
   cublas12=$(ls ${libs//:/\/libcublas.so.12 }/libcublas.so.12 2>/dev/null | head -n 1 || true)
   if [[ -n "$cublas12" ]]; then
     shim=$(mktemp -d); ln -s "$cublas12" "$shim/libcublas.so"
@@ -38,16 +80,22 @@ if ! ls ${libs//:/\/libcublas.so.13 }/libcublas.so.13 >/dev/null 2>&1; then
   fi
 fi
 
-status=0
 echo; echo "== tests (CUDA runs automatically next to the emulated target)"
+if [[ $gpu == 1 ]]; then threads=(--test-threads=1); else
+  threads=(); echo "no GPU: emulated cases only (each CUDA case says that it skips)"
+fi
 for t in "$stage"/bin/test-*; do
   echo "-- $(basename "$t")"
-  "$t" --test-threads=1 || status=1
+  if "$t" "${threads[@]}"; then step_ok; else step_failed "$(basename "$t")"; fi
 done
 
 echo; echo "== compute-sanitizer (memcheck, racecheck, synccheck) on every op (verify --quick)"
 san_whl=$(ls "$here"/nvidia_cuda_sanitizer_api-*.whl 2>/dev/null | head -n 1)
-if [[ -n "$san_whl" ]]; then
+if [[ $gpu == 0 ]]; then
+  step_skip "compute-sanitizer: needs a GPU"
+elif [[ -z "$san_whl" ]]; then
+  step_skip "compute-sanitizer: not available (the stage has no sanitizer wheel)"
+else
   $py -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$san_whl" "$stage/san"
   san=$(find "$stage/san" -name compute-sanitizer -type f | head -n 1)
   chmod +x "$san" 2>/dev/null || true
@@ -55,30 +103,42 @@ if [[ -n "$san_whl" ]]; then
     if "$san" --tool "$tool" --error-exitcode 3 --print-limit 20 \
          "$stage/bin/llama-kernels" verify --target cuda --quick > "$out/sanitizer-$tool.txt" 2>&1; then
       echo "compute-sanitizer $tool: clean ($(grep -c '' "$out/sanitizer-$tool.txt") lines of output)"
+      step_ok
     else
       echo "compute-sanitizer $tool: FAILED (exit $?), see sanitizer-$tool.txt:"; tail -n 20 "$out/sanitizer-$tool.txt"
-      status=1
+      step_failed "compute-sanitizer $tool"
     fi
   done
-else
-  echo "compute-sanitizer: not available (the stage has no sanitizer wheel)"
 fi
 
-echo; echo "== verify at full size"
-"$stage/bin/llama-kernels" info || status=1
+echo; echo "== verify"
+if "$stage/bin/llama-kernels" info; then step_ok; else step_failed "llama-kernels info"; fi
 # The static model next to the driver's occupancy of the same kernels (two attention blocks per SM?).
-"$stage/bin/llama-kernels" info --perf || status=1
-"$stage/bin/llama-kernels" verify --target cuda --full || status=1
+if "$stage/bin/llama-kernels" info --perf; then step_ok; else step_failed "llama-kernels info --perf"; fi
+if [[ $gpu == 1 ]]; then
+  if "$stage/bin/llama-kernels" verify --target cuda --full; then step_ok; else step_failed "verify --target cuda --full"; fi
+else
+  echo "no GPU: verify --target emulated --quick instead of verify --target cuda --full"
+  if "$stage/bin/llama-kernels" verify --target emulated --quick; then step_ok; else step_failed "verify --target emulated"; fi
+fi
 
 echo; echo "== benches"
 for b in "$stage"/bin/bench-*; do
   echo "-- $(basename "$b")"
   # --noplot: no gnuplot there; criterion's statistics and our summary tables are printed.
-  "$b" --bench --noplot 2>&1 | tee "$out/$(basename "$b").txt" || status=1
+  # Without a GPU each bench says that it has nothing to measure.
+  if "$b" --bench --noplot 2>&1 | tee "$out/$(basename "$b").txt"; then step_ok; else step_failed "$(basename "$b")"; fi
 done
 
 echo; echo "== PyTorch on the same shapes, and our/their ratios"
-$py "$stage/torch_compare.py" --ours "$out"/bench-*.txt || status=1
+if ! $py -c 'import torch' >/dev/null 2>&1; then
+  step_skip "torch_compare.py: PyTorch is not installed here"
+elif [[ $gpu == 0 ]]; then
+  echo "no GPU: torch_compare.py --cpu-smoke (checks the script; its times mean nothing)"
+  if $py "$stage/torch_compare.py" --cpu-smoke; then step_ok; else step_failed "torch_compare.py --cpu-smoke"; fi
+else
+  if $py "$stage/torch_compare.py" --ours "$out"/bench-*.txt; then step_ok; else step_failed "torch_compare.py"; fi
+fi
 
-echo; echo "gpu-run finished with status $status"
-exit $status
+summary "$([[ $gpu == 0 ]] && echo " (no GPU: a dry run)")"
+[[ $failed == 0 ]]

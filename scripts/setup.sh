@@ -2,6 +2,8 @@
 # Installs the project's pinned CUDA toolchain (nvcc, ptxas, headers, cuobjdump) and libclang
 # into ./.toolchain, a git-ignored, project-local folder. No GPU, no root, no system CUDA needed.
 #
+# Then fetches the test model (scripts/fetch-model.sh).
+#
 # Idempotent: a stamp file records the pinned set; when it matches, this exits in milliseconds.
 # A user with a normal CUDA install (/usr/local/cuda, or NVCC / CUDA_HOME set) does not need it:
 # build.rs looks there first.
@@ -26,7 +28,7 @@ pins=(
 want="$(printf '%s\n' "${pins[@]}")"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$dest/nvidia/cu13/bin/nvcc" ]]; then
   echo "setup: toolchain already installed in .toolchain (nvcc 13.0.88)"
-  exit 0
+  exec "$root/scripts/fetch-model.sh"
 fi
 
 python3 -m pip --version >/dev/null 2>&1 || { echo "setup: python3 with pip is required" >&2; exit 1; }
@@ -36,4 +38,5 @@ echo "setup: installing ${#pins[@]} pinned wheels into .toolchain ..."
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --target "$dest" "${pins[@]}"
 "$dest/nvidia/cu13/bin/nvcc" --version | tail -n 2
 printf '%s\n' "${pins[@]}" >"$stamp"
-echo "setup: done"
+echo "setup: toolchain done"
+exec "$root/scripts/fetch-model.sh"

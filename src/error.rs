@@ -1,5 +1,7 @@
 //! The crate's error type: every failure is named and carries the numbers that explain it.
 
+use std::path::PathBuf;
+
 use crate::dtype::DType;
 use crate::target::Target;
 
@@ -32,6 +34,11 @@ pub enum Error {
         /// The emulator's report (a memory fault names the buffer nearest the faulting address).
         message: String,
     },
+
+    /// This build reads its device code at run time (`LLK_DEVICE_CODE_LOCATION=external`), and
+    /// the folder named by `LLK_DEVICE_CODE_DIR` is not set, lacks a file or holds another one.
+    #[error("device code unavailable: {0}")]
+    DeviceCode(#[from] DeviceCodeError),
 
     /// A kernel symbol is missing from its module (a build problem, never a user error).
     #[error("kernel `{symbol}` not found in module `{module}`")]
@@ -276,4 +283,58 @@ impl Error {
     pub(crate) fn shape(op: &'static str, what: &'static str, got: Vec<usize>, expected: impl Into<String>) -> Self {
         Error::ShapeMismatch { op, what, got, expected: expected.into() }
     }
+}
+
+/// Why external device code cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceCodeError {
+    /// The build reads its device code at run time, and `LLK_DEVICE_CODE_DIR` ([`DEVICE_CODE_DIR_VAR`](crate::backend::DEVICE_CODE_DIR_VAR)) is not set.
+    #[error(
+        "this build of llama-kernels reads its device code at run time (LLK_DEVICE_CODE_LOCATION=external), \
+         and LLK_DEVICE_CODE_DIR is not set: point it at the folder with sm_90/ and sm_80/"
+    )]
+    DirUnset,
+    /// A file the build expects does not exist.
+    #[error("{}: missing (expected {bytes} bytes, sha256 {sha256})", path.display())]
+    Missing {
+        /// The file.
+        path: PathBuf,
+        /// Its expected size.
+        bytes: u64,
+        /// Its expected SHA-256.
+        sha256: &'static str,
+    },
+    /// A file exists but cannot be read.
+    #[error("{}: cannot read: {reason}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's reason.
+        reason: String,
+    },
+    /// A file is not the one this build was made with.
+    #[error(
+        "{}: not the file this build was made with ({found_bytes} bytes, sha256 {found_sha256}; \
+         expected {expected_bytes} bytes, sha256 {expected_sha256})",
+        path.display()
+    )]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// Its expected size.
+        expected_bytes: u64,
+        /// Its size.
+        found_bytes: u64,
+        /// Its expected SHA-256.
+        expected_sha256: &'static str,
+        /// Its SHA-256.
+        found_sha256: String,
+    },
+    /// A PTX file or ptxas report that is not UTF-8 (only possible if the build's own copy was not).
+    #[error("{}: not UTF-8 text", path.display())]
+    NotText {
+        /// The file.
+        path: PathBuf,
+    },
 }

@@ -88,13 +88,16 @@ pub mod error;
 mod ffi;
 mod kernels;
 mod launch;
+pub mod model;
 pub mod ops;
 pub mod reference;
 pub mod spec;
 mod target;
 pub mod tensor;
 
-pub use backend::{CpAsyncTiming, Device, DeviceCounters, EmuOptions, KernelRef, Queue, Schedule, Selection, Target};
+pub use backend::{
+    CpAsyncTiming, Device, DeviceCounters, EmuArch, EmuOptions, KernelRef, Queue, Schedule, Selection, Target,
+};
 pub use dtype::{DType, Element, F8E4M3};
 pub use error::{Error, Result};
 pub use tensor::{CudaBuffer, CudaBufferGuard, CudaElement, Tensor, TensorView, TensorViewMut};

@@ -23,7 +23,14 @@ const MAX_CRATE_BYTES: u64 = 10 * 1024 * 1024;
 fn cargo() -> Command {
     let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     // Nothing of the outer build leaks into the nested ones.
-    for var in ["CARGO_TARGET_DIR", "CARGO_BUILD_TARGET_DIR", "LLK_DEVICE_CODE", "RUSTC_WRAPPER"] {
+    for var in [
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET_DIR",
+        "LLK_DEVICE_CODE",
+        "LLK_DEVICE_CODE_LOCATION",
+        "LLK_DEVICE_CODE_DIR",
+        "RUSTC_WRAPPER",
+    ] {
         c.env_remove(var);
     }
     c
@@ -209,7 +216,7 @@ fn values(n: usize, seed: f32) -> Vec<f32> {
 
 fn main() -> llama_kernels::Result<()> {
     println!("origin: {}", llama_kernels::backend::DEVICE_CODE_ORIGIN);
-    for m in llama_kernels::backend::kernel_modules() {
+    for m in llama_kernels::backend::kernel_modules()? {
         assert!(m.ptx_sm90.contains(".target sm_90") && m.ptx_sm80.contains(".target sm_80"), "{}: PTX", m.name);
         assert!(m.cubin_sm90.starts_with(b"\x7fELF") && m.cubin_sm80.starts_with(b"\x7fELF"), "{}: cubins", m.name);
     }

@@ -207,3 +207,163 @@ fn out_of_bounds_kernel_accesses_are_reported_with_the_kernel_name() {
         selftest::launch(Kernel::OutOfBounds, Variant::Correct, Some(&input), &out, n, n, 128).unwrap();
     }
 }
+
+// ------------------------------------------------------------------ guards with planted bugs
+
+/// The status and message of an emulation error (panics on anything else).
+fn emulation_error(what: &str, e: Error) -> (&'static str, &'static str, String) {
+    match e {
+        Error::Emulation { kernel, status, message } => (kernel, status, message),
+        other => panic!("{what}: expected an emulation error, got {other}"),
+    }
+}
+
+#[test]
+fn planted_guard_bugs_are_reported_by_name() {
+    // (guard, status, words the message must hold); see Kernel::Guards.
+    let cases: [(usize, &str, &[&str]); 8] = [
+        (3, "index out of bounds", &["index 64 out of bounds", "float [64]", "selftest.cu:", "thread (0,0,0)"]),
+        (4, "params overrun", &["32-byte params struct", "byte 32", "thread (0,0,0)"]),
+        (5, "misaligned access", &["16-byte vector load", "not 16-byte aligned", "thread (0,0,0)"]),
+        (6, "misaligned access", &["16-byte vector store", "thread (0,0,0)"]),
+        (7, "misaligned access", &["cp.async destination (shared)", "thread (0,0,0)"]),
+        (8, "misaligned access", &["cp.async source (global)", "thread (0,0,0)"]),
+        (9, "misaligned access", &["ldmatrix row address", "thread (3,0,0)"]),
+        (10, "index out of bounds", &["index 4 out of bounds", "float [4]", "selftest.cu:"]),
+    ];
+    let devices = common::schedule_devices();
+    for (guard, status, words) in cases {
+        // The correct variant runs under every schedule, with the same result.
+        let mut results: Vec<Vec<u32>> = Vec::new();
+        for d in &devices {
+            let out = Tensor::zeros(d, DType::F32, &[64]).unwrap();
+            selftest::launch(Kernel::Guards, Variant::Correct, None, &out, guard, 64, 64)
+                .unwrap_or_else(|e| panic!("guard {guard}, correct variant: {e}"));
+            results.push(out.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect());
+        }
+        assert!(results.iter().all(|r| r == &results[0]), "guard {guard}: schedules disagree");
+        // The planted bug is caught, under every schedule, with its own status.
+        for d in &devices {
+            let out = Tensor::zeros(d, DType::F32, &[64]).unwrap();
+            let e = selftest::launch(Kernel::Guards, Variant::PlantedBug, None, &out, guard, 64, 64).unwrap_err();
+            let (kernel, got, message) = emulation_error(&format!("guard {guard}"), e);
+            assert_eq!(kernel, "selftest_guards");
+            assert_eq!(got, status, "guard {guard}: {message}");
+            for w in words {
+                assert!(message.contains(w), "guard {guard}: {w:?} missing from {message:?}");
+            }
+        }
+    }
+    // The device still runs correct kernels after every failure.
+    let d = Device::emulated();
+    let out = Tensor::zeros(&d, DType::F32, &[64]).unwrap();
+    selftest::launch(Kernel::Guards, Variant::Correct, None, &out, 4, 64, 64).unwrap();
+}
+
+#[test]
+fn launch_bounds_are_enforced() {
+    let d = Device::emulated();
+    let out = Tensor::zeros(&d, DType::F32, &[512]).unwrap();
+    // The host registry records each kernel's bound (static_checks compares it with .maxntid).
+    let info = llama_kernels::backend::emulated_kernel_info("selftest_bounded_fill").unwrap();
+    assert_eq!(info.max_threads, 128);
+    selftest::launch(Kernel::BoundedFill, Variant::Correct, None, &out, 512, 512, 128).unwrap();
+    assert!(out.to_vec::<f32>().unwrap().iter().all(|&v| v == 1.0));
+    let e = selftest::launch(Kernel::BoundedFill, Variant::Correct, None, &out, 512, 512, 256).unwrap_err();
+    let (kernel, status, message) = emulation_error("256 threads", e);
+    assert_eq!((kernel, status), ("selftest_bounded_fill", "launch bounds exceeded"), "{message}");
+    assert!(message.contains("256 threads") && message.contains("__launch_bounds__ of 128"), "{message}");
+    selftest::launch(Kernel::BoundedFill, Variant::Correct, None, &out, 512, 512, 96).unwrap();
+}
+
+#[test]
+fn shared_memory_limits_follow_the_emulated_architecture() {
+    use llama_kernels::{EmuArch, EmuOptions};
+    const KIB: u32 = 1024;
+    let stencil_static = llama_kernels::backend::emulated_kernel_info("selftest_stencil").unwrap();
+    // The stencil's 1032-byte tile, padded by ptxas to the 128-byte alignment of dynamic shared
+    // memory: what the GPU reserves.
+    assert_eq!((stencil_static.static_smem_sm90, stencil_static.static_smem_sm80), (1152, 1152));
+    assert_eq!(llama_kernels::backend::emulated_kernel_info("selftest_dyn_smem").unwrap().static_smem_sm90, 0);
+    assert_eq!(EmuOptions::default().arch, EmuArch::Sm90);
+    for (arch, limit) in
+        [(EmuArch::Sm90, 227 * KIB), (EmuArch::Sm80, 163 * KIB), (EmuArch::Sm86, 99 * KIB), (EmuArch::Sm89, 99 * KIB)]
+    {
+        let d = Device::emulated_with(EmuOptions { arch, ..EmuOptions::default() });
+        let n = 256;
+        let x = Tensor::from_slice(&d, &vec![1.0f32; n], &[n]).unwrap();
+        let y = Tensor::zeros(&d, DType::F32, &[n]).unwrap();
+        assert_eq!(d.max_shared_memory_per_block(), limit as usize);
+        // Dynamic only: up to the limit runs, one byte more is refused before the launch.
+        let run = |kernel, dyn_smem| {
+            selftest::launch_with_dyn_smem(kernel, Variant::Correct, Some(&x), &y, n, n, 256, Some(dyn_smem))
+        };
+        run(Kernel::DynSmem, limit).unwrap_or_else(|e| panic!("{arch:?}: {e}"));
+        let e = run(Kernel::DynSmem, limit + 1).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { name: "shared memory", .. }), "{arch:?}: {e}");
+        // Static shared memory counts too: the stencil's 1152 bytes plus the rest of the limit.
+        run(Kernel::Stencil, limit - 1152).unwrap_or_else(|e| panic!("{arch:?}: {e}"));
+        // The emulator refuses what the dynamic-only check lets through.
+        let (_, status, message) = emulation_error("static", run(Kernel::Stencil, limit - 1151).unwrap_err());
+        assert_eq!(status, "shared memory limit", "{arch:?}: {message}");
+        let sm = format!("sm_{}", arch.compute_capability());
+        assert!(message.contains("1152 static"), "{message}");
+        assert!(message.contains(&format!("{limit} bytes per block of {sm}")), "{message}");
+    }
+}
+
+#[test]
+fn ftz_approximations_flush_subnormals_like_the_hardware() {
+    // The special cases the PTX ISA defines for ex2.approx.ftz and rcp.approx.ftz, exactly (a
+    // GPU gives the same bits), and __fadd_rn(__fmul_rn(x, x), c) rounding twice where one fma
+    // would not (the host build never contracts).
+    let sub = f32::from_bits(0x0000_0400); // a subnormal
+    let xs = [
+        0.0f32,
+        -0.0,
+        sub,
+        -sub,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -127.5,               // 2^-127.5 is subnormal: flushed to +0
+        -150.0,               // underflows
+        2f32.powi(127),       // 1/x = 2^-127 is subnormal: flushed to +0
+        -(2f32.powi(127)),    // ... to -0
+        1.0 + 2f32.powi(-12), // x * x rounds, then + c: fma would keep 2^-24
+        f32::NAN,
+    ];
+    let cs: Vec<f32> = xs.iter().map(|&x| -(x * x)).collect();
+    let exp2 = [1.0f32, 1.0, 1.0, 1.0, f32::INFINITY, 0.0, 0.0, 0.0];
+    let rcp = [f32::INFINITY, f32::NEG_INFINITY, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0];
+    for device in common::devices() {
+        let n = xs.len();
+        let input: Vec<f32> = xs.iter().chain(&cs).copied().collect();
+        let x = Tensor::from_slice(&device, &input, &[2 * n]).unwrap();
+        let out = Tensor::poisoned(&device, DType::F32, &[3 * n]).unwrap();
+        selftest::launch(Kernel::FastMath, Variant::Correct, Some(&x), &out, n, n, 64).unwrap();
+        let got: Vec<f32> = out.to_vec().unwrap();
+        let bits = |v: f32| v.to_bits();
+        for (i, e) in exp2.iter().enumerate() {
+            assert_eq!(bits(got[i]), bits(*e), "{device:?}: fast_exp2({:e}) = {:e}", xs[i], got[i]);
+        }
+        for (i, e) in rcp.iter().enumerate() {
+            assert_eq!(bits(got[n + i]), bits(*e), "{device:?}: fast_rcp({:e}) = {:e}", xs[i], got[n + i]);
+        }
+        for i in [8, 9] {
+            let e = if xs[i] > 0.0 { 0.0f32 } else { -0.0 };
+            assert_eq!(bits(got[n + i]), bits(e), "{device:?}: fast_rcp({:e}) = {:e}", xs[i], got[n + i]);
+        }
+        assert!(got[n - 1].is_nan() && got[2 * n - 1].is_nan(), "{device:?}: NaN in, NaN out");
+        for i in 0..n - 1 {
+            let want = xs[i] * xs[i] + cs[i]; // two roundings (Rust never contracts)
+            if want.is_nan() {
+                assert!(got[2 * n + i].is_nan(), "{device:?}: x = {:e}", xs[i]);
+            } else {
+                assert_eq!(bits(got[2 * n + i]), bits(want), "{device:?}: x = {:e}", xs[i]);
+            }
+        }
+        let fused = xs[10].mul_add(xs[10], cs[10]);
+        assert_ne!(fused, 0.0, "the case must tell one rounding from two");
+        assert_eq!(got[2 * n + 10], 0.0, "{device:?}: __fadd_rn(__fmul_rn(x, x), -(x * x)) must be 0");
+    }
+}

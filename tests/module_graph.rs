@@ -25,6 +25,7 @@ const LAYERS: &[&str] = &[
     "kernels",
     "ops",
     "block",
+    "model",
     "dev",
 ];
 

@@ -85,7 +85,7 @@ fn embedded_device_code_equals_the_committed_copy() {
         return;
     }
     let families = device_code::families(&root()).expect("families");
-    let embedded: Vec<_> = kernel_modules().collect();
+    let embedded: Vec<_> = kernel_modules().expect("the device code").collect();
     assert_eq!(embedded.iter().map(|m| m.name.to_string()).collect::<Vec<_>>(), families, "embedded families");
     let prebuilt = root().join(PREBUILT_DIR);
     let mut differ = Vec::new();

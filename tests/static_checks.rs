@@ -3,12 +3,12 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use llama_kernels::backend::{emulated_kernel_names, kernel_modules};
+use llama_kernels::backend::{emulated_kernel_info, emulated_kernel_names, kernel_modules};
 use llama_kernels::dev::inspect::{parse_ptxas, ptx_entries};
 
 #[test]
 fn every_symbol_the_wrappers_load_exists_everywhere() {
-    let modules: Vec<_> = kernel_modules().collect();
+    let modules: Vec<_> = kernel_modules().expect("the device code").collect();
     for k in llama_kernels::dev::kernel_symbols() {
         let m = modules.iter().find(|m| m.name == k.module).unwrap_or_else(|| panic!("no module {}", k.module));
         for (arch, ptx) in [("sm_90", m.ptx_sm90), ("sm_80", m.ptx_sm80)] {
@@ -32,13 +32,47 @@ fn every_symbol_the_wrappers_load_exists_everywhere() {
     }
 }
 
+/// The emulator enforces each kernel's launch bound and shared memory as the GPU does: the bound
+/// its host table records is the PTX's `.maxntid`, and its static shared memory is what ptxas
+/// reports, for both architectures.
+#[test]
+fn emulated_launch_bounds_and_static_shared_memory_match_the_device_code() {
+    let mut checked = 0;
+    for m in kernel_modules() {
+        for (arch, ptx, report) in [("sm_90", m.ptx_sm90, m.ptxas_sm90), ("sm_80", m.ptx_sm80, m.ptxas_sm80)] {
+            let resources = parse_ptxas(report);
+            let mut lines = ptx.lines();
+            while let Some(line) = lines.next() {
+                let Some(rest) = line.trim_start().strip_prefix(".visible .entry ") else { continue };
+                let name = rest.split('(').next().unwrap_or_default().trim();
+                let maxntid = lines
+                    .by_ref()
+                    .take_while(|l| !l.starts_with('{'))
+                    .find_map(|l| l.trim_start().strip_prefix(".maxntid "))
+                    .unwrap_or_else(|| {
+                        panic!("{name} ({arch}) has no .maxntid: every kernel declares __launch_bounds__")
+                    });
+                let threads: u32 = maxntid.split(',').map(|d| d.trim().parse::<u32>().unwrap()).product();
+                let info =
+                    emulated_kernel_info(name).unwrap_or_else(|| panic!("{name} missing from the emulated registry"));
+                assert_eq!(info.max_threads, threads, "{name} ({arch}): emulated bound vs .maxntid {maxntid}");
+                let smem = resources.iter().find(|k| k.name == name).map_or(0, |k| k.smem_bytes);
+                let emulated = if arch == "sm_90" { info.static_smem_sm90 } else { info.static_smem_sm80 };
+                assert_eq!(emulated, smem, "{name} ({arch}): static shared memory");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} kernels checked");
+}
+
 /// The other direction: every kernel in the PTX of either architecture is reachable from
 /// exactly one row of the kernel tables (no dead kernel ships, no kernel is listed twice).
 #[test]
 fn every_ptx_kernel_is_reachable_from_exactly_one_table_row() {
     let rows = llama_kernels::dev::kernel_symbols();
     let mut checked = 0;
-    for m in kernel_modules() {
+    for m in kernel_modules().expect("the device code") {
         for (arch, ptx) in [("sm_90", m.ptx_sm90), ("sm_80", m.ptx_sm80)] {
             let entries = ptx_entries(ptx);
             assert!(!entries.is_empty(), "module {} has no kernels for {arch}", m.name);
@@ -54,7 +88,7 @@ fn every_ptx_kernel_is_reachable_from_exactly_one_table_row() {
 
 #[test]
 fn no_kernel_spills_at_sm_90() {
-    for m in kernel_modules() {
+    for m in kernel_modules().expect("the device code") {
         let kernels = parse_ptxas(m.ptxas_sm90);
         assert!(!kernels.is_empty(), "no ptxas report for {}", m.name);
         for k in kernels {
@@ -237,7 +271,8 @@ fn kv_append_moves_128_bits_per_access() {
 
 #[test]
 fn attention_and_paged_attention_spill_nothing_or_within_budget_at_sm_80() {
-    for m in kernel_modules().filter(|m| m.name == "attention" || m.name == "paged_attention") {
+    for m in kernel_modules().expect("the device code").filter(|m| m.name == "attention" || m.name == "paged_attention")
+    {
         for k in parse_ptxas(m.ptxas_sm80) {
             check_spills(&k, "sm_80");
         }
@@ -336,13 +371,25 @@ fn moe_gather_and_combine_move_rows_with_128_bit_accesses() {
 #[test]
 fn every_planned_shared_memory_size_fits_hopper_and_the_readme_says_what_runs_where() {
     use llama_kernels::dev::inspect::smem::{ARCHS, table, totals};
-    let all = totals();
+    let all = totals().unwrap();
     assert!(all.len() >= 20, "prefill, decode and MoE GEMM configurations: {}", all.len());
     for (u, total) in &all {
         // Every kernel runs on 9.0; a size no architecture has would be a planner bug.
         assert!(total[0] <= ARCHS[0].max_block_bytes, "{} needs {} bytes on sm_90", u.what, total[0]);
     }
-    let t = table();
+    let t = table().unwrap();
     let readme = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
     assert!(readme.contains(&t), "README's shared-memory table is stale; it should read:\n{t}");
+}
+
+#[test]
+fn embedding_copies_rows_with_128_bit_accesses() {
+    // The 16-byte path: every store is 128-bit; the loads are the 128-bit row vector and the
+    // token's 32-bit id.
+    for (name, global) in vector_kernels("embedding", 3) {
+        let (loads, stores): (Vec<&String>, Vec<&String>) = global.iter().partition(|o| o.starts_with("LDG"));
+        assert!(!stores.is_empty() && stores.iter().all(|o| o.contains(".128")), "{name}: {stores:?}");
+        assert!(loads.iter().any(|o| o.contains(".128")), "{name}: no 128-bit load in {loads:?}");
+        assert!(loads.iter().filter(|o| !o.contains(".128")).count() <= 1, "{name}: {loads:?}");
+    }
 }

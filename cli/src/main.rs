@@ -3,24 +3,31 @@
 //! ```text
 //! llama-kernels verify [--target cuda|emulated] [--quick|--full]
 //!                      [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]]
+//!                      [--model GGUF_OR_DIR]
 //! llama-kernels info
 //! ```
 //!
 //! `verify` runs decoder layers (built-in Llama 3 and Llama 4 configs with seeded random
 //! weights, or the layers of a Hugging Face checkpoint directory) through the block composer on
 //! the best target present (CUDA, else emulated) and prints a stage-by-stage table against the
-//! f64 reference composer, then runs every op against its reference and prints the per-op table;
-//! it exits non-zero if any row fails. `info` prints the target, the device, the PTX
+//! f64 reference composer, then the whole model of `--model` (a GGUF file or a checkpoint
+//! directory; by default the SmolLM2-135M-Instruct GGUF that `scripts/setup.sh` fetches) on a
+//! built-in prompt and two decode steps (every layer stage-local, the next-token distributions
+//! by KL divergence), then every op against its reference and prints the per-op table; it exits
+//! non-zero if any row fails. `info` prints the target, the device, the PTX
 //! architecture, where the device code came from (compiled by nvcc, or the prebuilt copy) and
 //! each kernel's registers and spills; `info --perf` prints the static performance report.
+//! A build with external device code (`LLK_DEVICE_CODE_LOCATION=external`) reads it from
+//! `$LLK_DEVICE_CODE_DIR`; `info` names that folder and fails, saying why, when it cannot be used.
 
 use std::process::ExitCode;
 
+use llama_kernels::backend;
 use llama_kernels::dev::verify::block as verify_block;
 use llama_kernels::dev::{inspect, verify};
 use llama_kernels::{DType, Device, Target};
 
-const USAGE: &str = "usage: llama-kernels verify [--target cuda|emulated] [--quick|--full] [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]]\n       llama-kernels info [--perf]";
+const USAGE: &str = "usage: llama-kernels verify [--target cuda|emulated] [--quick|--full] [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]] [--model GGUF_OR_DIR]\n       llama-kernels info [--perf]";
 
 fn pick_device(target: Option<&str>) -> Result<Device, String> {
     match target {
@@ -29,6 +36,27 @@ fn pick_device(target: Option<&str>) -> Result<Device, String> {
         Some("emulated") => Ok(Device::emulated()),
         Some(other) => Err(format!("unknown target `{other}` (cuda, emulated)")),
     }
+}
+
+/// `<|im_start|>user\nWhat is the capital of France?` in SmolLM2's vocabulary (byte-level BPE):
+/// the built-in prompt of `verify`'s model check, followed by two decode steps.
+const MODEL_PROMPT: [u32; 10] = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47];
+
+/// The whole model of a GGUF file or checkpoint directory against the f64 reference.
+fn check_model_file(
+    device: &Device,
+    path: &std::path::Path,
+    dtype: DType,
+) -> llama_kernels::Result<verify::model::ModelReport> {
+    let host = if path.is_dir() {
+        llama_kernels::model::HostModel::from_checkpoint(path, dtype)?
+    } else {
+        llama_kernels::model::HostModel::from_gguf(path, dtype)?
+    };
+    let vocab = host.vocab() as u32;
+    // Ids of another vocabulary are folded into this one (the check needs valid ids, not text).
+    let prompt: Vec<u32> = MODEL_PROMPT.iter().map(|&t| t % vocab).collect();
+    verify::model::check_model(device, &host, dtype, &[prompt, vec![2 % vocab], vec![198 % vocab]])
 }
 
 fn main() -> ExitCode {
@@ -86,6 +114,44 @@ fn main() -> ExitCode {
             let (block_total, block_passed) = verify_block::counts(&blocks);
             println!("{block_passed} of {block_total} stage rows passed");
 
+            // The whole model: --model PATH, else the test model when scripts/setup.sh fetched it.
+            let model = match flag_value("--model") {
+                Some(p) => Some(std::path::PathBuf::from(p)),
+                None => match llama_kernels::dev::testing::test_model_path() {
+                    Ok(p) => Some(p),
+                    Err(why) => {
+                        println!(
+                            "
+model: not checked ({why})"
+                        );
+                        None
+                    }
+                },
+            };
+            let mut model_failed = None;
+            if let Some(path) = model {
+                let dtype = match flag_value("--dtype").unwrap_or("bf16") {
+                    "f16" => DType::F16,
+                    "f32" => DType::F32,
+                    _ => DType::BF16,
+                };
+                println!(
+                    "
+model: {} ({dtype}), {} prompt tokens then 2 decode steps",
+                    path.display(),
+                    MODEL_PROMPT.len()
+                );
+                match check_model_file(&device, &path, dtype) {
+                    Ok(report) => {
+                        print!("{}", report.describe(dtype));
+                        if !report.pass {
+                            model_failed = Some(format!("model {}: outside tolerance", path.display()));
+                        }
+                    }
+                    Err(e) => model_failed = Some(format!("model {}: {e}", path.display())),
+                }
+            }
+
             println!("\nops:");
             let results = verify::run_all(&device, quick);
             print!("{}", verify::table(&results));
@@ -99,6 +165,7 @@ fn main() -> ExitCode {
                 .collect();
             println!("{} of {} cases passed", results.len() - failed.len(), results.len());
             failed.extend(verify_block::failures(&blocks));
+            failed.extend(model_failed);
             for f in &failed {
                 println!("FAILED: {f}");
             }
@@ -119,14 +186,26 @@ fn main() -> ExitCode {
                 println!("cuda:   {reason}");
             }
             let arch = device.ptx_arch().unwrap_or("sm_90");
-            let isa = llama_kernels::backend::kernel_modules()
-                .next()
-                .and_then(|m| m.ptx_sm90.lines().find_map(|l| l.trim().strip_prefix(".version ")))
+            println!("device code: {}", backend::DEVICE_CODE_ORIGIN);
+            if backend::DEVICE_CODE_EXTERNAL {
+                let dir = std::env::var(backend::DEVICE_CODE_DIR_VAR).unwrap_or_else(|_| "(not set)".into());
+                println!("device code dir: {}={dir}", backend::DEVICE_CODE_DIR_VAR);
+            }
+            let resources = match inspect::all_resources(arch) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("llama-kernels info: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let isa = resources
+                .first()
+                .and_then(|(m, _)| m.ptx_sm90.lines().find_map(|l| l.trim().strip_prefix(".version ")))
                 .unwrap_or("?");
-            println!("ptx:    {arch} (embedded: sm_90, sm_80; PTX ISA {isa})");
-            println!("device code: {}", llama_kernels::backend::DEVICE_CODE_ORIGIN);
+            let built = if backend::DEVICE_CODE_EXTERNAL { "external" } else { "embedded" };
+            println!("ptx:    {arch} ({built}: sm_90, sm_80; PTX ISA {isa})");
             println!("\n{:<32} {:>5} {:>12} {:>11} {:>10}", "kernel", "regs", "spill st/ld", "stack B", "smem B");
-            for (module, kernels) in inspect::all_resources(arch) {
+            for (module, kernels) in resources {
                 println!("[{}]", module.name);
                 for k in kernels {
                     println!(

@@ -37,11 +37,16 @@
   extern "C" __global__ void __launch_bounds__ bounds name(const __grid_constant__ Params p) { impl(p); }
 #define LLK_EXPORT_KERNELS(family, LIST) LIST(LLK_KERNEL_ENTRY)
 #else
-// Host entries have internal linkage: only the registry table, found by name, is exported.
+// Host entries have internal linkage: only the registry table, found by name, is exported. An
+// entry takes its params by reference to the launch's one read-only copy (which ends at a guard
+// page, as __grid_constant__ params are one copy in the constant bank); each row records the
+// first launch bound (max threads per block), which the emulator enforces.
+#define LLK_FIRST_BOUND(max_threads, ...) (max_threads)
 #define LLK_KERNEL_ENTRY(name, Params, bounds, impl) \
-  static void name(const Params p) { impl(p); }
-#define LLK_EMU_TABLE_ROW(name, Params, bounds, impl) \
-  LlkEmuKernel{#name, sizeof(Params), &::llk_emu::launch_entry<Params, name>},
+  static void name(const Params& p) { impl(p); }
+#define LLK_EMU_TABLE_ROW(name, Params, bounds, impl)                                              \
+  LlkEmuKernel{#name, sizeof(Params), &::llk_emu::launch_entry<Params, name, LLK_FIRST_BOUND bounds>, \
+               LLK_FIRST_BOUND bounds},
 #define LLK_EXPORT_KERNELS(family, LIST)                                             \
   LIST(LLK_KERNEL_ENTRY)                                                             \
   extern "C" const LlkEmuKernel* llk_emu_kernels_##family(uint64_t* count) {         \
@@ -116,21 +121,26 @@ __device__ __forceinline__ void load_f32_readonly(const T* p, float (&out)[N]) {
 }
 
 // A 128-bit global store. Explicit PTX: NVVM sometimes splits a plain uint4 store into four 32-bit
-// stores after instcombine forgets its alignment; the static SASS check catches that.
+// stores after instcombine forgets its alignment; the static SASS check catches that. The
+// emulator checks the alignment the instruction needs.
 __device__ __forceinline__ void store_u4(void* p, uint4 v) {
 #ifdef __CUDA_ARCH__
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 #else
+  llk_emu::check_align16(p, "16-byte vector store");
   memcpy(p, &v, 16);
 #endif
 }
 
 // load_f32<T, N>(p, out): N consecutive elements at p, converted to f32. When N * sizeof(T) == 16
 // this is a single 128-bit load (LDG.E.128), so p must be 16-byte aligned: callers take this path
-// only after the host checked alignment, and fall back to N == 1 otherwise.
+// only after the host checked alignment, and fall back to N == 1 otherwise (the emulator checks).
 template <class T, int N>
 __device__ __forceinline__ void load_f32(const T* p, float (&out)[N]) {
   if constexpr (N * sizeof(T) == 16) {
+#ifndef __CUDACC__
+    llk_emu::check_align16(p, "16-byte vector load");
+#endif
     const uint4 raw = *reinterpret_cast<const uint4*>(p);
     if constexpr (sizeof(T) == 4) {
       out[0] = __uint_as_float(raw.x), out[1] = __uint_as_float(raw.y);
@@ -175,26 +185,28 @@ __device__ __forceinline__ void round_to(float (&v)[N]) {
 }
 
 // 2^x with the hardware approximation (ex2.approx.ftz: ~2 ulp, denormals flushed; -inf -> 0).
-// The emulator uses exp2f.
+// The emulator uses exp2f, flushing a subnormal input and result to zero as .ftz does (so an input
+// of -2^-140 gives exactly 1 and an exponent below -126 gives +0 on both targets).
 __device__ __forceinline__ float fast_exp2(float x) {
 #ifdef __CUDA_ARCH__
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 #else
-  return exp2f(x);
+  return llk_emu::ftz(exp2f(llk_emu::ftz(x)));
 #endif
 }
 
 // 1/x with the hardware approximation (rcp.approx.ftz: max error 1 ulp, denormals flushed,
-// rcp(+-inf) = +-0). The emulator divides exactly.
+// rcp(+-inf) = +-0). The emulator divides exactly, flushing as .ftz does: a subnormal x gives
+// +-inf (1/+-0), and |x| > 2^126 gives +-0.
 __device__ __forceinline__ float fast_rcp(float x) {
 #ifdef __CUDA_ARCH__
   float y;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 #else
-  return 1.f / x;
+  return llk_emu::ftz(1.f / llk_emu::ftz(x));
 #endif
 }
 

@@ -131,7 +131,9 @@ __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* smem_row)
 #elif !defined(__CUDACC__)
   // The instruction reads all 8N rows at once: the first lane to resume copies them (8N x 16
   // bytes <= 512, the warp's scratch), so a later write by some lane cannot leak into the loaded
-  // fragments of lanes that resume after it.
+  // fragments of lanes that resume after it. Each lane whose address is used checks that its row
+  // is 16-byte aligned, as the instruction requires.
+  if (llk_emu::lane_id() < 8 * N) llk_emu::check_align16(smem_row, "ldmatrix row address");
   const unsigned char* all = llk_emu::warp_gather(&smem_row, sizeof(void*));
   unsigned char* rows = reinterpret_cast<unsigned char*>(llk_emu::warp_scratch());
   if (llk_emu::warp_scratch_first()) {
@@ -165,7 +167,7 @@ __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* smem_row)
 // With src_bytes == 0 nothing is read (src must still be a valid address). Every asm here
 // clobbers "memory", so the compiler never moves plain shared-memory accesses across them. The emulation
 // performs the copies at the wait, the latest moment the PTX ISA allows, so a read before the
-// wait sees poison, not data.
+// wait sees poison, not data, and reports a source or destination that is not 16-byte aligned.
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, int src_bytes = 16) {
 #if defined(__CUDA_ARCH__)
   const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem_dst));

@@ -38,6 +38,11 @@ typedef enum LlkEmuStatus {
   LLK_EMU_UNSUPPORTED = 4,    // an operation the emulator does not model (partial-mask warp op)
   LLK_EMU_KERNEL_TRAP = 5,    // the kernel called __trap() or failed an emulator check
   LLK_EMU_MEMORY_FAULT = 6,   // the kernel read or wrote outside its buffers (a guard page)
+  LLK_EMU_LAUNCH_BOUNDS = 7,  // more threads per block than the kernel's __launch_bounds__
+  LLK_EMU_SHARED_MEMORY_LIMIT = 8,  // static + dynamic shared memory over the architecture's limit
+  LLK_EMU_MISALIGNED = 9,     // a 16-byte access (cp.async, ldmatrix row, vector) not 16-byte aligned
+  LLK_EMU_PARAMS_OVERRUN = 10,  // the kernel read past the end of its params struct (or wrote it)
+  LLK_EMU_INDEX_OUT_OF_BOUNDS = 11,  // an index past a fixed-size array (static __shared__, local)
 } LlkEmuStatus;
 
 typedef struct LlkEmuLaunch {
@@ -49,6 +54,10 @@ typedef struct LlkEmuLaunch {
   uint32_t os_threads;    // blocks run concurrently on this many OS threads (>= 1)
   uint32_t stack_bytes;   // per-fiber stack; 0 selects the default (64 KiB)
   LlkEmuCpAsyncTiming cp_async_timing;
+  // The architecture emulated, as compute capability x 10 (90, 80, 86, 89): its per-block shared
+  // memory limit applies to static_smem_bytes + dyn_smem_bytes. 0 selects 90.
+  uint32_t arch;
+  uint32_t static_smem_bytes;  // the kernel's static __shared__ bytes on `arch` (ptxas -v)
 } LlkEmuLaunch;
 
 typedef struct LlkEmuReport {
@@ -66,6 +75,7 @@ typedef struct LlkEmuKernel {
   const char* name;       // the kernel's symbol, as in the PTX (`rms_norm_vec_bf16`)
   uint64_t params_size;   // sizeof its params struct, checked by Rust at every launch
   LlkEmuLaunchFn launch;
+  uint32_t max_threads;   // its __launch_bounds__ (the PTX .maxntid): threads per block at most
 } LlkEmuKernel;
 
 #ifdef __cplusplus

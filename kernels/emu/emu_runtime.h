@@ -28,6 +28,22 @@
 // 1 KiB red zone) or __trap() stop the launch, and the launch returns an LlkEmuStatus with a
 // message naming the block, the thread and the source line.
 //
+// Guards that hold the kernel to what the hardware enforces or leaves undefined:
+//   * a block larger than the kernel's __launch_bounds__ (recorded by LLK_EXPORT_KERNELS, the
+//     PTX .maxntid) and static + dynamic shared memory over the per-block limit of the emulated
+//     architecture (LlkEmuLaunch::arch) are refused before any thread runs;
+//   * cp.async 16-byte copies, ldmatrix row addresses and the 16-byte vector loads and stores of
+//     llk.cuh (and __ldg of a 16-byte type) check 16-byte alignment, which the GPU requires and
+//     x86-64 does not;
+//   * the kernel's params struct is one read-only copy that ends exactly at a PROT_NONE page, so
+//     a read past its end (or a write to it) stops the launch with a named error;
+//   * an index past a fixed-size array (static __shared__ arrays, local arrays) is reported with
+//     its source line: build.rs compiles the host code with -fsanitize=bounds, whose handler
+//     (kernels/emu/emu_checks.cc) turns the report into a failed launch;
+//   * fast_exp2 and fast_rcp (ex2.approx.ftz, rcp.approx.ftz) flush subnormal inputs and results
+//     to sign-preserving zero as the hardware does, and the host build never contracts a * b + c
+//     into an fma (-ffp-contract=off), so __fmul_rn / __fadd_rn round as written.
+//
 // Semantics follow the PTX ISA where CUDA leaves freedom: shuffles take b mod 32 and the segment
 // rules of shfl.sync (a butterfly may reach an earlier segment); a shuffle from a lane that has
 // exited reads all-ones bits (NaN) instead of trapping, as the value is undefined on a GPU;
@@ -38,7 +54,9 @@
 // calls, so compare with the GPU using tolerances, never bit for bit. Fibers are not preempted:
 // a spin-wait on another thread's write never ends, and a non-atomic read-modify-write race
 // between threads gives the same result under every schedule. Static __shared__ memory is not
-// poisoned between blocks. Divergent barriers are told apart by source line only (two calls of
+// poisoned between blocks, and its bounds are checked on array indexing only (a pointer into a
+// static array that walks past its end is not caught). Alignment is checked by the PTX wrappers
+// and llk.cuh's vector accesses, not by a kernel's own casts to uint4 or float4. Divergent barriers are told apart by source line only (two calls of
 // one helper look alike). Partial-mask warp operations are reported as unsupported. Fibers use
 // x86-64 context switching only. Hopper-only instructions (wgmma, TMA, mbarrier) are not
 // modelled. Abandoned fibers of a failed block do not run their destructors.
@@ -99,6 +117,21 @@ inline constexpr size_t kDefaultStack = 64 * 1024;
 inline constexpr size_t kDynSmemRedZone = 1024;
 inline constexpr unsigned char kDynSmemPoison = 0xff;
 
+// Shared memory per block (static + dynamic, with the opt-in attribute) of the architectures the
+// emulator can stand for, from the CUDA programming guide's table of compute capabilities;
+// 0 for one it does not know. `arch` is the compute capability x 10; 0 means sm_90.
+inline constexpr uint64_t smem_per_block_limit(uint32_t arch) {
+  switch (arch) {
+    case 0:
+    case 90: return 227 * 1024;
+    case 80: return 163 * 1024;
+    case 86:
+    case 89: return 99 * 1024;
+    default: return 0;
+  }
+}
+static_assert(smem_per_block_limit(90) == kMaxDynSmem, "the dynamic shared memory buffer covers every architecture");
+
 enum FiberState : int { RUNNABLE = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3, FAILED = 4 };
 
 struct CpCopy {
@@ -147,6 +180,10 @@ struct Worker {
   std::mt19937_64 rng;
   LlkEmuCpAsyncTiming cp_async_timing = LLK_EMU_CP_ASYNC_AT_WAIT;
   volatile bool in_fiber = false;    // a fiber (kernel code) is running on this OS thread
+  // The launch's params copy (read-only) and the PROT_NONE page right after it, for the fault
+  // handler: [params_lo, params_end) is the data pages, [params_end, + 4096) the guard.
+  uintptr_t params_lo = 0, params_end = 0;
+  size_t params_bytes = 0;
   LlkEmuStatus status = LLK_EMU_OK;  // first failure seen in the current block
   char message[400] = {0};
 
@@ -207,6 +244,49 @@ inline Worker& worker_of_this_thread() {
 inline unsigned char* dyn_smem() {
   alignas(128) static thread_local unsigned char buf[kMaxDynSmem];
   return buf;
+}
+
+// The params struct of a launch, as every thread of the grid sees it: one copy placed so that it
+// ends exactly where a PROT_NONE page begins, and read-only while the grid runs (a
+// __grid_constant__ parameter cannot be written). A kernel that reads past the end of its params
+// faults on the guard page and the launch reports it (on a GPU it would read whatever follows in
+// the parameter bank). One mapping per launching OS thread, kept across launches.
+struct ParamsPage {
+  static constexpr size_t kPage = 4096;
+  unsigned char* base = nullptr;  // `data` bytes of data pages, then one guard page
+  size_t data = 0;
+  ParamsPage() = default;
+  ParamsPage(const ParamsPage&) = delete;
+  ParamsPage& operator=(const ParamsPage&) = delete;
+  ~ParamsPage() {
+    if (base) munmap(base, data + kPage);
+  }
+  // Copies `bytes` of params to the end of the data pages; returns the copy, or null when the
+  // mapping could not be made.
+  const void* place(const void* params, size_t bytes) {
+    const size_t want = std::max<size_t>(kPage, (bytes + kPage - 1) / kPage * kPage);
+    if (base == nullptr || want != data) {
+      if (base) munmap(base, data + kPage);
+      base = nullptr;
+      void* m = mmap(nullptr, want + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) return nullptr;
+      base = static_cast<unsigned char*>(m);
+      data = want;
+      if (mprotect(base + data, kPage, PROT_NONE) != 0) return nullptr;
+    } else if (mprotect(base, data, PROT_READ | PROT_WRITE) != 0) {
+      return nullptr;
+    }
+    // sizeof(P) is a multiple of alignof(P), and the end is page-aligned: the copy is aligned.
+    unsigned char* dst = base + data - bytes;
+    memcpy(dst, params, bytes);
+    if (mprotect(base, data, PROT_READ) != 0) return nullptr;
+    return dst;
+  }
+  uintptr_t end() const { return reinterpret_cast<uintptr_t>(base) + data; }
+};
+inline ParamsPage& params_page_of_this_thread() {
+  static thread_local ParamsPage page;
+  return page;
 }
 
 }  // namespace llk_emu
@@ -276,7 +356,23 @@ inline void on_segv(int sig, siginfo_t* info, void* uctx) {
     const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
     const uintptr_t stacks = reinterpret_cast<uintptr_t>(w->stacks);
     const bool stack = w->stacks != nullptr && addr + Worker::kGuard >= stacks && addr < stacks + w->nstacks * w->slot;
-    if (w->status == LLK_EMU_OK) {
+    const bool params_guard = w->params_end != 0 && addr >= w->params_end && addr < w->params_end + ParamsPage::kPage;
+    const bool params_write = w->params_end != 0 && addr >= w->params_lo && addr < w->params_end;
+    if (w->status == LLK_EMU_OK && (params_guard || params_write)) {
+      w->status = LLK_EMU_PARAMS_OVERRUN;
+      if (params_guard) {
+        snprintf(w->message, sizeof w->message,
+                 "read past the end of the kernel's %zu-byte params struct (byte %zu of it) in block (%u,%u,%u), "
+                 "thread (%u,%u,%u)",
+                 w->params_bytes, size_t(addr - (w->params_end - w->params_bytes)), blockIdx.x, blockIdx.y,
+                 blockIdx.z, f->tid.x, f->tid.y, f->tid.z);
+      } else {
+        snprintf(w->message, sizeof w->message,
+                 "write to the kernel's params struct (read-only: __grid_constant__) in block (%u,%u,%u), "
+                 "thread (%u,%u,%u)",
+                 blockIdx.x, blockIdx.y, blockIdx.z, f->tid.x, f->tid.y, f->tid.z);
+      }
+    } else if (w->status == LLK_EMU_OK) {
       w->status = stack ? LLK_EMU_KERNEL_TRAP : LLK_EMU_MEMORY_FAULT;
       // A general-protection fault (si_code SI_KERNEL) carries no address: on x86-64 it comes from
       // a misaligned 16-byte SSE access (say, a float4 store to a __shared__ array that is not
@@ -369,6 +465,28 @@ inline void yield_to_scheduler(Worker* w, Fiber* f) { llk_emu_swap_ctx(&f->sp, w
   f->state = FAILED;
   yield_to_scheduler(w, f);
   __builtin_unreachable();
+}
+
+// The 16-byte alignment the GPU requires of cp.async copies, ldmatrix rows and 128-bit vector
+// accesses (a misaligned one is a fault there; x86-64 would just run it). `what` names the access.
+[[noreturn, gnu::cold, gnu::noinline]] inline void misaligned(const char* what, const void* p) {
+  char msg[200];
+  snprintf(msg, sizeof msg, "misaligned %s: address 0x%lx is not 16-byte aligned", what,
+           static_cast<unsigned long>(reinterpret_cast<uintptr_t>(p)));
+  fail(LLK_EMU_MISALIGNED, msg);
+}
+inline void check_align16(const void* p, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) & 15u) [[unlikely]]
+    misaligned(what, p);
+}
+
+// ftz: a subnormal becomes a zero of the same sign, as .ftz instructions treat inputs and results.
+inline float ftz(float x) {
+  uint32_t b;
+  memcpy(&b, &x, 4);
+  if ((b & 0x7f800000u) == 0) b &= 0x80000000u;
+  memcpy(&x, &b, 4);
+  return x;
 }
 
 inline void release_block(Worker* w) {
@@ -513,6 +631,10 @@ inline bool warp_scratch_first() {
 // group completes (AT_WAIT) or at once (AT_ISSUE).
 inline void cp_async_enqueue(void* dst, const void* src, int bytes, int src_bytes) {
   Worker* w = tl_worker;
+  if (bytes == 16) {  // cp.async.cg: both addresses aligned to the copy size
+    check_align16(dst, "cp.async destination (shared)");
+    check_align16(src, "cp.async source (global)");
+  }
   if (w->cp_async_timing == LLK_EMU_CP_ASYNC_AT_ISSUE) {
     if (src_bytes > 0) memcpy(dst, src, size_t(src_bytes));
     if (bytes > src_bytes) memset(static_cast<char*>(dst) + src_bytes, 0, size_t(bytes - src_bytes));
@@ -677,12 +799,32 @@ inline LlkEmuStatus bad_launch(LlkEmuReport* rep, const char* msg) {
   return rep->status;
 }
 
-// Runs the grid. `body` is called once per CUDA thread (it calls the kernel with its params).
+// Runs the grid. `body` is called once per CUDA thread (it calls the kernel with its params);
+// `max_threads` is the kernel's __launch_bounds__; `params` the page holding the params copy.
 template <class Body>
-LlkEmuStatus launch(Body& body, const LlkEmuLaunch& cfg, LlkEmuReport* rep) {
-  *rep = LlkEmuReport{};
+LlkEmuStatus launch(Body& body, const LlkEmuLaunch& cfg, LlkEmuReport* rep, uint32_t max_threads,
+                    const ParamsPage& params, size_t params_bytes) {
   const uint64_t threads = uint64_t(cfg.block[0]) * cfg.block[1] * cfg.block[2];
   if (threads == 0 || threads > 1024) return bad_launch(rep, "block must have 1 to 1024 threads");
+  if (threads > max_threads) {
+    rep->status = LLK_EMU_LAUNCH_BOUNDS;
+    snprintf(rep->message, sizeof rep->message,
+             "block of %llu threads (%u x %u x %u) exceeds the kernel's __launch_bounds__ of %u threads",
+             (unsigned long long)threads, cfg.block[0], cfg.block[1], cfg.block[2], max_threads);
+    return rep->status;
+  }
+  const uint32_t arch = cfg.arch ? cfg.arch : 90;
+  const uint64_t smem_limit = smem_per_block_limit(arch);
+  if (smem_limit == 0) return bad_launch(rep, "unknown architecture (LlkEmuLaunch::arch): 80, 86, 89 or 90");
+  if (uint64_t(cfg.static_smem_bytes) + cfg.dyn_smem_bytes > smem_limit) {
+    rep->status = LLK_EMU_SHARED_MEMORY_LIMIT;
+    snprintf(rep->message, sizeof rep->message,
+             "block needs %llu bytes of shared memory (%u static + %llu dynamic), more than the %llu bytes per block "
+             "of sm_%u",
+             (unsigned long long)(cfg.static_smem_bytes + cfg.dyn_smem_bytes), cfg.static_smem_bytes,
+             (unsigned long long)cfg.dyn_smem_bytes, (unsigned long long)smem_limit, arch);
+    return rep->status;
+  }
   if (cfg.block[2] > 64) return bad_launch(rep, "blockDim.z must be at most 64");
   if (cfg.grid[0] == 0 || cfg.grid[1] == 0 || cfg.grid[2] == 0) return bad_launch(rep, "grid has a zero dimension");
   if (cfg.grid[0] > 0x7fffffffu || cfg.grid[1] > 65535 || cfg.grid[2] > 65535)
@@ -718,6 +860,9 @@ LlkEmuStatus launch(Body& body, const LlkEmuLaunch& cfg, LlkEmuReport* rep) {
     w->body_ctx = &body;
     w->switches = 0;
     w->cp_async_timing = cfg.cp_async_timing;
+    w->params_lo = reinterpret_cast<uintptr_t>(params.base);
+    w->params_end = params.end();
+    w->params_bytes = params_bytes;
     for (uint64_t i; !failed.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < nblocks;) {
       const uint64_t b = block_order(i);
       uint3 bid{unsigned(b % cfg.grid[0]), unsigned(b / cfg.grid[0] % cfg.grid[1]),
@@ -733,6 +878,7 @@ LlkEmuStatus launch(Body& body, const LlkEmuLaunch& cfg, LlkEmuReport* rep) {
       blocks_run.fetch_add(1, std::memory_order_relaxed);
     }
     switches.fetch_add(w->switches, std::memory_order_relaxed);
+    w->params_lo = w->params_end = 0;
     tl_worker = saved;
   };
   const uint64_t nt = std::min<uint64_t>(std::max<uint32_t>(1, cfg.os_threads), nblocks);
@@ -750,13 +896,18 @@ LlkEmuStatus launch(Body& body, const LlkEmuLaunch& cfg, LlkEmuReport* rep) {
   return rep->status;
 }
 
-// The registry entry for one kernel `K` taking params `P` by value.
-template <class P, void (*K)(P)>
+// The registry entry for one kernel `K` taking params `P`, with at most `MaxThreads` threads per
+// block. Every thread reads the one read-only copy of the params, which ends at a guard page.
+template <class P, void (*K)(const P&), uint32_t MaxThreads>
 LlkEmuStatus launch_entry(const void* params, const LlkEmuLaunch* cfg, LlkEmuReport* rep) {
-  P p;
-  memcpy(&p, params, sizeof(P));
-  auto body = [&p]() { K(p); };  // the kernel receives its own by-value copy, as on the GPU
-  return launch(body, *cfg, rep);
+  static_assert(std::is_trivially_copyable_v<P>, "params cross the boundary as plain bytes");
+  *rep = LlkEmuReport{};
+  ParamsPage& page = params_page_of_this_thread();
+  const void* copy = page.place(params, sizeof(P));
+  if (copy == nullptr) return bad_launch(rep, "could not map the params copy and its guard page");
+  const P& p = *static_cast<const P*>(copy);  // memcpy created the object (an implicit-lifetime type)
+  auto body = [&p]() { K(p); };
+  return launch(body, *cfg, rep, MaxThreads, page, sizeof(P));
 }
 
 }  // namespace llk_emu
@@ -835,7 +986,10 @@ inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f;
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __clz(int x) { return x ? __builtin_clz(unsigned(x)) : 32; }
 inline int __ffs(int x) { return __builtin_ffs(x); }
-template <class T> inline T __ldg(const T* p) { return *p; }
+template <class T> inline T __ldg(const T* p) {
+  if constexpr (sizeof(T) == 16) llk_emu::check_align16(p, "16-byte __ldg");
+  return *p;
+}
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }

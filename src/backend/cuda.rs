@@ -4,7 +4,9 @@
 //! there is one (sm_90 cubins for compute capability 9.x, sm_80 for 8.x: SASS runs on later
 //! minor versions of its major), else the sm_90 PTX, which the driver JIT-compiles (newer GPUs).
 //! A cubin that the driver refuses falls back to PTX too. `Device::loaded_kernels` tells which
-//! image each family got.
+//! image each family got. A build with external device code reads the images from
+//! `LLK_DEVICE_CODE_DIR` on the first load (see `modules`), and fails that load with
+//! `Error::DeviceCode` when they cannot be used.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -139,6 +141,8 @@ impl CudaShared {
             .iter()
             .find(|m| m.name == name)
             .ok_or(Error::KernelNotFound { module: name, symbol: "<module>" })?;
+        // Embedded, or (a build with external device code) read from LLK_DEVICE_CODE_DIR and checked.
+        let src = src.files()?;
         let cubin = match self.cc.0 {
             9 => Some(("sm_90", src.cubin_sm90)),
             8 => Some(("sm_80", src.cubin_sm80)),

@@ -126,11 +126,12 @@ impl Device {
         }
     }
     /// The most shared memory one block may use, in bytes (the opt-in maximum: 227 KiB on 9.0,
-    /// 163 KiB on 8.0, 99 KiB on 8.6 and 8.9). The emulated target reports 9.0's.
+    /// 163 KiB on 8.0, 99 KiB on 8.6 and 8.9). The emulated target reports that of the
+    /// architecture it emulates ([`EmuOptions::arch`], 9.0 by default).
     pub fn max_shared_memory_per_block(&self) -> usize {
         match &*self.0 {
             DeviceInner::Cuda(c) => c.shared.max_optin_smem,
-            DeviceInner::Emulated(_) => 227 * 1024,
+            DeviceInner::Emulated(e) => e.arch().max_shared_memory_per_block(),
         }
     }
     /// The PTX architecture of the images loaded on this device (`sm_90`, `sm_80`), or `None`

@@ -47,6 +47,45 @@ pub enum CpAsyncTiming {
     AtIssue,
 }
 
+/// The GPU architecture the emulator holds launches to: its per-block shared-memory limit
+/// (static + dynamic, with the opt-in attribute: sm_90 227 KiB, sm_80 163 KiB, sm_86 and sm_89
+/// 99 KiB) and the kernels' static shared memory as ptxas reports it for that architecture (the
+/// sm_80 build for every 8.x). A launch over the limit fails with the status
+/// `"shared memory limit"`, as it would fail to launch on that GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum EmuArch {
+    /// Ampere data center (A100): 163 KiB per block.
+    Sm80,
+    /// Ampere consumer (RTX 30xx, A10, A40): 99 KiB per block.
+    Sm86,
+    /// Ada (RTX 40xx, L4, L40): 99 KiB per block.
+    Sm89,
+    /// Hopper (H100, H200): 227 KiB per block.
+    #[default]
+    Sm90,
+}
+
+impl EmuArch {
+    /// The compute capability times ten (80, 86, 89, 90).
+    pub fn compute_capability(self) -> u32 {
+        match self {
+            EmuArch::Sm80 => 80,
+            EmuArch::Sm86 => 86,
+            EmuArch::Sm89 => 89,
+            EmuArch::Sm90 => 90,
+        }
+    }
+    /// The most shared memory (static + dynamic) one block may use on this architecture, in
+    /// bytes. The emulation runtime enforces the same table (kernels/emu/emu_runtime.h).
+    pub fn max_shared_memory_per_block(self) -> usize {
+        match self {
+            EmuArch::Sm80 => 163 * 1024,
+            EmuArch::Sm86 | EmuArch::Sm89 => 99 * 1024,
+            EmuArch::Sm90 => 227 * 1024,
+        }
+    }
+}
+
 /// Options of the emulated target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EmuOptions {
@@ -58,6 +97,9 @@ pub struct EmuOptions {
     pub os_threads: u32,
     /// Stack bytes per emulated CUDA thread (default 64 KiB).
     pub stack_bytes: u32,
+    /// The architecture whose shared-memory limit launches are checked against (default
+    /// [`EmuArch::Sm90`]).
+    pub arch: EmuArch,
 }
 
 impl Default for EmuOptions {
@@ -68,6 +110,7 @@ impl Default for EmuOptions {
             cp_async: CpAsyncTiming::AtWait,
             os_threads: cores.min(64) as u32,
             stack_bytes: 64 * 1024,
+            arch: EmuArch::Sm90,
         }
     }
 }
@@ -84,6 +127,30 @@ struct Entry {
     module: &'static str,
     params_size: u64,
     launch: unsafe extern "C" fn(*const std::ffi::c_void, *const LlkEmuLaunch, *mut LlkEmuReport) -> LlkEmuStatus,
+    /// The kernel's `__launch_bounds__` (max threads per block), as the host table records it.
+    max_threads: u32,
+    /// Static shared memory bytes from the ptxas reports: sm_90, sm_80.
+    static_smem: [u32; 2],
+}
+
+/// Static shared memory per kernel in a `ptxas -v` report: the `N bytes smem` of the `Used ...`
+/// line that follows each `Compiling entry function 'name'` (no such field: 0).
+fn static_smem_by_kernel(report: &'static str) -> HashMap<&'static str, u32> {
+    let mut out = HashMap::new();
+    let mut current: Option<&'static str> = None;
+    for line in report.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            current = rest.split('\'').next();
+            if let Some(name) = current {
+                out.insert(name, 0);
+            }
+        } else if let (Some(name), Some(at)) = (current, line.find(" bytes smem")) {
+            // `Used 30 registers, used 1 barriers, 128 bytes smem, ...`: the number just before.
+            let bytes = line[..at].rsplit([' ', ',']).next().and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
+            out.insert(name, bytes);
+        }
+    }
+    out
 }
 
 /// Every emulated kernel, by symbol, read once from the per-family tables that
@@ -98,6 +165,7 @@ impl Registry {
         let mut by_symbol = HashMap::new();
         let mut by_module: HashMap<&'static str, Vec<&'static str>> = HashMap::new();
         for m in MODULES {
+            let (smem90, smem80) = (static_smem_by_kernel(m.ptxas_sm90), static_smem_by_kernel(m.ptxas_sm80));
             let mut count = 0u64;
             // SAFETY: `emu_table` is `llk_emu_kernels_<family>` from kernels/<family>.cu (generated
             // by LLK_EXPORT_KERNELS): it writes the table length and returns a pointer to a
@@ -111,7 +179,15 @@ impl Registry {
                 let name = unsafe { CStr::from_ptr(k.name) }.to_str().unwrap_or("<non-utf8 kernel name>");
                 by_module.entry(m.name).or_default().push(name);
                 if let Some(launch) = k.launch {
-                    by_symbol.insert(name, Entry { module: m.name, params_size: k.params_size, launch });
+                    let static_smem = [smem90.get(name).copied().unwrap_or(0), smem80.get(name).copied().unwrap_or(0)];
+                    let entry = Entry {
+                        module: m.name,
+                        params_size: k.params_size,
+                        launch,
+                        max_threads: k.max_threads,
+                        static_smem,
+                    };
+                    by_symbol.insert(name, entry);
                 }
             }
         }
@@ -119,6 +195,9 @@ impl Registry {
     }
     pub(crate) fn names(&self, module: &str) -> Vec<&'static str> {
         self.by_module.get(module).cloned().unwrap_or_default()
+    }
+    fn entry(&self, symbol: &str) -> Option<&Entry> {
+        self.by_symbol.get(symbol)
     }
 }
 
@@ -139,6 +218,10 @@ impl EmuBackend {
     pub fn new(options: EmuOptions) -> Self {
         EmuBackend { options, counters: Counters::default(), stream: Mutex::new(()) }
     }
+    /// The architecture this device emulates.
+    pub fn arch(&self) -> EmuArch {
+        self.options.arch
+    }
     pub fn description(&self) -> String {
         let sched = match self.options.schedule {
             Schedule::Forward => "forward".to_string(),
@@ -151,7 +234,11 @@ impl EmuBackend {
             CpAsyncTiming::AtWait => "cp.async at wait",
             CpAsyncTiming::AtIssue => "cp.async at issue",
         };
-        format!("CPU emulation ({sched} schedule, {copies}, {} OS threads)", self.options.os_threads)
+        format!(
+            "CPU emulation ({sched} schedule, {copies}, sm_{} limits, {} OS threads)",
+            self.options.arch.compute_capability(),
+            self.options.os_threads
+        )
     }
 
     pub fn launch<P: KernelParams>(&self, kernel: KernelRef, dims: LaunchDims, params: &P) -> Result<()> {
@@ -191,10 +278,15 @@ impl EmuBackend {
                 CpAsyncTiming::AtWait => LlkEmuCpAsyncTiming::LLK_EMU_CP_ASYNC_AT_WAIT,
                 CpAsyncTiming::AtIssue => LlkEmuCpAsyncTiming::LLK_EMU_CP_ASYNC_AT_ISSUE,
             },
+            arch: self.options.arch.compute_capability(),
+            static_smem_bytes: match self.options.arch {
+                EmuArch::Sm90 => entry.static_smem[0],
+                EmuArch::Sm80 | EmuArch::Sm86 | EmuArch::Sm89 => entry.static_smem[1],
+            },
         };
         let mut report = LlkEmuReport::default();
         let _stream = self.stream.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        // SAFETY: `entry.launch` is `llk_emu::launch_entry<P, kernel>` for the kernel named
+        // SAFETY: `entry.launch` is `llk_emu::launch_entry<P, kernel, bound>` for the kernel named
         // `kernel.symbol`, whose params struct has the size just checked; it copies `params`
         // before running. Every pointer inside `params` was produced by `KernelArgs::ptr` from a
         // live tensor of this device (host memory), borrowed for the duration of this call, and
@@ -219,6 +311,11 @@ fn status_name(s: LlkEmuStatus) -> &'static str {
         LlkEmuStatus::LLK_EMU_UNSUPPORTED => "unsupported operation",
         LlkEmuStatus::LLK_EMU_KERNEL_TRAP => "kernel trap",
         LlkEmuStatus::LLK_EMU_MEMORY_FAULT => "memory fault",
+        LlkEmuStatus::LLK_EMU_LAUNCH_BOUNDS => "launch bounds exceeded",
+        LlkEmuStatus::LLK_EMU_SHARED_MEMORY_LIMIT => "shared memory limit",
+        LlkEmuStatus::LLK_EMU_MISALIGNED => "misaligned access",
+        LlkEmuStatus::LLK_EMU_PARAMS_OVERRUN => "params overrun",
+        LlkEmuStatus::LLK_EMU_INDEX_OUT_OF_BOUNDS => "index out of bounds",
     }
 }
 
@@ -226,4 +323,27 @@ fn status_name(s: LlkEmuStatus) -> &'static str {
 #[doc(hidden)]
 pub fn emulated_kernel_names(family: &str) -> Vec<&'static str> {
     registry().names(family)
+}
+
+/// What the emulated registry knows of one kernel beyond its name: its `__launch_bounds__` and its
+/// static shared memory (from the ptxas reports), for the static checks against the PTX.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmulatedKernelInfo {
+    /// Max threads per block the emulator allows (the kernel's first launch bound).
+    pub max_threads: u32,
+    /// Static shared memory in bytes, sm_90 build.
+    pub static_smem_sm90: u32,
+    /// Static shared memory in bytes, sm_80 build.
+    pub static_smem_sm80: u32,
+}
+
+/// The emulated registry's record of `symbol` (None if it has none).
+#[doc(hidden)]
+pub fn emulated_kernel_info(symbol: &str) -> Option<EmulatedKernelInfo> {
+    registry().entry(symbol).map(|e| EmulatedKernelInfo {
+        max_threads: e.max_threads,
+        static_smem_sm90: e.static_smem[0],
+        static_smem_sm80: e.static_smem[1],
+    })
 }

@@ -39,6 +39,7 @@ kernel_params!(
     crate::ffi::params::RmsNormParams,
     crate::ffi::params::RopeParams,
     crate::ffi::params::SwiGluParams,
+    crate::ffi::params::EmbeddingParams,
     crate::ffi::params::AttentionParams,
     crate::ffi::params::AttentionPlanParams,
     crate::ffi::params::KvAppendParams,

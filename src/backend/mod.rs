@@ -26,13 +26,16 @@ mod modules;
 mod staging;
 pub(crate) mod storage;
 
+pub use crate::error::DeviceCodeError;
 pub use crate::target::Target;
 pub(crate) use counters::Count;
 pub use counters::DeviceCounters;
 pub use cuda::{CudaKernelInfo, ImageKind};
 pub use device::{Device, Queue, Selection};
-pub use emulated::{CpAsyncTiming, EmuOptions, Schedule, emulated_kernel_names};
+pub use emulated::{
+    CpAsyncTiming, EmuArch, EmuOptions, EmulatedKernelInfo, Schedule, emulated_kernel_info, emulated_kernel_names,
+};
 pub use kernel::KernelRef;
 pub(crate) use kernel::{KernelParams, LaunchDims};
-pub use modules::{DEVICE_CODE_ORIGIN, KernelModuleInfo, kernel_modules};
+pub use modules::{DEVICE_CODE_DIR_VAR, DEVICE_CODE_EXTERNAL, DEVICE_CODE_ORIGIN, KernelModuleInfo, kernel_modules};
 pub(crate) use staging::PinnedStaging;

@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, Metadata};
 
-use super::config::{FfnSpec, LayerSpec, ModelConfig};
-use super::weights::{HostFfn, HostLayerWeights, HostTensor, expected_shapes};
+use super::config::{LayerSpec, ModelConfig};
+use super::weights::{HostLayerWeights, HostTensor};
 use crate::dtype::{DType, round_to};
 use crate::error::{Error, Result};
 
@@ -272,58 +272,9 @@ impl Checkpoint {
         }
         let spec = self.config.layer(index)?;
         let prefix = self.layer_prefix(index)?;
-        let mut tensors: HashMap<String, HostTensor> = HashMap::new();
-        for (name, shape) in expected_shapes(&spec) {
-            let t = self.tensor(&format!("{prefix}{name}"), &shape, dtype)?;
-            tensors.insert(name, t);
-        }
-        let mut take = |name: &str| {
-            tensors
-                .remove(name)
-                .ok_or_else(|| Error::Checkpoint { tensor: format!("{prefix}{name}"), why: "missing".into() })
-        };
-        let mlp = crate::spec::weights::ffn_prefix(&spec);
-        let input_norm = take("input_layernorm.weight")?;
-        let q_proj = take("self_attn.q_proj.weight")?;
-        let k_proj = take("self_attn.k_proj.weight")?;
-        let v_proj = take("self_attn.v_proj.weight")?;
-        let o_proj = take("self_attn.o_proj.weight")?;
-        let post_norm = take("post_attention_layernorm.weight")?;
-        let attn_bias = if spec.attention_bias {
-            Some([
-                take("self_attn.q_proj.bias")?,
-                take("self_attn.k_proj.bias")?,
-                take("self_attn.v_proj.bias")?,
-                take("self_attn.o_proj.bias")?,
-            ])
-        } else {
-            None
-        };
-        let ffn = match spec.ffn {
-            FfnSpec::Dense { bias, .. } => HostFfn::Dense {
-                gate: take(&format!("{mlp}.gate_proj.weight"))?,
-                up: take(&format!("{mlp}.up_proj.weight"))?,
-                down: take(&format!("{mlp}.down_proj.weight"))?,
-                bias: if bias {
-                    Some([
-                        take(&format!("{mlp}.gate_proj.bias"))?,
-                        take(&format!("{mlp}.up_proj.bias"))?,
-                        take(&format!("{mlp}.down_proj.bias"))?,
-                    ])
-                } else {
-                    None
-                },
-            },
-            FfnSpec::Moe { .. } => HostFfn::Moe {
-                router: take("feed_forward.router.weight")?,
-                experts_gate_up: take("feed_forward.experts.gate_up_proj")?,
-                experts_down: take("feed_forward.experts.down_proj")?,
-                shared_gate: take("feed_forward.shared_expert.gate_proj.weight")?,
-                shared_up: take("feed_forward.shared_expert.up_proj.weight")?,
-                shared_down: take("feed_forward.shared_expert.down_proj.weight")?,
-            },
-        };
-        Ok((spec, HostLayerWeights { input_norm, q_proj, k_proj, v_proj, o_proj, attn_bias, post_norm, ffn }))
+        let w =
+            HostLayerWeights::from_source(&spec, |name, shape| self.tensor(&format!("{prefix}{name}"), shape, dtype))?;
+        Ok((spec, w))
     }
 }
 

@@ -40,8 +40,13 @@ pub enum Kernel {
     Atomics,
     /// Shuffle edge cases (`out: i32 [6 * threads]`): offsets mod 32, widths, segments.
     ShflEdges,
-    /// Emulator guards (`out: f32 [block]`); `n` picks one: 1 dynamic shared memory (bug: a
-    /// write past the launch's size), 2 warp operations (bug: half a warp shuffles, half votes).
+    /// Emulator guards (`out: f32 [block]`, blocks of 64 threads); `n` picks one, each with its
+    /// planted bug: 1 dynamic shared memory (a write past the launch's size), 2 warp operations
+    /// (half a warp shuffles, half votes), 3 a static `__shared__` array (an index one past its
+    /// end), 4 params (a read of the byte after the struct), 5 and 6 a 16-byte vector load and
+    /// store 4 bytes off alignment, 7 and 8 `cp.async` with a misaligned shared destination and
+    /// global source, 9 `ldmatrix` with a misaligned row address, 10 a local array indexed past
+    /// its end.
     Guards,
     /// Always a planted bug, emulated only: 96 KiB of locals per thread (`out: f32 [block]`).
     StackHog,
@@ -56,6 +61,12 @@ pub enum Kernel {
     /// `out[i] = 1` for `i < n` (`in: f32 [1]`, `out: f32 [n]`); bug: thread 0 also writes
     /// `out[n + in[0]]`, outside the buffer (emulated only).
     OutOfBounds,
+    /// `out[i] = 1` for `i < n` (`out: f32 [n]`), with `__launch_bounds__(128, 4)`: a launch
+    /// with larger blocks is the planted bug.
+    BoundedFill,
+    /// `fast_exp2`, `fast_rcp` and `__fadd_rn(__fmul_rn(x, x), c)` (`in: f32 [x: n | c: n]`,
+    /// `out: f32 [3][n]`).
+    FastMath,
 }
 
 impl Kernel {
@@ -75,9 +86,11 @@ impl Kernel {
             Kernel::Ldmatrix => "selftest_ldmatrix",
             Kernel::CpAsync => "selftest_cp_async",
             Kernel::OutOfBounds => "selftest_out_of_bounds",
+            Kernel::BoundedFill => "selftest_bounded_fill",
+            Kernel::FastMath => "selftest_fast_math",
         }
     }
-    pub const ALL: [Kernel; 14] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::Stencil,
         Kernel::Deadlock,
         Kernel::DivergentBarrier,
@@ -92,6 +105,8 @@ impl Kernel {
         Kernel::Ldmatrix,
         Kernel::CpAsync,
         Kernel::OutOfBounds,
+        Kernel::BoundedFill,
+        Kernel::FastMath,
     ];
     /// Warp-level PTX checks: one warp, fixed input and output sizes (in, out elements).
     fn fixed_io(self) -> Option<(usize, usize)> {
@@ -123,6 +138,22 @@ pub fn launch(
     threads: usize,
     block: usize,
 ) -> Result<()> {
+    launch_with_dyn_smem(kernel, variant, input, out, n, threads, block, None)
+}
+
+/// [`launch`] with `dyn_smem` bytes of dynamic shared memory instead of what the kernel needs
+/// (`None`: what it needs), for launches that test the shared-memory limits.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_with_dyn_smem(
+    kernel: Kernel,
+    variant: Variant,
+    input: Option<&Tensor>,
+    out: &Tensor,
+    n: usize,
+    threads: usize,
+    block: usize,
+    dyn_smem: Option<u32>,
+) -> Result<()> {
     const OP: &str = "selftest";
     if (variant == Variant::PlantedBug || kernel == Kernel::StackHog) && out.device().target() == Target::Cuda {
         return Err(Error::invalid(OP, "variant", "PlantedBug", "planted bugs run on the emulated target only"));
@@ -148,6 +179,7 @@ pub fn launch(
             Kernel::ShflEdges => (n, 6 * threads),
             Kernel::Guards | Kernel::StackHog => (n, block),
             Kernel::Atomics => (n, 2),
+            Kernel::FastMath => (n, 3 * n),
             Kernel::Deadlock | Kernel::DivergentBarrier => (n, n.min(block)),
             _ => (n, n),
         },
@@ -155,13 +187,19 @@ pub fn launch(
     if !out.is_contiguous() || out.numel() < needed {
         return Err(Error::invalid(OP, "out", out.numel(), format!("needs {needed} contiguous elements")));
     }
-    let inputs = if kernel == Kernel::OutOfBounds { 1 } else { n };
+    let inputs = match kernel {
+        Kernel::OutOfBounds => 1,
+        Kernel::FastMath => 2 * n,
+        _ => n,
+    };
     if let Some(i) = input {
         check_dtype(OP, "in", i.dtype(), DType::F32)?;
         if !i.is_contiguous() || i.numel() < inputs {
             return Err(Error::invalid(OP, "in", i.numel(), format!("needs {inputs} contiguous elements")));
         }
-    } else if matches!(kernel, Kernel::Stencil | Kernel::DynSmem | Kernel::OutOfBounds) || kernel.fixed_io().is_some() {
+    } else if matches!(kernel, Kernel::Stencil | Kernel::DynSmem | Kernel::OutOfBounds | Kernel::FastMath)
+        || kernel.fixed_io().is_some()
+    {
         return Err(Error::invalid(OP, "in", "None", "this kernel reads an input"));
     }
     let mut args = KernelArgs::new(OP, out.device());
@@ -188,7 +226,11 @@ pub fn launch(
     let dims = LaunchDims {
         grid: (grid_x(OP, threads.div_ceil(block))?, 1, 1),
         block: (block as u32, 1, 1),
-        dyn_smem: if matches!(kernel, Kernel::DynSmem | Kernel::Guards) { (block * 4) as u32 } else { 0 },
+        dyn_smem: match dyn_smem {
+            Some(bytes) => bytes,
+            None if matches!(kernel, Kernel::DynSmem | Kernel::Guards) => (block * 4) as u32,
+            None => 0,
+        },
     };
     args.launch(KernelRef { module: "selftest", symbol: kernel.symbol() }, dims, &params)
 }

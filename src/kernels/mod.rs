@@ -4,6 +4,7 @@
 //! and every PTX kernel is reachable from exactly one row).
 
 pub(crate) mod attention;
+pub(crate) mod embedding;
 pub(crate) mod moe;
 pub(crate) mod paged_attention;
 pub(crate) mod rms_norm;
@@ -40,6 +41,10 @@ impl<K: PartialEq + Copy> KernelTable<K> {
 /// Every kernel the library's wrappers may load, family by family.
 pub(crate) fn all() -> Vec<KernelRef> {
     let v = rms_norm::symbols().chain(rope::symbols()).chain(swiglu::symbols());
-    let v = v.chain(attention::symbols()).chain(paged_attention::symbols()).chain(moe::symbols());
-    v.chain(sampling::symbols()).collect()
+    v.chain(embedding::symbols())
+        .chain(attention::symbols())
+        .chain(paged_attention::symbols())
+        .chain(moe::symbols())
+        .chain(sampling::symbols())
+        .collect()
 }

@@ -13,6 +13,7 @@
 //! memory or waits on the host ([`Device::counters`](crate::Device::counters) proves it).
 
 pub mod attention;
+pub mod embedding;
 mod error_flag;
 pub mod linear;
 pub mod moe;
@@ -28,6 +29,7 @@ pub use attention::{
     DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvCache, PagedKvConfig,
     PagedKvView, kv_append_on, merge_attention_states, merge_attention_states_on,
 };
+pub use embedding::{embedding, embedding_on};
 pub use linear::{linear, linear_add, linear_add_on, linear_on};
 pub use moe::{
     GemmGroups, MoeAlign, MoeFfnConfig, MoeResidual, MoeRouting, WeightLayout, moe_combine, moe_combine_on, moe_gather,

@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod block;
+pub mod embedding;
 pub mod linear;
 pub mod moe;
 pub mod paged_attention;

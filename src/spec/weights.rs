@@ -86,6 +86,66 @@ pub struct HostLayerWeights {
 }
 
 impl HostLayerWeights {
+    /// Assembles a layer's weights from a source that returns each tensor by its Hugging Face
+    /// name (relative to the layer, as [`Self::named`] lists them) and the shape `spec` expects:
+    /// a safetensors checkpoint, a GGUF file, generated weights.
+    pub fn from_source(
+        spec: &LayerSpec,
+        mut fetch: impl FnMut(&str, &[usize]) -> Result<HostTensor>,
+    ) -> Result<HostLayerWeights> {
+        let shapes = expected_shapes(spec);
+        let mut take = |name: &str| -> Result<HostTensor> {
+            let shape = shapes.iter().find(|(n, _)| n == name).map(|(_, s)| s.as_slice()).ok_or_else(|| {
+                Error::Checkpoint { tensor: name.to_string(), why: format!("not a tensor of {}", spec.describe()) }
+            })?;
+            fetch(name, shape)
+        };
+        let mlp = ffn_prefix(spec);
+        let input_norm = take("input_layernorm.weight")?;
+        let q_proj = take("self_attn.q_proj.weight")?;
+        let k_proj = take("self_attn.k_proj.weight")?;
+        let v_proj = take("self_attn.v_proj.weight")?;
+        let o_proj = take("self_attn.o_proj.weight")?;
+        let post_norm = take("post_attention_layernorm.weight")?;
+        let attn_bias = if spec.attention_bias {
+            Some([
+                take("self_attn.q_proj.bias")?,
+                take("self_attn.k_proj.bias")?,
+                take("self_attn.v_proj.bias")?,
+                take("self_attn.o_proj.bias")?,
+            ])
+        } else {
+            None
+        };
+        let ffn = match spec.ffn {
+            FfnSpec::Dense { bias, .. } => HostFfn::Dense {
+                gate: take(&format!("{mlp}.gate_proj.weight"))?,
+                up: take(&format!("{mlp}.up_proj.weight"))?,
+                down: take(&format!("{mlp}.down_proj.weight"))?,
+                bias: if bias {
+                    Some([
+                        take(&format!("{mlp}.gate_proj.bias"))?,
+                        take(&format!("{mlp}.up_proj.bias"))?,
+                        take(&format!("{mlp}.down_proj.bias"))?,
+                    ])
+                } else {
+                    None
+                },
+            },
+            FfnSpec::Moe { .. } => HostFfn::Moe {
+                router: take("feed_forward.router.weight")?,
+                experts_gate_up: take("feed_forward.experts.gate_up_proj")?,
+                experts_down: take("feed_forward.experts.down_proj")?,
+                shared_gate: take("feed_forward.shared_expert.gate_proj.weight")?,
+                shared_up: take("feed_forward.shared_expert.up_proj.weight")?,
+                shared_down: take("feed_forward.shared_expert.down_proj.weight")?,
+            },
+        };
+        Ok(HostLayerWeights { input_norm, q_proj, k_proj, v_proj, o_proj, attn_bias, post_norm, ffn })
+    }
+}
+
+impl HostLayerWeights {
     /// Every tensor under its Hugging Face name, relative to the layer prefix
     /// (`model.layers.N.`), in the order a checkpoint lists them.
     pub fn named(&self, spec: &LayerSpec) -> Vec<(String, &HostTensor)> {

@@ -56,14 +56,15 @@ pub fn parse_ptxas(report: &str) -> Vec<KernelResources> {
     out
 }
 
-/// Resources of every kernel of every family for `arch` (`"sm_90"` or `"sm_80"`).
-pub fn all_resources(arch: &str) -> Vec<(KernelModuleInfo, Vec<KernelResources>)> {
-    kernel_modules()
+/// Resources of every kernel of every family for `arch` (`"sm_90"` or `"sm_80"`). Fails only when
+/// a build with external device code cannot read it.
+pub fn all_resources(arch: &str) -> crate::Result<Vec<(KernelModuleInfo, Vec<KernelResources>)>> {
+    Ok(kernel_modules()?
         .map(|m| {
             let report = if arch == "sm_80" { m.ptxas_sm80 } else { m.ptxas_sm90 };
             (m, parse_ptxas(report))
         })
-        .collect()
+        .collect())
 }
 
 #[cfg(test)]

@@ -202,7 +202,10 @@ pub fn occupancy(regs: u32, threads: u32, smem: u32) -> u32 {
 
 /// Analyzes one kernel.
 pub fn analyze(spec: &Spec) -> Result<KernelPerf, String> {
-    let module = kernel_modules().find(|m| m.name == spec.module).ok_or(format!("no module {}", spec.module))?;
+    let module = kernel_modules()
+        .map_err(|e| e.to_string())?
+        .find(|m| m.name == spec.module)
+        .ok_or(format!("no module {}", spec.module))?;
     let resources = parse_ptxas(module.ptxas_sm90)
         .into_iter()
         .find(|k| k.name == spec.kernel)

@@ -91,12 +91,12 @@ fn static_bytes(resources: &[KernelResources], symbol: &str) -> usize {
 }
 
 /// Total shared memory per block (static + dynamic) of every dynamic use, per architecture.
-pub fn totals() -> Vec<(SmemUse, [usize; ARCHS.len()])> {
-    let per_image = |image: &str| -> Vec<KernelResources> {
-        all_resources(image).into_iter().flat_map(|(_, kernels)| kernels).collect()
+pub fn totals() -> crate::Result<Vec<(SmemUse, [usize; ARCHS.len()])>> {
+    let per_image = |image: &str| -> crate::Result<Vec<KernelResources>> {
+        Ok(all_resources(image)?.into_iter().flat_map(|(_, kernels)| kernels).collect())
     };
-    let (sm90, sm80) = (per_image("sm_90"), per_image("sm_80"));
-    dynamic_uses()
+    let (sm90, sm80) = (per_image("sm_90")?, per_image("sm_80")?);
+    Ok(dynamic_uses()
         .into_iter()
         .map(|u| {
             let total = ARCHS.map(|a| {
@@ -105,14 +105,14 @@ pub fn totals() -> Vec<(SmemUse, [usize; ARCHS.len()])> {
             });
             (u, total)
         })
-        .collect()
+        .collect())
 }
 
 /// The README table: one row per distinct (configuration family, size), each architecture's
 /// column `yes` or `no` (over its limit). Configurations of both 16-bit dtypes share a row.
-pub fn table() -> String {
+pub fn table() -> crate::Result<String> {
     let mut rows: Vec<(String, usize, [bool; ARCHS.len()])> = Vec::new();
-    for (u, total) in totals() {
+    for (u, total) in totals()? {
         // bf16 and f16 have the same layout: one row for both.
         let what = u.what.replace("bf16", "16-bit").replace("f16", "16-bit");
         let fits = std::array::from_fn(|i| total[i] <= ARCHS[i].max_block_bytes);
@@ -135,5 +135,5 @@ pub fn table() -> String {
         }
         s.push('\n');
     }
-    s
+    Ok(s)
 }

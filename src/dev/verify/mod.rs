@@ -9,6 +9,7 @@ pub(crate) mod attention;
 pub mod block;
 pub(crate) mod common;
 pub(crate) mod elementwise;
+pub mod model;
 pub(crate) mod moe;
 pub(crate) mod paged;
 pub(crate) mod sampling;

@@ -6,7 +6,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
     LLK_MOE_ALIGN_MAX_CHUNKS, LLK_MOE_ALIGN_MIN_CHUNK, LLK_MOE_ALIGN_THREADS, LLK_MOE_GEMM_BLOCK_M,
-    LLK_MOE_GEMM_BLOCK_M_DECODE, LLK_MOE_MAX_EXPERTS, LLK_MOE_ROW_THREADS, LlkDeviceError, MoeAlignParams,
+    LLK_MOE_GEMM_BLOCK_M_DECODE, LLK_MOE_MAX_EXPERTS, LLK_MOE_ROW_THREADS, MoeAlignParams,
 };
 use crate::kernels::moe::{ALIGN_HISTOGRAM, ALIGN_SCAN, ALIGN_SCATTER};
 use crate::launch::KernelArgs;
@@ -15,7 +15,7 @@ use crate::tensor::{Tensor, TensorView};
 
 use super::route::{MAX_EXPERTS, MAX_TOP_K_GROUPED};
 use super::rows::{contiguous_rows, to_i32};
-use crate::ops::error_flag::{Meanings, check_flag};
+use crate::ops::error_flag::{BAD_EXPERT, Meanings, check_flag};
 
 const OP_ALIGN: &str = "moe_align";
 
@@ -187,8 +187,7 @@ impl MoeAlign {
     /// Reads and clears the device-side error flag (waits for the device): `Err` when an earlier
     /// alignment met an expert id outside `[0, experts)` (those slots were dropped).
     pub fn check_errors(&self) -> Result<()> {
-        const MEANINGS: &Meanings =
-            &[(LlkDeviceError::LLK_DEVICE_BAD_EXPERT_ID, "an expert id outside [0, experts) (its slot was dropped)")];
+        const MEANINGS: &Meanings = &[BAD_EXPERT];
         check_flag(OP_ALIGN, &self.arrays()?.flag, MEANINGS)
     }
 

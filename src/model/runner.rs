@@ -1,0 +1,207 @@
+//! The whole model on the device ([`Model`]): embedding lookup, every decoder layer over one
+//! paged KV cache, the final RMSNorm and the LM head, planned once for a number of sequences, a
+//! context length and a token budget per step.
+//!
+//! A step takes new token ids for some sequences (a prompt, a chunk of one, or one token each
+//! for decode, in any mix) and returns logits: by default each sequence's last position only
+//! ([`Logits::Last`]: the norm and the LM head run on those rows alone), or every position
+//! ([`Logits::All`], for verification and perplexity). Sequences are identified by their cache
+//! slot; [`Model::clear`] frees a slot's pages for the next sequence.
+
+use crate::backend::Device;
+use crate::block::{DecoderLayer, KvCache, KvCacheConfig, LayerSpec, LayerWorkspace};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::{ErrorFlag, embedding, linear, rms_norm};
+use crate::tensor::Tensor;
+
+use super::weights::HostModel;
+
+/// What a [`Model`] is planned for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelPlan {
+    /// Sequences in flight at once (cache slots).
+    pub slots: usize,
+    /// Most tokens of one sequence (prompt plus generated).
+    pub max_len: usize,
+    /// Most new tokens in one step, all sequences together (the prefill chunk).
+    pub max_tokens: usize,
+}
+
+/// Which positions of a step get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Logits {
+    /// Each sequence's last new token: `[sequences, vocab]`, in batch order.
+    #[default]
+    Last,
+    /// Every new token: `[tokens, vocab]`, in batch order.
+    All,
+}
+
+/// The model on the device, with its KV cache and workspaces.
+#[derive(Debug)]
+pub struct Model {
+    device: Device,
+    dtype: DType,
+    plan: ModelPlan,
+    vocab: usize,
+    hidden: usize,
+    eps: f32,
+    layers: Vec<DecoderLayer>,
+    embed: Tensor,
+    norm: Tensor,
+    lm_head: Option<Tensor>,
+    cache: KvCache,
+    ws: LayerWorkspace,
+    errors: ErrorFlag,
+    /// `[max_tokens]` i32: the step's token ids; `[max_tokens]` i32: rows that get logits.
+    ids: Tensor,
+    rows: Tensor,
+    /// `[max_tokens, hidden]`: the hidden states (in place through the layers), the rows that
+    /// get logits, and their norm.
+    hidden_states: Tensor,
+    picked: Tensor,
+    normed: Tensor,
+    /// `[max_tokens, vocab]`.
+    logits: Tensor,
+}
+
+impl Model {
+    /// Uploads `host` in `dtype` and plans the cache and workspaces for `plan`.
+    pub fn new(device: &Device, host: &HostModel, dtype: DType, plan: ModelPlan) -> Result<Model> {
+        const OP: &str = "Model::new";
+        if plan.slots == 0 || plan.max_len == 0 || plan.max_tokens == 0 {
+            return Err(Error::invalid(OP, "plan", format!("{plan:?}"), "every size must be > 0"));
+        }
+        let specs: Vec<LayerSpec> = host.layers.iter().map(|(s, _)| *s).collect();
+        let layers =
+            host.layers.iter().map(|(s, w)| DecoderLayer::new(device, dtype, *s, w)).collect::<Result<Vec<_>>>()?;
+        let (vocab, hidden) = (host.vocab(), host.hidden());
+        let up = |t: &crate::block::HostTensor| crate::block::weights::upload(device, dtype, &t.data, &t.shape);
+        let embed = up(&host.embed)?;
+        let norm = up(&host.norm)?;
+        let lm_head = host.lm_head.as_ref().map(up).transpose()?;
+        let cache = KvCache::for_layers_with(device, dtype, &specs, &KvCacheConfig::new(plan.slots, plan.max_len))?;
+        let ws = LayerWorkspace::plan(device, dtype, &specs, plan.max_tokens, &cache)?;
+        let t = plan.max_tokens;
+        Ok(Model {
+            device: device.clone(),
+            dtype,
+            plan,
+            vocab,
+            hidden,
+            eps: host.eps,
+            layers,
+            embed,
+            norm,
+            lm_head,
+            cache,
+            ws,
+            errors: ErrorFlag::new(device)?,
+            ids: Tensor::zeros(device, DType::I32, &[t])?,
+            rows: Tensor::zeros(device, DType::I32, &[t])?,
+            hidden_states: Tensor::zeros(device, dtype, &[t, hidden])?,
+            picked: Tensor::zeros(device, dtype, &[t, hidden])?,
+            normed: Tensor::zeros(device, dtype, &[t, hidden])?,
+            logits: Tensor::zeros(device, dtype, &[t, vocab])?,
+        })
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+    /// The run dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// What the model was planned for.
+    pub fn plan(&self) -> ModelPlan {
+        self.plan
+    }
+    /// Tokens in the vocabulary.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+    /// Elements per token of the hidden states.
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+    /// Tokens cached for `slot` so far.
+    pub fn len(&self, slot: usize) -> usize {
+        self.cache.lens().get(slot).copied().unwrap_or(0)
+    }
+    /// Forgets `slot`'s sequence and frees its pages.
+    pub fn clear(&mut self, slot: usize) {
+        self.cache.clear(slot);
+    }
+    /// Reads and clears the device error flag (waits for the device): `Err` when a token id of
+    /// an earlier step was outside the vocabulary (its embedding row was zeros).
+    pub fn check_errors(&self) -> Result<()> {
+        self.errors.check("Model::step")
+    }
+
+    /// One step: `batch` lists `(slot, new token ids)` in increasing slot order; returns the
+    /// logits of [`Logits`] `which` (a view of the model's buffer, valid until the next step).
+    pub fn step(&mut self, batch: &[(usize, &[u32])], which: Logits) -> Result<Tensor> {
+        self.step_observed(batch, which, &mut |_, _| Ok(()))
+    }
+
+    /// [`Model::step`], calling `observe(layer, hidden)` after each layer with its output
+    /// (`[tokens, hidden]`; for verification: reading it waits for the device).
+    pub fn step_observed(
+        &mut self,
+        batch: &[(usize, &[u32])],
+        which: Logits,
+        observe: &mut dyn FnMut(usize, &Tensor) -> Result<()>,
+    ) -> Result<Tensor> {
+        const OP: &str = "Model::step";
+        let mut ids = Vec::new();
+        for (slot, tokens) in batch {
+            if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
+                return Err(Error::invalid(
+                    OP,
+                    "token id",
+                    bad,
+                    format!("slot {slot}: the vocabulary has {}", self.vocab),
+                ));
+            }
+            ids.extend(tokens.iter().map(|&t| t as i32));
+        }
+        let shape: Vec<(usize, usize)> = batch.iter().map(|(s, t)| (*s, t.len())).collect();
+        let step = self.ws.begin_step(&mut self.cache, &shape)?;
+        let t = step.tokens;
+        let ids_t = self.ids.narrow(0, 0, t)?;
+        ids_t.copy_from_slice(&ids)?;
+        let hidden = self.hidden_states.narrow(0, 0, t)?;
+        embedding(&self.embed, &ids_t, &hidden, &self.errors)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            layer.forward(&mut self.ws, &self.cache, i, &step, &hidden)?;
+            observe(i, &hidden)?;
+        }
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let rows = match which {
+            Logits::All => {
+                let normed = self.normed.narrow(0, 0, t)?;
+                rms_norm(&hidden, &self.norm, self.eps, &normed)?;
+                let logits = self.logits.narrow(0, 0, t)?;
+                linear(&normed, head, None, &logits)?;
+                self.cache.commit(&step)?;
+                return Ok(logits);
+            }
+            Logits::Last => step.seqs.iter().map(|s| (s.offset + s.new - 1) as i32).collect::<Vec<i32>>(),
+        };
+        let n = rows.len();
+        let rows_t = self.rows.narrow(0, 0, n)?;
+        rows_t.copy_from_slice(&rows)?;
+        // The last rows, gathered by the embedding kernel (a row gather of the hidden states).
+        let picked = self.picked.narrow(0, 0, n)?;
+        embedding(&hidden, &rows_t, &picked, &self.errors)?;
+        let normed = self.normed.narrow(0, 0, n)?;
+        rms_norm(&picked, &self.norm, self.eps, &normed)?;
+        let logits = self.logits.narrow(0, 0, n)?;
+        linear(&normed, head, None, &logits)?;
+        self.cache.commit(&step)?;
+        Ok(logits)
+    }
+}

@@ -1,0 +1,138 @@
+//! Whole models against the f64 reference: seeded random models (tied and untied LM heads,
+//! every float dtype) and the real SmolLM2-135M-Instruct GGUF that `scripts/setup.sh` fetches
+//! (30 layers, 9 q / 3 kv heads, Q4_1 weights and a Q8_0 embedding, dequantized at load), each
+//! through a prefill and decode steps: every layer stage-local and the next-token distributions
+//! end to end (KL divergence and top-1 agreement).
+
+use llama_kernels::dev::testing::test_model_path;
+use llama_kernels::dev::verify::block::LLAMA3_SMALL;
+use llama_kernels::dev::verify::model::check_model;
+use llama_kernels::model::{HostModel, Logits, Model, ModelPlan};
+use llama_kernels::{DType, Device, Error};
+
+fn two_layers() -> String {
+    LLAMA3_SMALL.replace(r#""num_hidden_layers": 1"#, r#""num_hidden_layers": 2"#)
+}
+
+#[test]
+fn random_models_match_the_reference_in_every_dtype() {
+    let d = Device::emulated();
+    for (dtype, tied) in [(DType::F32, true), (DType::BF16, false), (DType::F16, true)] {
+        let host = HostModel::random(&two_layers(), 300, tied, dtype, 7).unwrap();
+        let steps = vec![vec![1, 7, 299, 0, 42, 42, 3, 150, 8], vec![11], vec![12]];
+        let r = check_model(&d, &host, dtype, &steps).unwrap();
+        println!("{dtype} tied {tied}:\n{}", r.describe(dtype));
+        assert!(r.pass, "{dtype}:\n{}", r.describe(dtype));
+    }
+}
+
+#[test]
+fn last_position_logits_equal_the_all_positions_logits() {
+    let d = Device::emulated();
+    let host = HostModel::random(&two_layers(), 300, false, DType::BF16, 3).unwrap();
+    let plan = ModelPlan { slots: 2, max_len: 32, max_tokens: 16 };
+    let prompt: Vec<u32> = vec![5, 6, 7, 8, 9];
+    let mut a = Model::new(&d, &host, DType::BF16, plan).unwrap();
+    let all = a.step(&[(0, &prompt)], Logits::All).unwrap().to_f64_vec().unwrap();
+    let mut b = Model::new(&d, &host, DType::BF16, plan).unwrap();
+    // Two sequences in one step: slot 1 is the same prompt, its last row must match.
+    let last = b.step(&[(0, &[1, 2]), (1, &prompt)], Logits::Last).unwrap().to_f64_vec().unwrap();
+    assert_eq!(&last[300..], &all[4 * 300..], "slot 1's last logits differ from the single-sequence run");
+    assert_eq!((b.len(0), b.len(1)), (2, 5));
+    b.clear(1);
+    assert_eq!(b.len(1), 0);
+}
+
+#[test]
+fn bad_token_ids_and_plans_are_named_errors() {
+    let d = Device::emulated();
+    let host = HostModel::random(&two_layers(), 300, true, DType::F32, 3).unwrap();
+    let plan = ModelPlan { slots: 1, max_len: 8, max_tokens: 4 };
+    let mut m = Model::new(&d, &host, DType::F32, plan).unwrap();
+    assert!(matches!(m.step(&[(0, &[300])], Logits::Last), Err(Error::InvalidArgument { name: "token id", .. })));
+    assert!(matches!(m.step(&[(0, &[1, 2, 3, 4, 5])], Logits::Last), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(m.step(&[(1, &[1])], Logits::Last), Err(Error::InvalidArgument { name: "slot", .. })));
+    assert!(Model::new(&d, &host, DType::F32, ModelPlan { slots: 0, ..plan }).is_err());
+    m.step(&[(0, &[1, 2])], Logits::Last).unwrap();
+    m.check_errors().unwrap();
+}
+
+#[test]
+fn the_real_model_matches_the_reference() {
+    let path = match test_model_path() {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("note: real-model test not run: {why}");
+            return;
+        }
+    };
+    let d = Device::emulated();
+    for dtype in [DType::F32, DType::BF16] {
+        let host = HostModel::from_gguf(&path, dtype).unwrap();
+        assert_eq!((host.layers.len(), host.vocab(), host.hidden()), (30, 49152, 576));
+        assert!(host.lm_head.is_none(), "SmolLM2 ties its LM head to the embedding");
+        // "<|im_start|>user\nWhat is the capital of France?" as Hugging Face `tokenizers` encodes
+        // it with this file's vocabulary and merges (byte-level BPE), then two decode steps.
+        let prompt = vec![1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47];
+        let r = check_model(&d, &host, dtype, &[prompt, vec![2], vec![198]]).unwrap();
+        println!("SmolLM2-135M {dtype}:\n{}", r.describe(dtype));
+        assert!(r.pass, "{dtype}:\n{}", r.describe(dtype));
+    }
+}
+
+#[test]
+fn generation_stops_on_a_stop_id_the_limit_or_the_caller_and_frees_the_slot() {
+    use llama_kernels::model::{GenerateOptions, Sampling, StopReason};
+    let d = Device::emulated();
+    let host = HostModel::random(&two_layers(), 300, false, DType::F32, 5).unwrap();
+    let plan = ModelPlan { slots: 1, max_len: 24, max_tokens: 4 };
+    let mut m = Model::new(&d, &host, DType::F32, plan).unwrap();
+    let prompt: Vec<u32> = (0..10).map(|i| (i * 31 % 300) as u32).collect();
+    let opts = GenerateOptions { max_new_tokens: 6, stop: Default::default(), sampling: Sampling::Greedy };
+    // The reference loop: the same prompt stepped by hand (chunks of 4), greedy on the host.
+    let mut manual = Model::new(&d, &host, DType::F32, plan).unwrap();
+    let mut logits = Vec::new();
+    for chunk in prompt.chunks(4) {
+        logits = manual.step(&[(0, chunk)], Logits::Last).unwrap().to_f64_vec().unwrap();
+    }
+    let mut want = Vec::new();
+    for _ in 0..6 {
+        let next = (0..300).fold(0, |b, i| if logits[i] > logits[b] { i } else { b }) as u32;
+        want.push(next);
+        logits = manual.step(&[(0, &[next])], Logits::Last).unwrap().to_f64_vec().unwrap();
+    }
+    let mut streamed = Vec::new();
+    let g = m
+        .generate(0, &prompt, &opts, &mut |t| {
+            streamed.push(t);
+            true
+        })
+        .unwrap();
+    assert_eq!((g.tokens.clone(), g.reason), (want.clone(), StopReason::Limit));
+    assert_eq!(streamed, want);
+    assert_eq!(m.len(0), 0, "the slot is freed");
+    // A stop id: generation ends on it (returned, not streamed).
+    let stop = GenerateOptions { stop: [want[2]].into(), ..opts.clone() };
+    let g = m.generate(0, &prompt, &stop, &mut |_| true).unwrap();
+    assert_eq!((g.tokens.as_slice(), g.reason), (&want[..3], StopReason::Stop(want[2])));
+    // The caller stops after two tokens; the context limit stops a long request.
+    let mut n = 0;
+    let g = m
+        .generate(0, &prompt, &opts, &mut |_| {
+            n += 1;
+            n < 2
+        })
+        .unwrap();
+    assert_eq!((g.tokens.len(), g.reason), (2, StopReason::Caller));
+    let long = GenerateOptions { max_new_tokens: 100, ..opts.clone() };
+    let g = m.generate(0, &prompt, &long, &mut |_| true).unwrap();
+    assert_eq!((g.tokens.len(), g.reason), (24 - 10 + 1, StopReason::Context));
+    // Bad requests are named and leave the slot free.
+    assert!(matches!(m.generate(0, &[], &opts, &mut |_| true), Err(Error::InvalidArgument { name: "prompt", .. })));
+    let too_long: Vec<u32> = vec![1; 24];
+    assert!(matches!(
+        m.generate(0, &too_long, &opts, &mut |_| true),
+        Err(Error::InvalidArgument { name: "prompt", .. })
+    ));
+    assert_eq!(m.len(0), 0);
+}
