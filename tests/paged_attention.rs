@@ -842,3 +842,26 @@ fn every_prefill_paged_and_merge_validation_error_is_named() {
     let e = merge_attention_states(&v, &l, &v, &l, &o, Some(&l)).unwrap_err();
     assert!(matches!(&e, Error::Overlap { .. }), "{e}");
 }
+
+#[test]
+fn what_does_not_fit_an_architecture_is_refused_by_name() {
+    // 8.6/8.9 have 99 KiB of shared memory per block: decode with 16-bit pages at head_dim 96,
+    // 128 and 256 and prefill at head_dim 256 do not fit (the README's table), fp8 pages do.
+    use llama_kernels::{EmuArch, EmuOptions};
+    let on = |arch| Device::emulated_with(EmuOptions { arch, ..EmuOptions::default() });
+    let (d86, d80) = (on(EmuArch::Sm86), on(EmuArch::Sm80));
+    for hd in [96, 128, 256] {
+        named(PagedDecodeWorkspace::plan(&d86, &bf16_shape(1, 8, 2, hd, 64)).map(drop), "head_dim");
+    }
+    decode_pass(&d86, &PagedDecodeCase::new(DType::BF16, DType::F8E4M3, &[20, 3], 8, 2, 128, 16));
+    decode_pass(&d86, &PagedDecodeCase::new(DType::F16, DType::F16, &[20, 3], 8, 2, 64, 16));
+    decode_pass(&d80, &PagedDecodeCase::new(DType::BF16, DType::BF16, &[20, 3], 8, 2, 128, 16));
+    let t = |d: &Device| Tensor::zeros(d, DType::BF16, &[16, 2, 256]).unwrap();
+    let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
+    let mut ws = AttentionWorkspace::plan(&d86, 1).unwrap();
+    let (q, out) = (t(&d86), t(&d86));
+    named(ws.forward(&q, &q, &q, &[0, 16], &[0, 16], &out, None, &opts), "shared memory");
+    let mut ws80 = AttentionWorkspace::plan(&d80, 1).unwrap();
+    let (q, out) = (t(&d80), t(&d80));
+    ws80.forward(&q, &q, &q, &[0, 16], &[0, 16], &out, None, &opts).unwrap();
+}

@@ -38,7 +38,7 @@ fn every_symbol_the_wrappers_load_exists_everywhere() {
 #[test]
 fn emulated_launch_bounds_and_static_shared_memory_match_the_device_code() {
     let mut checked = 0;
-    for m in kernel_modules() {
+    for m in kernel_modules().expect("the device code") {
         for (arch, ptx, report) in [("sm_90", m.ptx_sm90, m.ptxas_sm90), ("sm_80", m.ptx_sm80, m.ptxas_sm80)] {
             let resources = parse_ptxas(report);
             let mut lines = ptx.lines();

@@ -77,7 +77,7 @@ impl EmuArch {
     }
     /// The most shared memory (static + dynamic) one block may use on this architecture, in
     /// bytes. The emulation runtime enforces the same table (kernels/emu/emu_runtime.h).
-    pub fn max_shared_memory_per_block(self) -> usize {
+    pub const fn max_shared_memory_per_block(self) -> usize {
         match self {
             EmuArch::Sm80 => 163 * 1024,
             EmuArch::Sm86 | EmuArch::Sm89 => 99 * 1024,
@@ -165,7 +165,13 @@ impl Registry {
         let mut by_symbol = HashMap::new();
         let mut by_module: HashMap<&'static str, Vec<&'static str>> = HashMap::new();
         for m in MODULES {
-            let (smem90, smem80) = (static_smem_by_kernel(m.ptxas_sm90), static_smem_by_kernel(m.ptxas_sm80));
+            // Static shared memory from the ptxas reports. With external device code whose
+            // folder is not set (LLK_DEVICE_CODE_DIR), the reports are unavailable and the
+            // emulator checks the dynamic part of a launch alone.
+            let (smem90, smem80) = match m.files() {
+                Ok(f) => (static_smem_by_kernel(f.ptxas_sm90), static_smem_by_kernel(f.ptxas_sm80)),
+                Err(_) => Default::default(),
+            };
             let mut count = 0u64;
             // SAFETY: `emu_table` is `llk_emu_kernels_<family>` from kernels/<family>.cu (generated
             // by LLK_EXPORT_KERNELS): it writes the table length and returns a pointer to a

@@ -7,6 +7,7 @@
 //! limit cannot run there: the op returns a named error before launching. The README's table
 //! "Shared memory per architecture" is [`table`], checked by `tests/static_checks.rs`.
 
+use crate::backend::EmuArch;
 use crate::dtype::DType;
 use crate::ffi::params::{LLK_MOE_GEMM_BLOCK_M, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE};
 use crate::kernels::attention::KERNELS as PREFILL;
@@ -30,9 +31,17 @@ pub struct ArchLimit {
 /// The architectures the crate builds for, by per-block shared memory: Hopper (227 KiB), A100
 /// (163 KiB) and consumer Ampere / Ada (99 KiB).
 pub const ARCHS: [ArchLimit; 3] = [
-    ArchLimit { name: "9.0 (H100, H200)", image: "sm_90", max_block_bytes: 227 * 1024 },
-    ArchLimit { name: "8.0 (A100, A30)", image: "sm_80", max_block_bytes: 163 * 1024 },
-    ArchLimit { name: "8.6, 8.9 (RTX 30xx/40xx, A10, L4, L40)", image: "sm_80", max_block_bytes: 99 * 1024 },
+    ArchLimit {
+        name: "9.0 (H100, H200)",
+        image: "sm_90",
+        max_block_bytes: EmuArch::Sm90.max_shared_memory_per_block(),
+    },
+    ArchLimit { name: "8.0 (A100, A30)", image: "sm_80", max_block_bytes: EmuArch::Sm80.max_shared_memory_per_block() },
+    ArchLimit {
+        name: "8.6, 8.9 (RTX 30xx/40xx, A10, L4, L40)",
+        image: "sm_80",
+        max_block_bytes: EmuArch::Sm86.max_shared_memory_per_block(),
+    },
 ];
 
 /// One kernel configuration that requests dynamic shared memory.
