@@ -150,6 +150,8 @@ typedef enum LlkDeviceError {
   LLK_DEVICE_BAD_PAGE = 2,     // a block-table entry outside [0, num_pages)
   LLK_DEVICE_BAD_EXPERT_ID = 4,  // an expert id outside [0, experts) (MoE align; the slot is dropped)
   LLK_DEVICE_BAD_TOKEN_ID = 8,   // a token id outside [0, vocab) (embedding; its row is zeros)
+  LLK_DEVICE_BAD_SAMPLING_PARAMS = 16,  // a row's temperature, top_k, top_p or min_p outside its domain (token -1)
+  LLK_DEVICE_NO_CANDIDATE = 32,  // a row whose logits are all -inf or NaN (token -1)
 } LlkDeviceError;
 
 // Where the prefill kernel reads K and V from.
@@ -482,6 +484,35 @@ typedef struct MoeCombineParams {
   int64_t out_row_stride;
   LlkMoeScale scale;  // SCALED: out = sum w y (softmax routing); UNSCALED: sum y (Llama 4)
 } MoeCombineParams;
+
+// ---------------------------------------------------------------------------- Sampling
+// One token per row of logits (kernels/sampling.cu): temperature (0 = greedy argmax), top-k,
+// top-p, min-p, then an inverse-CDF draw from a Philox-4x32-10 stream keyed by the row's seed at
+// counter (offset, 0). Per-row parameters are device arrays (0 when absent: the default below).
+// Threads per block (launch bounds; the host plans a multiple of 32 up to this many).
+#define LLK_SAMPLE_MAX_THREADS 1024
+// Elements each thread takes in index order per step of the draw pass.
+#define LLK_SAMPLE_DRAW_PER_THREAD 8
+// Weights are summed as fixed-point integers w * 2^LLK_SAMPLE_MASS_BITS (truncated), exactly
+// and in any order: w <= 1, so a row of up to 2^23 elements sums below 2^63.
+#define LLK_SAMPLE_MASS_BITS 40
+// Largest vocabulary (the fixed-point sums above, and i32 token ids).
+#define LLK_SAMPLE_MAX_VOCAB 8388608
+
+typedef struct SampleParams {
+  uint64_t logits;       // [batch, vocab] f32/f16/bf16, rows `logits_row_stride` apart
+  uint64_t temperature;  // [batch] f32; 0 = greedy (required)
+  uint64_t top_k;        // [batch] i32; 0 = off (absent: off)
+  uint64_t top_p;        // [batch] f32; 1 = off (absent: off)
+  uint64_t min_p;        // [batch] f32; 0 = off (absent: off)
+  uint64_t seeds;        // [batch] i64 (the bits as u64): Philox key (absent: 0)
+  uint64_t offsets;      // [batch] i64 (the bits as u64): Philox counter (absent: 0)
+  uint64_t tokens;       // [batch] i32 output: the sampled id, or -1 (see LlkDeviceError)
+  uint64_t error_flag;   // i32, LlkDeviceError bits ORed in
+  int64_t batch;
+  int64_t vocab;
+  int64_t logits_row_stride;
+} SampleParams;
 
 // ---------------------------------------------------------------------------- Self-tests
 // Small kernels that exercise the emulation runtime (and, on a GPU, check that the emulated PTX

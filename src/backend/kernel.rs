@@ -51,5 +51,6 @@ kernel_params!(
     crate::ffi::params::MoeGatherParams,
     crate::ffi::params::MoeGemmParams,
     crate::ffi::params::MoeCombineParams,
+    crate::ffi::params::SampleParams,
     crate::ffi::params::SelftestParams,
 );

@@ -9,6 +9,7 @@ pub(crate) mod moe;
 pub(crate) mod paged_attention;
 pub(crate) mod rms_norm;
 pub(crate) mod rope;
+pub(crate) mod sampling;
 pub(crate) mod swiglu;
 
 use crate::backend::KernelRef;
@@ -44,5 +45,6 @@ pub(crate) fn all() -> Vec<KernelRef> {
         .chain(attention::symbols())
         .chain(paged_attention::symbols())
         .chain(moe::symbols())
+        .chain(sampling::symbols())
         .collect()
 }

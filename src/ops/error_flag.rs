@@ -30,6 +30,10 @@ impl ErrorFlag {
     pub fn check(&self, op: &'static str) -> Result<()> {
         check_flag(op, &self.flag, ALL)
     }
+    /// [`ErrorFlag::check`] for a flag [`crate::ops::sampling`] raised: names its bits.
+    pub fn check_sampling(&self) -> Result<()> {
+        check_flag("sample", &self.flag, SAMPLING)
+    }
 }
 
 /// What each bit means to an op, in the words of its inputs.
@@ -44,6 +48,15 @@ pub(crate) const PAGED: &Meanings = &[
     (LlkDeviceError::LLK_DEVICE_BAD_PAGE, "a page id or slot outside the page pool (its keys were skipped)"),
 ];
 
+/// Token sampling's meanings.
+pub(crate) const SAMPLING: &Meanings = &[
+    (
+        LlkDeviceError::LLK_DEVICE_BAD_SAMPLING_PARAMS,
+        "bad sampling parameters (temperature negative, NaN or inf; top_k < 0; top_p or min_p outside [0, 1]): token -1",
+    ),
+    (LlkDeviceError::LLK_DEVICE_NO_CANDIDATE, "a row of logits all -inf or NaN: token -1"),
+];
+
 /// The MoE permutation's meaning of its bit.
 pub(crate) const BAD_EXPERT: (LlkDeviceError, &str) =
     (LlkDeviceError::LLK_DEVICE_BAD_EXPERT_ID, "an expert id outside [0, experts) (its slot was dropped)");
@@ -54,6 +67,8 @@ const ALL: &Meanings = &[
     PAGED[1],
     BAD_EXPERT,
     (LlkDeviceError::LLK_DEVICE_BAD_TOKEN_ID, "a token id outside [0, vocab) (its embedding row is zeros)"),
+    SAMPLING[0],
+    SAMPLING[1],
 ];
 
 /// Reads and clears an i32 error flag (waits for the device), naming its bits by `meanings`.

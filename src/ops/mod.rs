@@ -19,6 +19,7 @@ pub mod linear;
 pub mod moe;
 pub mod rms_norm;
 pub mod rope;
+pub mod sampling;
 pub mod swiglu;
 
 pub use attention::{
@@ -36,4 +37,5 @@ pub use moe::{
 };
 pub use rms_norm::{fused_add_rms_norm, fused_add_rms_norm_on, rms_norm, rms_norm_on};
 pub use rope::{Llama3Scaling, Rope, RopeConfig, RopeLayout};
+pub use sampling::{SamplingBatch, SamplingTensors, SamplingViews, sample, sample_on};
 pub use swiglu::{GateUp, GateUpView, swiglu, swiglu_on};

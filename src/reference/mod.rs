@@ -12,6 +12,7 @@ pub mod moe;
 pub mod paged_attention;
 pub mod rms_norm;
 pub mod rope;
+pub mod sampling;
 pub mod swiglu;
 
 use crate::error::{Error, Result};

@@ -6,4 +6,5 @@ pub mod attention;
 pub mod layer;
 pub mod moe;
 pub mod rope;
+pub mod sampling;
 pub mod weights;

@@ -12,12 +12,14 @@ pub(crate) mod elementwise;
 pub mod model;
 pub(crate) mod moe;
 pub(crate) mod paged;
+pub(crate) mod sampling;
 
 pub use attention::*;
 pub use common::{CaseResult, Outcome, gaps_poisoned, rows_tensor, table};
 pub use elementwise::*;
 pub use moe::*;
 pub use paged::*;
+pub use sampling::*;
 
 use crate::backend::Device;
 use common::outcome;
@@ -35,5 +37,6 @@ pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
     out.extend(append.into_iter().map(|c| kv_append_case(device, &c).map_err(|e| (format!("{c:?}"), e))));
     out.extend(decode.into_iter().map(|c| paged_decode_case(device, &c).map_err(|e| (format!("{c:?}"), e))));
     out.extend(moe_cases(device, quick));
+    out.extend(sample_cases(quick).into_iter().map(|c| outcome(c, sample_case(device, c))));
     out
 }
