@@ -82,13 +82,14 @@ fn the_real_model_matches_the_reference() {
 
 #[test]
 fn generation_stops_on_a_stop_id_the_limit_or_the_caller_and_frees_the_slot() {
-    use llama_kernels::model::{GenerateOptions, Sampling, StopReason};
+    use llama_kernels::model::{GenerateOptions, SamplingConfig, StopReason};
     let d = Device::emulated();
     let host = HostModel::random(&two_layers(), 300, false, DType::F32, 5).unwrap();
     let plan = ModelPlan { slots: 1, max_len: 24, max_tokens: 4 };
     let mut m = Model::new(&d, &host, DType::F32, plan).unwrap();
     let prompt: Vec<u32> = (0..10).map(|i| (i * 31 % 300) as u32).collect();
-    let opts = GenerateOptions { max_new_tokens: 6, stop: Default::default(), sampling: Sampling::Greedy };
+    let opts =
+        GenerateOptions { max_new_tokens: 6, stop: Default::default(), sampling: SamplingConfig::GREEDY, seed: 0 };
     // The reference loop: the same prompt stepped by hand (chunks of 4), greedy on the host.
     let mut manual = Model::new(&d, &host, DType::F32, plan).unwrap();
     let mut logits = Vec::new();
@@ -135,4 +136,34 @@ fn generation_stops_on_a_stop_id_the_limit_or_the_caller_and_frees_the_slot() {
         Err(Error::InvalidArgument { name: "prompt", .. })
     ));
     assert_eq!(m.len(0), 0);
+}
+
+#[test]
+fn sampled_generation_is_reproducible_from_its_seed() {
+    use llama_kernels::model::{GenerateOptions, SamplingConfig};
+    let d = Device::emulated();
+    let host = HostModel::random(&two_layers(), 300, false, DType::BF16, 9).unwrap();
+    let mut m = Model::new(&d, &host, DType::BF16, ModelPlan { slots: 1, max_len: 32, max_tokens: 8 }).unwrap();
+    let prompt: Vec<u32> = vec![3, 1, 4, 1, 5, 9, 2, 6];
+    let cfg = SamplingConfig { temperature: 1.5, top_k: 50, top_p: 0.95, min_p: 0.0 };
+    let run = |m: &mut Model, seed| {
+        let opts = GenerateOptions { max_new_tokens: 8, stop: Default::default(), sampling: cfg, seed };
+        m.generate(0, &prompt, &opts, &mut |_| true).unwrap().tokens
+    };
+    let (a, b) = (run(&mut m, 1), run(&mut m, 1));
+    assert_eq!(a, b, "the same seed gives the same tokens");
+    let others: Vec<Vec<u32>> = (2..6).map(|s| run(&mut m, s)).collect();
+    assert!(others.iter().any(|o| o != &a), "four other seeds all gave {a:?}");
+    assert!(a.iter().all(|&t| t < 300));
+    // Parameters out of their domain are refused before anything runs.
+    let bad = GenerateOptions {
+        max_new_tokens: 4,
+        stop: Default::default(),
+        sampling: SamplingConfig { temperature: -1.0, ..cfg },
+        seed: 0,
+    };
+    assert!(matches!(
+        m.generate(0, &prompt, &bad, &mut |_| true),
+        Err(Error::InvalidArgument { name: "sampling", .. })
+    ));
 }

@@ -20,6 +20,7 @@ use half::{bf16, f16};
 use safetensors::tensor::{Dtype, Metadata};
 
 use super::config::{LayerSpec, ModelConfig};
+use super::files::open_regular;
 use super::weights::{HostLayerWeights, HostTensor};
 use crate::dtype::{DType, round_to};
 use crate::error::{Error, Result};
@@ -32,23 +33,6 @@ struct Mapped {
     /// Where the tensor data starts (8 + header length).
     data_start: usize,
     meta: Metadata,
-}
-
-/// Opens `path` for reading if it is a regular file (after following symlinks): a FIFO, a device
-/// or a directory under a checkpoint file's name is an error, never opened (opening a FIFO would
-/// block, reading a device would not end).
-pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File> {
-    let io = |why: String| Error::Io { path: path.display().to_string(), why };
-    let meta = std::fs::metadata(path).map_err(|e| io(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(io(format!("not a regular file ({:?})", meta.file_type())));
-    }
-    let file = std::fs::File::open(path).map_err(|e| io(e.to_string()))?;
-    // The same check on what was opened, in case the path changed in between.
-    if !file.metadata().map_err(|e| io(e.to_string()))?.is_file() {
-        return Err(io("not a regular file".into()));
-    }
-    Ok(file)
 }
 
 /// Whether `name` is a plain file name: one path component, not `.` or `..`, no separator. Shard

@@ -482,7 +482,7 @@ impl ModelConfig {
     /// Reads `path` (a `config.json`).
     pub fn from_file(path: &std::path::Path) -> Result<ModelConfig> {
         let mut text = String::new();
-        std::io::Read::read_to_string(&mut super::checkpoint::open_regular(path)?, &mut text)
+        std::io::Read::read_to_string(&mut super::files::open_regular(path)?, &mut text)
             .map_err(|e| Error::Io { path: path.display().to_string(), why: e.to_string() })?;
         Self::from_json(&text)
     }

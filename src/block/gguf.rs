@@ -22,7 +22,7 @@ use std::path::Path;
 
 use half::{bf16, f16};
 
-use super::checkpoint::open_regular;
+use super::files::open_regular;
 use crate::error::{Error, Result};
 
 /// The most dimensions a GGUF tensor has (GGML_MAX_DIMS).

@@ -56,6 +56,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod files;
 pub mod gguf;
 mod kv_cache;
 pub mod layer;

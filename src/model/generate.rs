@@ -5,21 +5,22 @@
 //! Stop ids are a set: a model's `eos_token_id` may be a list (Llama 3.1 lists 128001, 128008
 //! and 128009; a chat turn ends with `<|eot_id|>` 128009, not `<|end_of_text|>` 128001), and
 //! callers add their own. The stop token is returned with the others but is not text.
+//!
+//! Tokens are chosen on the device ([`crate::ops::sampling`]: greedy, temperature, top-k, top-p,
+//! min-p, a counter-based RNG keyed by the seed, its counter the token's index), so a step reads
+//! back one token id, not the logits. A run is reproducible from its seed. f16 runs also read
+//! the logits back to name an overflow (non-finite logits) instead of sampling from it.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ops::sampling::{SamplingBatch, sample};
+pub use crate::spec::sampling::SamplingConfig;
+use crate::tensor::Tensor;
 
 use super::runner::{Logits, Model};
-
-/// How the next token is chosen from the logits.
-#[derive(Clone, Copy, Debug, PartialEq, Default)]
-pub enum Sampling {
-    /// The most likely token (ties to the lowest id).
-    #[default]
-    Greedy,
-}
 
 /// What [`Model::generate`] is asked for.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,8 +30,10 @@ pub struct GenerateOptions {
     /// Token ids that end the sequence (the model's end-of-sequence and end-of-turn ids, plus
     /// the caller's).
     pub stop: BTreeSet<u32>,
-    /// How tokens are chosen.
-    pub sampling: Sampling,
+    /// How tokens are chosen ([`SamplingConfig::GREEDY`]: the argmax).
+    pub sampling: SamplingConfig,
+    /// The RNG's key: the same seed, prompt and parameters give the same tokens.
+    pub seed: u64,
 }
 
 /// Why generation ended.
@@ -57,17 +60,6 @@ pub struct Generation {
     pub time_to_first_token: Duration,
     /// Time of the decode steps after the first token.
     pub decode_time: Duration,
-}
-
-/// The most likely token of `logits` (ties to the lowest id); NaN counts as the least likely.
-fn argmax(logits: &[f64]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] || logits[best].is_nan() && !v.is_nan() {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 impl Model {
@@ -118,27 +110,42 @@ impl Model {
                 decode_time: Duration::ZERO,
             });
         }
-        let mut logits = Vec::new();
-        for chunk in prompt.chunks(plan.max_tokens) {
-            logits = self.step(&[(slot, chunk)], Logits::Last)?.to_f64_vec()?;
+        if !opts.sampling.is_valid() {
+            return Err(Error::invalid(
+                OP,
+                "sampling",
+                format!("{:?}", opts.sampling),
+                "parameters out of their domain",
+            ));
         }
-        let mut tokens = Vec::new();
+        let device = self.device().clone();
+        let params = SamplingBatch::new(&device, &[opts.sampling], &[opts.seed], &[0])?;
+        let chosen = Tensor::zeros(&device, DType::I32, &[1])?;
+        let mut logits = None;
+        for chunk in prompt.chunks(plan.max_tokens) {
+            logits = Some(self.step(&[(slot, chunk)], Logits::Last)?);
+        }
+        let mut tokens: Vec<u32> = Vec::new();
         let mut first = None;
         let reason = loop {
-            if logits.iter().any(|v| !v.is_finite()) {
+            let l = logits.as_ref().ok_or_else(|| Error::invalid(OP, "prompt", "[]", "needs at least one token"))?;
+            if self.dtype() == DType::F16 && l.to_f64_vec()?.iter().any(|v| !v.is_finite()) {
                 return Err(Error::DeviceReported {
                     op: OP,
                     what: format!(
-                        "non-finite logits after {} tokens in {}: an activation overflowed (f16's range ends at 65504; \
-                         bf16 and f32 do not overflow there)",
-                        self.len(slot),
-                        self.dtype()
+                        "non-finite logits after {} tokens in f16: an activation overflowed f16's range (65504); \
+                         bf16 and f32 do not overflow there",
+                        self.len(slot)
                     ),
                 });
             }
-            let next = match opts.sampling {
-                Sampling::Greedy => argmax(&logits),
-            };
+            params.set(&[opts.sampling], &[opts.seed], &[tokens.len() as u64])?;
+            sample(l, &params.tensors(), &chosen, &self.errors)?;
+            let id = chosen.to_vec::<i32>()?[0];
+            let next = u32::try_from(id).map_err(|_| match self.errors.check_sampling() {
+                Err(e) => e,
+                Ok(()) => Error::invalid(OP, "token", id, "the sampler chose no token"),
+            })?;
             tokens.push(next);
             if first.is_none() {
                 first = Some(Instant::now());
@@ -155,7 +162,7 @@ impl Model {
             if self.len(slot) + 1 > plan.max_len {
                 break StopReason::Context;
             }
-            logits = self.step(&[(slot, &[next])], Logits::Last)?.to_f64_vec()?;
+            logits = Some(self.step(&[(slot, &[next])], Logits::Last)?);
         };
         self.check_errors()?;
         let first = first.unwrap_or_else(Instant::now);

@@ -22,6 +22,6 @@ pub mod generate;
 pub mod runner;
 pub mod weights;
 
-pub use generate::{GenerateOptions, Generation, Sampling, StopReason};
+pub use generate::{GenerateOptions, Generation, SamplingConfig, StopReason};
 pub use runner::{Logits, Model, ModelPlan};
 pub use weights::{HostModel, MAX_VOCAB};

@@ -53,7 +53,7 @@ pub struct Model {
     lm_head: Option<Tensor>,
     cache: KvCache,
     ws: LayerWorkspace,
-    errors: ErrorFlag,
+    pub(super) errors: ErrorFlag,
     /// `[max_tokens]` i32: the step's token ids; `[max_tokens]` i32: rows that get logits.
     ids: Tensor,
     rows: Tensor,

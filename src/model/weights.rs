@@ -16,8 +16,8 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::block::checkpoint::open_regular;
 use crate::block::config::{LayerSpec, ModelConfig, ModelKind};
+use crate::block::files::open_regular;
 use crate::block::gguf::{GgufFile, GgufValue};
 use crate::block::{Checkpoint, HostLayerWeights, HostTensor};
 use crate::dtype::{DType, round_to};
