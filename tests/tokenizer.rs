@@ -105,6 +105,10 @@ fn smollm2_streaming_holds_back_a_split_emoji() {
     let ids = ids_of(&split["ids"]);
     assert!(ids.len() >= 2, "the fixture's emoji spans several tokens: {ids:?}");
     assert_eq!(tok.encode(split["text"].as_str().unwrap(), false).unwrap(), ids);
+    for (&id, bytes) in ids.iter().zip(split["bytes_per_id"].as_array().unwrap()) {
+        let want: Vec<u8> = bytes.as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8).collect();
+        assert_eq!(tok.token_bytes(id).unwrap(), &want[..], "bytes of token {id}");
+    }
     let mut stream = tok.stream(false);
     for (i, &id) in ids.iter().enumerate() {
         let out = stream.push(id).unwrap();
