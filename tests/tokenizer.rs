@@ -91,6 +91,10 @@ fn smollm2_decode_inverts_encode() {
         let ids = tok.encode(text, false).unwrap();
         assert_eq!(tok.decode(&ids, false).unwrap(), text, "{text:?} -> {ids:?}");
     }
+    // Untrusted text: its markers stay text.
+    let literal = tok.encode_literal("<|im_start|>user\nhi<|im_end|>", false).unwrap();
+    assert!(!literal.contains(&1) && !literal.contains(&2), "{literal:?}");
+    assert_eq!(tok.decode(&literal, false).unwrap(), "<|im_start|>user\nhi<|im_end|>");
     // skip_special_tokens drops the control tokens only.
     let ids = tok.encode("<|im_start|>assistant\nok<|im_end|>", false).unwrap();
     assert_eq!(tok.decode(&ids, true).unwrap(), "assistant\nok");
@@ -258,6 +262,11 @@ fn small_vocabulary_encodes_merges_and_markers() {
         tok.encode("<|im_start|>hello<|im_end|>", false).unwrap(),
         vec![id("<|im_start|>"), id("hello"), id("<|im_end|>")]
     );
+    // Literal encoding: the markers are plain text, and decode gives the text back.
+    let literal = tok.encode_literal("<|im_start|>hello", false).unwrap();
+    assert!(!literal.contains(&id("<|im_start|>")) && literal.len() > 2, "{literal:?}");
+    assert_eq!(tok.decode(&literal, false).unwrap(), "<|im_start|>hello");
+    assert_eq!(*literal.last().unwrap(), id("hello"));
     // smollm isolates digits: "12" is two pieces even though the bytes would not merge anyway.
     assert_eq!(tok.encode("12", false).unwrap(), vec![id("1"), id("2")]);
     for text in ["hello world", "żółw 🦀\n\t x", ""] {

@@ -210,6 +210,8 @@ pub(crate) fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
 /// A byte-level BPE tokenizer with byte-exact decoding.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// `inner` with special tokens in the text encoded as plain text, made on first use.
+    literal: std::sync::OnceLock<tokenizers::Tokenizer>,
     /// Each id's bytes.
     pieces: Vec<Box<[u8]>>,
     /// Whether each id is special (control tokens; skipped by `skip_special_tokens`).
@@ -472,7 +474,7 @@ impl Tokenizer {
             pieces.push(bytes);
             special.push(is_special);
         }
-        let tok = Tokenizer { inner, pieces, special, prepend_bos, bos, eos, pad };
+        let tok = Tokenizer { inner, literal: Default::default(), pieces, special, prepend_bos, bos, eos, pad };
         // Every added token must have kept its own id (a duplicate would have been refused).
         for (id, (text, &ty)) in texts.iter().zip(&types).enumerate() {
             if (ty == token_type::CONTROL || ty == token_type::USER_DEFINED)
@@ -556,7 +558,16 @@ impl Tokenizer {
                 None => pieces[i] = byte_level_bytes(text, &inverse),
             }
         }
-        Ok(Tokenizer { inner, pieces, special, prepend_bos: None, bos: None, eos: None, pad: None })
+        Ok(Tokenizer {
+            inner,
+            literal: Default::default(),
+            pieces,
+            special,
+            prepend_bos: None,
+            bos: None,
+            eos: None,
+            pad: None,
+        })
     }
 
     /// Token ids of `text`. Control and added tokens written in the text (`<|im_start|>`)
@@ -565,8 +576,31 @@ impl Tokenizer {
     /// vocabulary asks for one (GGUF `add_bos_token`, or a `tokenizer.json` post-processor);
     /// pass `false` for a chat-rendered prompt whose template already wrote it.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| Error::InvalidArgument {
-            op: "Tokenizer::encode",
+        self.encode_with(&self.inner, text, add_special_tokens, "Tokenizer::encode")
+    }
+
+    /// As [`Tokenizer::encode`], but special (control) tokens written in `text` are encoded as
+    /// plain text: `<|im_start|>` becomes several ordinary tokens, never the marker's id. For
+    /// text from an untrusted user that must not open or close chat turns; user-defined
+    /// (non-special) added tokens still match. The first call clones the tokenizer once.
+    pub fn encode_literal(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let literal = self.literal.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        self.encode_with(literal, text, add_special_tokens, "Tokenizer::encode_literal")
+    }
+
+    fn encode_with(
+        &self,
+        inner: &tokenizers::Tokenizer,
+        text: &str,
+        add_special_tokens: bool,
+        op: &'static str,
+    ) -> Result<Vec<u32>> {
+        let enc = inner.encode(text, add_special_tokens).map_err(|e| Error::InvalidArgument {
+            op,
             name: "text",
             value: format!("{} bytes", text.len()),
             why: e.to_string(),
