@@ -171,6 +171,12 @@ fn smollm2_stop_ids() {
     let stop = StopIds::from_gguf(&file, &tok).unwrap();
     // eos_token_id 2 is <|im_end|>; <|endoftext|> (0) is a known end marker.
     assert_eq!(stop.ids().collect::<Vec<_>>(), vec![0, 2]);
+    let opts = llama_kernels::model::GenerateOptions {
+        max_new_tokens: 1,
+        stop: stop.clone().into(),
+        sampling: llama_kernels::model::Sampling::Greedy,
+    };
+    assert_eq!(&opts.stop, stop.as_set());
     assert_eq!(tok.id_to_token(2).as_deref(), Some("<|im_end|>"));
 }
 

@@ -72,6 +72,11 @@ impl StopIds {
         self.ids.insert(id);
     }
 
+    /// The ids as a set (what [`GenerateOptions::stop`](super::GenerateOptions::stop) takes).
+    pub fn as_set(&self) -> &BTreeSet<u32> {
+        &self.ids
+    }
+
     /// An `eos_token_id` value: a number or a list of numbers (each a u32), `field` naming it
     /// in errors. `null` is the empty set.
     pub fn from_json(value: &serde_json::Value, field: &str) -> Result<StopIds> {
@@ -145,5 +150,11 @@ impl StopIds {
     /// The stop ids of a GGUF file.
     pub fn from_gguf(file: &GgufFile, tokenizer: &Tokenizer) -> Result<StopIds> {
         Self::from_gguf_metadata(file.metadata(), tokenizer)
+    }
+}
+
+impl From<StopIds> for BTreeSet<u32> {
+    fn from(stop: StopIds) -> BTreeSet<u32> {
+        stop.ids
     }
 }
