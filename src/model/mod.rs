@@ -1,6 +1,8 @@
 //! Whole models: the host weights of a checkpoint or GGUF file ([`HostModel`]) and the model on
 //! the device ([`Model`]): embedding, decoder layers, final norm and LM head over one paged KV
-//! cache.
+//! cache; and the text around them: the tokenizer ([`Tokenizer`], byte-level BPE from
+//! `tokenizer.json` or GGUF metadata, with [`StreamDecoder`] for one token at a time), the chat
+//! template ([`ChatTemplate`], minijinja) and the stop ids ([`StopIds`]).
 //!
 //! ```no_run
 //! use llama_kernels::model::{HostModel, Logits, Model, ModelPlan};
@@ -18,10 +20,16 @@
 //! # }
 //! ```
 
+pub mod chat;
 pub mod generate;
 pub mod runner;
+pub mod stop;
+pub mod tokenizer;
 pub mod weights;
 
+pub use chat::{ChatTemplate, Message};
 pub use generate::{GenerateOptions, Generation, SamplingConfig, StopReason};
 pub use runner::{Logits, Model, ModelPlan};
+pub use stop::StopIds;
+pub use tokenizer::{StreamDecoder, Tokenizer};
 pub use weights::{HostModel, MAX_VOCAB};

@@ -1,0 +1,754 @@
+//! Byte-level BPE tokenizers (GPT-2, Llama 3, Llama 4, SmolLM, Qwen), from a Hugging Face
+//! `tokenizer.json` or from a GGUF file's metadata, encoded by the `tokenizers` crate and
+//! decoded byte-exactly, all at once ([`Tokenizer::decode`]) or one token at a time
+//! ([`StreamDecoder`]).
+//!
+//! # From GGUF metadata
+//!
+//! llama.cpp stores the vocabulary in the file: `tokenizer.ggml.model` (`gpt2` is byte-level
+//! BPE), `tokenizer.ggml.tokens` (id order), `tokenizer.ggml.token_type` (1 normal, 3 control,
+//! 4 user-defined, ...), `tokenizer.ggml.merges` (`"left right"`, rank order),
+//! `tokenizer.ggml.pre` (which split regexes come before BPE), the special ids
+//! (`bos_token_id`, `eos_token_id`, `padding_token_id`, ...) and `add_bos_token`. The Hugging
+//! Face pipeline built from it is what the original `tokenizer.json` says: the pre-tokenizer
+//! names' regexes as isolated splits (the table of [`GGUF_PRE_TOKENIZERS`], the same names and
+//! regexes llama.cpp's `llama-vocab.cpp` uses, in their original `tokenizer.json` form), a
+//! byte-level mapping, BPE over the merges (ignoring the merges when the whole piece is a token,
+//! for `llama-bpe`), and the control and user-defined tokens as added tokens, so that chat markers
+//! such as `<|im_start|>` in a text encode to their single id.
+//!
+//! The metadata is untrusted: every list length is bounded ([`MAX_VOCAB`], [`MAX_MERGES`],
+//! [`MAX_TOKEN_BYTES`]), every special id must lie in the vocabulary, and a merge that names a
+//! token outside the vocabulary (or whose result is not a token), a duplicate token, a
+//! `token_type` list of another length or an unknown type is refused by name as an
+//! [`Error::Config`] whose field is the GGUF key. Unknown `tokenizer.ggml.pre` names and the
+//! SentencePiece (`llama`) model are [`Error::Unsupported`], never a silent fallback.
+//!
+//! # Decoding
+//!
+//! Every id has its bytes, computed once: a normal token's characters mapped back through
+//! GPT-2's byte-to-unicode table (as the Hugging Face `ByteLevel` decoder does), an added or
+//! control token's text as it is. [`Tokenizer::decode`] joins them and replaces invalid UTF-8
+//! with U+FFFD; [`StreamDecoder`] takes one id at a time and returns only completed characters,
+//! holding back the bytes of a character split across tokens until its last byte arrives.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Read;
+use std::path::Path;
+
+use tokenizers::models::bpe::{BPE, Merges, Vocab};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, DecoderWrapper, ModelWrapper, PreTokenizerWrapper, SplitDelimiterBehavior};
+
+use crate::block::checkpoint::open_regular;
+use crate::block::gguf::{GgufFile, GgufValue};
+use crate::error::{Error, Result};
+
+/// Most tokens a vocabulary may have (the largest in use are about 262k).
+pub const MAX_VOCAB: usize = 1 << 21;
+/// Most merges a BPE vocabulary may have (Llama 3 has 280k for 128k tokens).
+pub const MAX_MERGES: usize = 1 << 22;
+/// Longest token text accepted, in bytes of its stored (byte-level) form.
+pub const MAX_TOKEN_BYTES: usize = 4096;
+/// Largest `tokenizer.json` read, in bytes (Llama 3's is 9 MB).
+pub const MAX_TOKENIZER_JSON_BYTES: u64 = 256 << 20;
+
+/// A GGUF pre-tokenizer: the `tokenizer.ggml.pre` names that select it and what they mean.
+#[derive(Debug)]
+pub struct GgufPreTokenizer {
+    /// The names llama.cpp maps to this pre-tokenizer.
+    pub names: &'static [&'static str],
+    /// Split regexes, applied in order, each splitting every piece of the one before into its
+    /// matches and the text between them ("isolated").
+    pub regexes: &'static [&'static str],
+    /// Whether a piece that is itself a token is emitted without applying merges.
+    pub ignore_merges: bool,
+    /// Whether a BOS token is prepended when `tokenizer.ggml.add_bos_token` is absent.
+    pub add_bos: bool,
+}
+
+/// GPT-2's split regex (Hugging Face `ByteLevel`'s built-in pattern).
+const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+/// Llama 3's (tiktoken cl100k-style, digits in groups of up to three).
+const LLAMA3_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen 2's (as Llama 3's, single digits).
+const QWEN2_RE: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// GPT-4o's (o200k), which Llama 4 uses.
+const GPT4O_RE: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Mistral's Tekken.
+const TEKKEN_RE: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The `tokenizer.ggml.pre` names this crate knows, with llama.cpp's meaning of each.
+pub const GGUF_PRE_TOKENIZERS: &[GgufPreTokenizer] = &[
+    GgufPreTokenizer {
+        names: &["gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4", "trillion", "granite-docling"],
+        regexes: &[GPT2_RE],
+        ignore_merges: false,
+        add_bos: false,
+    },
+    // Hugging Face: `Digits(individual_digits)` then `ByteLevel`.
+    GgufPreTokenizer {
+        names: &["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"],
+        regexes: &[r"\p{N}", GPT2_RE],
+        ignore_merges: false,
+        add_bos: false,
+    },
+    GgufPreTokenizer {
+        names: &["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"],
+        regexes: &[LLAMA3_RE],
+        ignore_merges: true,
+        add_bos: true,
+    },
+    GgufPreTokenizer { names: &["dbrx", "smaug-bpe"], regexes: &[LLAMA3_RE], ignore_merges: false, add_bos: false },
+    GgufPreTokenizer {
+        names: &["qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", "hunyuan"],
+        regexes: &[QWEN2_RE],
+        ignore_merges: false,
+        add_bos: false,
+    },
+    GgufPreTokenizer {
+        names: &["gpt-4o", "llama4", "minimax-m2"],
+        regexes: &[GPT4O_RE],
+        ignore_merges: false,
+        add_bos: false,
+    },
+    GgufPreTokenizer { names: &["tekken"], regexes: &[TEKKEN_RE], ignore_merges: true, add_bos: true },
+    // llama.cpp's `default`, what it also falls back to (with a warning) when the key is missing.
+    GgufPreTokenizer {
+        names: &["default"],
+        regexes: &[r"[\p{P}\$\+<=>\^~\|]+", GPT2_RE, r"\p{N}+", r"[0-9][0-9][0-9]"],
+        ignore_merges: false,
+        add_bos: false,
+    },
+];
+
+/// The pre-tokenizer `name` selects, if it is one of [`GGUF_PRE_TOKENIZERS`].
+pub fn gguf_pre_tokenizer(name: &str) -> Option<&'static GgufPreTokenizer> {
+    GGUF_PRE_TOKENIZERS.iter().find(|p| p.names.contains(&name))
+}
+
+/// llama.cpp's token types (`tokenizer.ggml.token_type`).
+mod token_type {
+    pub const UNDEFINED: i64 = 0;
+    pub const NORMAL: i64 = 1;
+    pub const UNKNOWN: i64 = 2;
+    pub const CONTROL: i64 = 3;
+    pub const USER_DEFINED: i64 = 4;
+    pub const UNUSED: i64 = 5;
+    pub const BYTE: i64 = 6;
+}
+
+/// GPT-2's byte-to-unicode table: printable Latin-1 bytes stand for themselves, the others for
+/// U+0100 onwards in byte order.
+fn byte_chars() -> [char; 256] {
+    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    let mut table = ['\0'; 256];
+    let mut next = 256u32;
+    for (b, slot) in table.iter_mut().enumerate() {
+        let b = b as u32;
+        let c = if printable(b) {
+            b
+        } else {
+            next += 1;
+            next - 1
+        };
+        *slot = char::from_u32(c).unwrap_or('\0');
+    }
+    table
+}
+
+/// A token's bytes from its byte-level text: every character through the inverse table, or,
+/// when one is outside the table, the text's own UTF-8 (what Hugging Face's `ByteLevel`
+/// decoder does).
+fn byte_level_bytes(text: &str, inverse: &HashMap<char, u8>) -> Box<[u8]> {
+    text.chars()
+        .map(|c| inverse.get(&c).copied())
+        .collect::<Option<Vec<u8>>>()
+        .unwrap_or_else(|| text.as_bytes().to_vec())
+        .into_boxed_slice()
+}
+
+fn inverse_byte_chars() -> HashMap<char, u8> {
+    byte_chars().iter().enumerate().map(|(b, &c)| (c, b as u8)).collect()
+}
+
+/// Largest JSON configuration file read (`tokenizer_config.json`, `generation_config.json`,
+/// `config.json`), in bytes.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The text of a special token named by `key` in a `tokenizer_config.json`: a string, or an
+/// added-token object with `content`; `None` when absent or null.
+pub(crate) fn token_text(config: &serde_json::Value, key: &str) -> Result<Option<String>> {
+    match config.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => match v.get("content").and_then(serde_json::Value::as_str) {
+            Some(s) => Ok(Some(s.to_string())),
+            None => Err(Error::Config {
+                field: format!("tokenizer_config.json {key}"),
+                why: "expected a string or an object with a `content` string".into(),
+            }),
+        },
+    }
+}
+
+/// Reads at most `max` bytes of the regular file `path`, failing by name when it is longer.
+pub(crate) fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
+    let io = |why: String| Error::Io { path: path.display().to_string(), why };
+    let file = open_regular(path)?;
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes).map_err(|e| io(e.to_string()))?;
+    if bytes.len() as u64 > max {
+        return Err(io(format!("larger than the {max} bytes accepted")));
+    }
+    Ok(bytes)
+}
+
+/// A byte-level BPE tokenizer with byte-exact decoding.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// `inner` with special tokens in the text encoded as plain text, made on first use.
+    literal: std::sync::OnceLock<tokenizers::Tokenizer>,
+    /// Each id's bytes.
+    pieces: Vec<Box<[u8]>>,
+    /// Whether each id is special (control tokens; skipped by `skip_special_tokens`).
+    special: Vec<bool>,
+    /// Prepended by [`Tokenizer::encode`] with `add_special_tokens` (GGUF `add_bos_token`); a
+    /// `tokenizer.json` adds its own through its post-processor instead.
+    prepend_bos: Option<u32>,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    pad: Option<u32>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.pieces.len())
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("pad", &self.pad)
+            .field("prepend_bos", &self.prepend_bos.is_some())
+            .finish()
+    }
+}
+
+/// Metadata field helpers: each failure names the GGUF key.
+fn config(field: &str, why: impl Into<String>) -> Error {
+    Error::Config { field: field.to_string(), why: why.into() }
+}
+
+fn meta_str<'a>(meta: &'a BTreeMap<String, GgufValue>, key: &str) -> Result<Option<&'a str>> {
+    match meta.get(key) {
+        None => Ok(None),
+        Some(v) => v.as_str().map(Some).ok_or_else(|| config(key, format!("expected a string, found {}", kind(v)))),
+    }
+}
+
+fn meta_array<'a>(meta: &'a BTreeMap<String, GgufValue>, key: &str, max: usize) -> Result<Option<&'a [GgufValue]>> {
+    match meta.get(key) {
+        None => Ok(None),
+        Some(GgufValue::Array(items)) => {
+            if items.len() > max {
+                return Err(config(key, format!("{} entries exceed the {max} accepted", items.len())));
+            }
+            Ok(Some(items))
+        }
+        Some(v) => Err(config(key, format!("expected an array, found {}", kind(v)))),
+    }
+}
+
+fn meta_bool(meta: &BTreeMap<String, GgufValue>, key: &str) -> Result<Option<bool>> {
+    match meta.get(key) {
+        None => Ok(None),
+        Some(GgufValue::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(config(key, format!("expected a boolean, found {}", kind(v)))),
+    }
+}
+
+/// An optional token id, which must lie in a vocabulary of `n` tokens.
+fn meta_id(meta: &BTreeMap<String, GgufValue>, key: &str, n: usize) -> Result<Option<u32>> {
+    match meta.get(key) {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(id) if id < n as u64 => Ok(Some(id as u32)),
+            Some(id) => Err(config(key, format!("token id {id} is outside the vocabulary of {n} tokens"))),
+            None => Err(config(key, format!("expected a token id, found {}", kind(v)))),
+        },
+    }
+}
+
+fn kind(v: &GgufValue) -> &'static str {
+    match v {
+        GgufValue::U64(_) | GgufValue::I64(_) => "an integer",
+        GgufValue::F64(_) => "a float",
+        GgufValue::Bool(_) => "a boolean",
+        GgufValue::Str(_) => "a string",
+        GgufValue::Array(_) => "an array",
+    }
+}
+
+fn hf_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Config { field: what.to_string(), why: e.to_string() }
+}
+
+impl Tokenizer {
+    /// The tokenizer of a GGUF file, from its metadata (see the [module docs](self)).
+    pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer> {
+        Self::from_gguf_metadata(file.metadata())
+    }
+
+    /// The tokenizer described by GGUF metadata `meta` (the `tokenizer.ggml.*` keys).
+    pub fn from_gguf_metadata(meta: &BTreeMap<String, GgufValue>) -> Result<Tokenizer> {
+        const MODEL: &str = "tokenizer.ggml.model";
+        const PRE: &str = "tokenizer.ggml.pre";
+        const TOKENS: &str = "tokenizer.ggml.tokens";
+        const TYPES: &str = "tokenizer.ggml.token_type";
+        const MERGES: &str = "tokenizer.ggml.merges";
+
+        match meta_str(meta, MODEL)? {
+            Some("gpt2") => {}
+            Some("llama") => {
+                return Err(Error::Unsupported {
+                    what: format!(
+                        "GGUF {MODEL} `llama` (SentencePiece: tokens with scores); only byte-level BPE (`gpt2`) \
+                         vocabularies are supported"
+                    ),
+                });
+            }
+            Some(other) => {
+                return Err(Error::Unsupported {
+                    what: format!("GGUF {MODEL} `{other}`; only byte-level BPE (`gpt2`) vocabularies are supported"),
+                });
+            }
+            None => return Err(config(MODEL, "missing")),
+        }
+        let pre_name = meta_str(meta, PRE)?.ok_or_else(|| {
+            config(PRE, "missing (llama.cpp then guesses a degraded default; name the pre-tokenizer)")
+        })?;
+        let pre = gguf_pre_tokenizer(pre_name).ok_or_else(|| {
+            let known: Vec<&str> = GGUF_PRE_TOKENIZERS.iter().flat_map(|p| p.names.iter().copied()).collect();
+            Error::Unsupported { what: format!("GGUF {PRE} `{pre_name}` (known: {})", known.join(", ")) }
+        })?;
+
+        let tokens = meta_array(meta, TOKENS, MAX_VOCAB)?.ok_or_else(|| config(TOKENS, "missing"))?;
+        if tokens.is_empty() {
+            return Err(config(TOKENS, "the vocabulary is empty"));
+        }
+        let n = tokens.len();
+        let mut texts: Vec<&str> = Vec::with_capacity(n);
+        let mut vocab: HashMap<&str, u32> = HashMap::with_capacity(n);
+        for (id, t) in tokens.iter().enumerate() {
+            let text =
+                t.as_str().ok_or_else(|| config(TOKENS, format!("token {id} is {}, expected a string", kind(t))))?;
+            if text.is_empty() {
+                return Err(config(TOKENS, format!("token {id} is empty")));
+            }
+            if text.len() > MAX_TOKEN_BYTES {
+                return Err(config(TOKENS, format!("token {id} has {} bytes (at most {MAX_TOKEN_BYTES})", text.len())));
+            }
+            if let Some(first) = vocab.insert(text, id as u32) {
+                return Err(config(TOKENS, format!("tokens {first} and {id} are both `{text}`")));
+            }
+            texts.push(text);
+        }
+
+        let types: Vec<i64> = match meta_array(meta, TYPES, MAX_VOCAB)? {
+            None => vec![token_type::NORMAL; n],
+            Some(items) => {
+                if items.len() != n {
+                    return Err(config(TYPES, format!("{} entries for {n} tokens", items.len())));
+                }
+                let mut types = Vec::with_capacity(n);
+                for (id, v) in items.iter().enumerate() {
+                    let ty = match v {
+                        GgufValue::I64(t) => *t,
+                        GgufValue::U64(t) => i64::try_from(*t).unwrap_or(i64::MAX),
+                        other => return Err(config(TYPES, format!("token {id}'s type is {}", kind(other)))),
+                    };
+                    if !(token_type::UNDEFINED..=token_type::BYTE).contains(&ty) {
+                        return Err(config(TYPES, format!("token {id} has unknown type {ty} (0..=6)")));
+                    }
+                    types.push(ty);
+                }
+                types
+            }
+        };
+
+        let merge_items = meta_array(meta, MERGES, MAX_MERGES)?.ok_or_else(|| config(MERGES, "missing"))?;
+        let mut merges: Merges = Vec::with_capacity(merge_items.len());
+        let mut seen: HashSet<(&str, &str)> = HashSet::with_capacity(merge_items.len());
+        for (i, m) in merge_items.iter().enumerate() {
+            let text =
+                m.as_str().ok_or_else(|| config(MERGES, format!("merge {i} is {}, expected a string", kind(m))))?;
+            // As llama.cpp: the separator is the first space after the first character.
+            let first_len = text.chars().next().map_or(0, char::len_utf8);
+            let (left, right) = match text[first_len..].find(' ') {
+                Some(at) => (&text[..first_len + at], &text[first_len + at + 1..]),
+                None => {
+                    return Err(config(MERGES, format!("merge {i} `{text}` is not two tokens separated by a space")));
+                }
+            };
+            if right.is_empty() {
+                return Err(config(MERGES, format!("merge {i} `{text}` is not two tokens separated by a space")));
+            }
+            for part in [left, right] {
+                if !vocab.contains_key(part) {
+                    return Err(config(
+                        MERGES,
+                        format!("merge {i} `{text}` names `{part}`, which is not in the vocabulary"),
+                    ));
+                }
+            }
+            let merged = format!("{left}{right}");
+            if !vocab.contains_key(merged.as_str()) {
+                return Err(config(
+                    MERGES,
+                    format!("merge {i} `{text}` makes `{merged}`, which is not in the vocabulary"),
+                ));
+            }
+            // A repeated merge keeps its first rank, as llama.cpp's rank table does.
+            if seen.insert((left, right)) {
+                merges.push((left.to_string(), right.to_string()));
+            }
+        }
+
+        let bos = meta_id(meta, "tokenizer.ggml.bos_token_id", n)?;
+        let eos = meta_id(meta, "tokenizer.ggml.eos_token_id", n)?;
+        let pad = meta_id(meta, "tokenizer.ggml.padding_token_id", n)?;
+        for key in ["tokenizer.ggml.unknown_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+            meta_id(meta, key, n)?;
+        }
+        let add_bos = meta_bool(meta, "tokenizer.ggml.add_bos_token")?.unwrap_or(pre.add_bos);
+        let prepend_bos = match (add_bos, bos) {
+            (true, Some(id)) => Some(id),
+            (true, None) => {
+                return Err(config("tokenizer.ggml.bos_token_id", "missing, but add_bos_token asks for a BOS token"));
+            }
+            (false, _) => None,
+        };
+
+        let model = BPE::builder()
+            .vocab_and_merges(
+                texts.iter().enumerate().map(|(id, t)| (t.to_string(), id as u32)).collect::<Vocab>(),
+                merges,
+            )
+            .ignore_merges(pre.ignore_merges)
+            .build()
+            .map_err(|e| hf_err(MERGES, e))?;
+        let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(pre.regexes.len() + 1);
+        for re in pre.regexes {
+            let split = Split::new(SplitPattern::Regex((*re).to_string()), SplitDelimiterBehavior::Isolated, false)
+                .map_err(|e| hf_err(PRE, e))?;
+            steps.push(split.into());
+        }
+        steps.push(ByteLevel::new(false, true, false).into());
+        let mut inner = tokenizers::Tokenizer::new(model);
+        inner.with_pre_tokenizer(Some(Sequence::new(steps)));
+        inner.with_decoder(Some(tokenizers::decoders::byte_level::ByteLevel::default()));
+
+        let added: Vec<AddedToken> = texts
+            .iter()
+            .zip(&types)
+            .filter(|&(_, &ty)| ty == token_type::CONTROL || ty == token_type::USER_DEFINED)
+            .map(|(t, &ty)| AddedToken::from(t.to_string(), ty == token_type::CONTROL).normalized(false))
+            .collect();
+        inner.add_special_tokens(&added);
+
+        let inverse = inverse_byte_chars();
+        let mut pieces = Vec::with_capacity(n);
+        let mut special = Vec::with_capacity(n);
+        for (text, &ty) in texts.iter().zip(&types) {
+            let (bytes, is_special) = match ty {
+                token_type::NORMAL | token_type::BYTE => (byte_level_bytes(text, &inverse), false),
+                token_type::USER_DEFINED => (text.as_bytes().into(), false),
+                // Control, unknown, unused and undefined tokens: their text, skipped as special.
+                token_type::CONTROL | token_type::UNKNOWN | token_type::UNUSED | token_type::UNDEFINED => {
+                    (text.as_bytes().into(), true)
+                }
+                _ => (text.as_bytes().into(), true),
+            };
+            pieces.push(bytes);
+            special.push(is_special);
+        }
+        let tok = Tokenizer { inner, literal: Default::default(), pieces, special, prepend_bos, bos, eos, pad };
+        // Every added token must have kept its own id (a duplicate would have been refused).
+        for (id, (text, &ty)) in texts.iter().zip(&types).enumerate() {
+            if (ty == token_type::CONTROL || ty == token_type::USER_DEFINED)
+                && tok.inner.token_to_id(text) != Some(id as u32)
+            {
+                return Err(config(TOKENS, format!("token {id} `{text}` did not keep its id as an added token")));
+            }
+        }
+        Ok(tok)
+    }
+
+    /// The tokenizer of a Hugging Face checkpoint directory: `tokenizer.json`, with the BOS and
+    /// EOS tokens named by `tokenizer_config.json` when it exists.
+    pub fn from_hf_dir(dir: impl AsRef<Path>) -> Result<Tokenizer> {
+        let dir = dir.as_ref();
+        let mut tok = Self::from_file(dir.join("tokenizer.json"))?;
+        let config_path = dir.join("tokenizer_config.json");
+        if config_path.exists() {
+            let bytes = read_bounded(&config_path, MAX_CONFIG_BYTES)?;
+            let v: serde_json::Value = serde_json::from_slice(&bytes)
+                .map_err(|e| Error::Io { path: config_path.display().to_string(), why: e.to_string() })?;
+            let id = |key: &str| -> Result<Option<u32>> {
+                match token_text(&v, key)? {
+                    None => Ok(None),
+                    Some(text) => tok.token_to_id(&text).map(Some).ok_or_else(|| {
+                        config(&format!("tokenizer_config.json {key}"), format!("`{text}` is not a token"))
+                    }),
+                }
+            };
+            let (bos, eos, pad) = (id("bos_token")?, id("eos_token")?, id("pad_token")?);
+            (tok.bos, tok.eos, tok.pad) = (bos, eos, pad);
+        }
+        Ok(tok)
+    }
+
+    /// A Hugging Face `tokenizer.json` file (at most [`MAX_TOKENIZER_JSON_BYTES`]).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Tokenizer> {
+        let path = path.as_ref();
+        let bytes = read_bounded(path, MAX_TOKENIZER_JSON_BYTES)?;
+        Self::from_json_bytes(&bytes).map_err(|e| match e {
+            Error::Config { field, why } => Error::Config { field: format!("{} {field}", path.display()), why },
+            other => other,
+        })
+    }
+
+    /// A Hugging Face `tokenizer.json` held in memory. Only byte-level BPE tokenizers (a `BPE`
+    /// model with the `ByteLevel` decoder) are accepted, since decoding is byte-exact.
+    pub fn from_json_bytes(json: &[u8]) -> Result<Tokenizer> {
+        let inner = tokenizers::Tokenizer::from_bytes(json).map_err(|e| hf_err("tokenizer.json", e))?;
+        if !matches!(inner.get_model(), ModelWrapper::BPE(_)) {
+            return Err(Error::Unsupported { what: "tokenizer.json model other than BPE".into() });
+        }
+        match inner.get_decoder() {
+            Some(DecoderWrapper::ByteLevel(_)) => {}
+            other => {
+                let name = match other {
+                    None => "none".to_string(),
+                    Some(d) => format!("{d:?}").split(['(', ' ', '{']).next().unwrap_or("?").to_string(),
+                };
+                return Err(Error::Unsupported {
+                    what: format!("tokenizer.json decoder `{name}` (only byte-level BPE tokenizers are supported)"),
+                });
+            }
+        }
+        let vocab = inner.get_vocab(true);
+        let n = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
+        if n == 0 || n > MAX_VOCAB {
+            return Err(hf_err("tokenizer.json model.vocab", format!("{n} ids (1..={MAX_VOCAB} accepted)")));
+        }
+        let added = inner.get_added_tokens_decoder();
+        let inverse = inverse_byte_chars();
+        let mut pieces: Vec<Box<[u8]>> = vec![Box::default(); n];
+        let mut special = vec![false; n];
+        for (text, &id) in &vocab {
+            let i = id as usize;
+            match added.get(&id) {
+                Some(t) => {
+                    pieces[i] = t.content.as_bytes().into();
+                    special[i] = t.special;
+                }
+                None => pieces[i] = byte_level_bytes(text, &inverse),
+            }
+        }
+        Ok(Tokenizer {
+            inner,
+            literal: Default::default(),
+            pieces,
+            special,
+            prepend_bos: None,
+            bos: None,
+            eos: None,
+            pad: None,
+        })
+    }
+
+    /// Token ids of `text`. Control and added tokens written in the text (`<|im_start|>`)
+    /// become their ids, as in Hugging Face and llama.cpp, so text from an untrusted user
+    /// can contain chat markers. `add_special_tokens`: prepend the BOS token where the
+    /// vocabulary asks for one (GGUF `add_bos_token`, or a `tokenizer.json` post-processor);
+    /// pass `false` for a chat-rendered prompt whose template already wrote it.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        self.encode_with(&self.inner, text, add_special_tokens, "Tokenizer::encode")
+    }
+
+    /// As [`Tokenizer::encode`], but special (control) tokens written in `text` are encoded as
+    /// plain text: `<|im_start|>` becomes several ordinary tokens, never the marker's id. For
+    /// text from an untrusted user that must not open or close chat turns; user-defined
+    /// (non-special) added tokens still match. The first call clones the tokenizer once.
+    pub fn encode_literal(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let literal = self.literal.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        self.encode_with(literal, text, add_special_tokens, "Tokenizer::encode_literal")
+    }
+
+    fn encode_with(
+        &self,
+        inner: &tokenizers::Tokenizer,
+        text: &str,
+        add_special_tokens: bool,
+        op: &'static str,
+    ) -> Result<Vec<u32>> {
+        let enc = inner.encode(text, add_special_tokens).map_err(|e| Error::InvalidArgument {
+            op,
+            name: "text",
+            value: format!("{} bytes", text.len()),
+            why: e.to_string(),
+        })?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        if add_special_tokens {
+            ids.extend(self.prepend_bos);
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// The text of `ids`: their bytes joined, invalid UTF-8 replaced by U+FFFD. With
+    /// `skip_special_tokens`, control tokens are left out. An id outside the vocabulary is an
+    /// [`Error::InvalidArgument`].
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            if let Some(piece) = self.piece(id, skip_special_tokens, "Tokenizer::decode")? {
+                bytes.extend_from_slice(piece);
+            }
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn piece(&self, id: u32, skip_special: bool, op: &'static str) -> Result<Option<&[u8]>> {
+        let i = id as usize;
+        let piece = self.pieces.get(i).ok_or_else(|| {
+            Error::invalid(op, "id", id, format!("outside the vocabulary of {} tokens", self.pieces.len()))
+        })?;
+        Ok(if skip_special && self.special[i] { None } else { Some(piece) })
+    }
+
+    /// A decoder that takes one id at a time (see [`StreamDecoder`]).
+    pub fn stream(&self, skip_special_tokens: bool) -> StreamDecoder<'_> {
+        StreamDecoder { tokenizer: self, pending: Vec::new(), skip_special_tokens }
+    }
+
+    /// The bytes token `id` stands for, if it is in the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.pieces.get(id as usize).map(|p| &p[..])
+    }
+
+    /// The id of the token whose stored text is `text` (byte-level form for normal tokens,
+    /// `<|im_end|>` for control tokens).
+    pub fn token_to_id(&self, text: &str) -> Option<u32> {
+        self.inner.token_to_id(text)
+    }
+
+    /// The stored text of token `id`.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Whether `id` is a special (control) token.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// Number of ids (the vocabulary with its added tokens).
+    pub fn vocab_size(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// The beginning-of-sequence id, if the vocabulary names one.
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos
+    }
+
+    /// The end-of-sequence id, if the vocabulary names one.
+    pub fn eos_token_id(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// The padding id, if the vocabulary names one.
+    pub fn pad_token_id(&self) -> Option<u32> {
+        self.pad
+    }
+
+    /// Whether [`Tokenizer::encode`] with `add_special_tokens` prepends the BOS token itself
+    /// (GGUF `add_bos_token`; a `tokenizer.json` does it through its post-processor).
+    pub fn prepends_bos(&self) -> bool {
+        self.prepend_bos.is_some()
+    }
+
+    /// The `tokenizers` crate's tokenizer inside (for offsets, batches, truncation).
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+/// Streaming decode: [`StreamDecoder::push`] takes one token id and returns the text it
+/// completes. Byte-level tokens can end inside a UTF-8 character (an emoji's four bytes are
+/// often two or three tokens); those bytes are held back until the character is complete, so
+/// every returned string is whole characters. Bytes that can never form a character are
+/// replaced by U+FFFD as soon as that is certain, so that the concatenation of everything
+/// returned, plus [`StreamDecoder::finish`], equals [`Tokenizer::decode`] of the same ids.
+#[derive(Debug)]
+pub struct StreamDecoder<'t> {
+    tokenizer: &'t Tokenizer,
+    pending: Vec<u8>,
+    skip_special_tokens: bool,
+}
+
+impl StreamDecoder<'_> {
+    /// Adds token `id`; returns the newly completed text (possibly empty).
+    pub fn push(&mut self, id: u32) -> Result<String> {
+        if let Some(piece) = self.tokenizer.piece(id, self.skip_special_tokens, "StreamDecoder::push")? {
+            self.pending.extend_from_slice(piece);
+        }
+        let mut out = String::new();
+        let mut start = 0;
+        loop {
+            match std::str::from_utf8(&self.pending[start..]) {
+                Ok(s) => {
+                    out.push_str(s);
+                    start = self.pending.len();
+                    break;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    // The first `valid` bytes are UTF-8 by the error's contract.
+                    out.push_str(std::str::from_utf8(&self.pending[start..start + valid]).unwrap_or_default());
+                    match e.error_len() {
+                        // An incomplete character at the end: hold it back.
+                        None => {
+                            start += valid;
+                            break;
+                        }
+                        Some(bad) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            start += valid + bad;
+                        }
+                    }
+                }
+            }
+        }
+        self.pending.drain(..start);
+        Ok(out)
+    }
+
+    /// The bytes held back, waiting for the rest of their character (at most 3).
+    pub fn pending(&self) -> &[u8] {
+        &self.pending
+    }
+
+    /// Ends the stream: whatever is held back, as U+FFFD (an incomplete character).
+    pub fn finish(self) -> String {
+        String::from_utf8_lossy(&self.pending).into_owned()
+    }
+}
