@@ -167,3 +167,25 @@ fn sampled_generation_is_reproducible_from_its_seed() {
         Err(Error::InvalidArgument { name: "sampling", .. })
     ));
 }
+
+#[test]
+fn the_real_model_answers_the_chat_smoke_test() {
+    // The smoke test: asked "What is the capital of France?" through its chat template,
+    // greedy, in the GGUF's default dtype (f32), SmolLM2-135M-Instruct answers with "Paris".
+    use llama_kernels::model::{SamplingConfig, TextModel, default_dtype};
+    let path = match test_model_path() {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("note: chat smoke test not run: {why}");
+            return;
+        }
+    };
+    let d = Device::emulated();
+    let mut tm = TextModel::open(&d, &path, default_dtype(&path), 128, 64).unwrap();
+    let ids = tm.prompt_ids("What is the capital of France?", true).unwrap();
+    let mut streamed = String::new();
+    let (text, g) = tm.generate(&ids, 8, SamplingConfig::GREEDY, 0, &mut |p| streamed.push_str(p)).unwrap();
+    println!("reply: {text:?} ({:?}, {} tokens)", g.reason, g.tokens.len());
+    assert_eq!(streamed, text);
+    assert!(text.contains("Paris"), "reply {text:?}");
+}

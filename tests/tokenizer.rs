@@ -174,7 +174,8 @@ fn smollm2_stop_ids() {
     let opts = llama_kernels::model::GenerateOptions {
         max_new_tokens: 1,
         stop: stop.clone().into(),
-        sampling: llama_kernels::model::Sampling::Greedy,
+        sampling: llama_kernels::model::SamplingConfig::GREEDY,
+        seed: 0,
     };
     assert_eq!(&opts.stop, stop.as_set());
     assert_eq!(tok.id_to_token(2).as_deref(), Some("<|im_end|>"));

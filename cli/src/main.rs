@@ -4,8 +4,17 @@
 //! llama-kernels verify [--target cuda|emulated] [--quick|--full]
 //!                      [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]]
 //!                      [--model GGUF_OR_DIR]
+//! llama-kernels generate --model GGUF_OR_DIR --prompt TEXT [--chat] [--max-new-tokens N]
+//!                        [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
+//!                        [--dtype f32|bf16|f16] [--target cuda|emulated]
 //! llama-kernels info
 //! ```
+//!
+//! `generate` loads a model with its tokenizer, chat template and stop ids, and streams the reply
+//! to stdout (`--chat`: the prompt as one user turn of the chat template; temperature 0, the
+//! default, is greedy; the dtype defaults to f32 for GGUF files and bf16 for checkpoint
+//! directories); stderr gets the prompt and generated token counts, the time to first token and
+//! the decode speed.
 //!
 //! `verify` runs decoder layers (built-in Llama 3 and Llama 4 configs with seeded random
 //! weights, or the layers of a Hugging Face checkpoint directory) through the block composer on
@@ -27,7 +36,7 @@ use llama_kernels::dev::verify::block as verify_block;
 use llama_kernels::dev::{inspect, verify};
 use llama_kernels::{DType, Device, Target};
 
-const USAGE: &str = "usage: llama-kernels verify [--target cuda|emulated] [--quick|--full] [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]] [--model GGUF_OR_DIR]\n       llama-kernels info [--perf]";
+const USAGE: &str = "usage: llama-kernels generate --model PATH --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--dtype f32|bf16|f16] [--target cuda|emulated]\n       llama-kernels verify [--target cuda|emulated] [--quick|--full] [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]] [--model GGUF_OR_DIR]\n       llama-kernels info [--perf]";
 
 fn pick_device(target: Option<&str>) -> Result<Device, String> {
     match target {
@@ -40,6 +49,9 @@ fn pick_device(target: Option<&str>) -> Result<Device, String> {
 
 /// `<|im_start|>user\nWhat is the capital of France?` in SmolLM2's vocabulary (byte-level BPE):
 /// the built-in prompt of `verify`'s model check, followed by two decode steps.
+/// The question `verify` asks the model after checking it.
+const CHAT_PROMPT: &str = "What is the capital of France?";
+
 const MODEL_PROMPT: [u32; 10] = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47];
 
 /// The whole model of a GGUF file or checkpoint directory against the f64 reference.
@@ -57,6 +69,59 @@ fn check_model_file(
     // Ids of another vocabulary are folded into this one (the check needs valid ids, not text).
     let prompt: Vec<u32> = MODEL_PROMPT.iter().map(|&t| t % vocab).collect();
     verify::model::check_model(device, &host, dtype, &[prompt, vec![2 % vocab], vec![198 % vocab]])
+}
+
+/// `generate`: the reply to `--prompt` streamed to stdout, counts and speeds on stderr.
+fn generate(flag_value: &dyn Fn(&str) -> Option<String>, chat: bool) -> Result<(), String> {
+    let path = flag_value("--model").ok_or("--model PATH is required (a GGUF file or a checkpoint directory)")?;
+    let path = std::path::PathBuf::from(path);
+    let prompt = flag_value("--prompt").ok_or("--prompt TEXT is required")?;
+    let num = |name: &str, default: f64| -> Result<f64, String> {
+        flag_value(name)
+            .map_or(Ok(default), |v| v.parse::<f64>().map_err(|_| format!("{name} takes a number, not `{v}`")))
+    };
+    let max_new = num("--max-new-tokens", 64.0)? as usize;
+    let sampling = llama_kernels::model::SamplingConfig {
+        temperature: num("--temperature", 0.0)? as f32,
+        top_k: num("--top-k", 0.0)? as i32,
+        top_p: num("--top-p", 1.0)? as f32,
+        min_p: num("--min-p", 0.0)? as f32,
+    };
+    let seed = num("--seed", 0.0)? as u64;
+    let dtype = match flag_value("--dtype").as_deref() {
+        None => llama_kernels::model::default_dtype(&path),
+        Some("f32") => DType::F32,
+        Some("bf16") => DType::BF16,
+        Some("f16") => DType::F16,
+        Some(other) => return Err(format!("unknown dtype `{other}` (f32, bf16, f16)")),
+    };
+    let device = pick_device(flag_value("--target").as_deref())?;
+    let mut tm = llama_kernels::model::TextModel::open(&device, &path, dtype, 4096, 256).map_err(|e| e.to_string())?;
+    let ids = tm.prompt_ids(&prompt, chat).map_err(|e| e.to_string())?;
+    if ids.len() + max_new > 4096 {
+        return Err(format!("{} prompt tokens + {max_new} new exceed the 4096-token plan", ids.len()));
+    }
+    use std::io::Write;
+    let mut out = std::io::stdout();
+    let (_, g) = tm
+        .generate(&ids, max_new, sampling, seed, &mut |piece| {
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+        })
+        .map_err(|e| e.to_string())?;
+    println!();
+    let decoded = g.tokens.len().saturating_sub(1);
+    let per_s = if g.decode_time.as_secs_f64() > 0.0 { decoded as f64 / g.decode_time.as_secs_f64() } else { 0.0 };
+    eprintln!(
+        "{} ({dtype}, {}): {} prompt tokens, {} generated ({:?}); time to first token {:.3} s, decode {per_s:.2} tokens/s",
+        path.display(),
+        device.target(),
+        ids.len(),
+        g.tokens.len(),
+        g.reason,
+        g.time_to_first_token.as_secs_f64()
+    );
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -150,6 +215,19 @@ model: {} ({dtype}), {} prompt tokens then 2 decode steps",
                     }
                     Err(e) => model_failed = Some(format!("model {}: {e}", path.display())),
                 }
+                // Then a short reply, greedy, in the model's default dtype.
+                let reply = (|| -> llama_kernels::Result<String> {
+                    let dtype = llama_kernels::model::default_dtype(&path);
+                    let mut tm = llama_kernels::model::TextModel::open(&device, &path, dtype, 256, 128)?;
+                    let ids = tm.prompt_ids(CHAT_PROMPT, tm.template.is_some())?;
+                    let sampling = llama_kernels::model::SamplingConfig::GREEDY;
+                    let (text, g) = tm.generate(&ids, 16, sampling, 0, &mut |_| {})?;
+                    Ok(format!("{text:?} ({dtype}, {} tokens, {:?})", g.tokens.len(), g.reason))
+                })();
+                match reply {
+                    Ok(r) => println!("reply to {CHAT_PROMPT:?}: {r}"),
+                    Err(e) => model_failed = Some(format!("model {}: generate: {e}", path.display())),
+                }
             }
 
             println!("\nops:");
@@ -170,6 +248,16 @@ model: {} ({dtype}), {} prompt tokens then 2 decode steps",
                 println!("FAILED: {f}");
             }
             if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Some("generate") => {
+            let owned = |name: &str| flag_value(name).map(str::to_string);
+            match generate(&owned, args.iter().any(|a| a == "--chat")) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("generate: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Some("info") if args.iter().any(|a| a == "--perf") => {
             print!("{}", inspect::perf::report());

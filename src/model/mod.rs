@@ -24,6 +24,7 @@ pub mod chat;
 pub mod generate;
 pub mod runner;
 pub mod stop;
+pub mod text;
 pub mod tokenizer;
 pub mod weights;
 
@@ -31,5 +32,6 @@ pub use chat::{ChatTemplate, Message};
 pub use generate::{GenerateOptions, Generation, SamplingConfig, StopReason};
 pub use runner::{Logits, Model, ModelPlan};
 pub use stop::StopIds;
+pub use text::{TextModel, default_dtype};
 pub use tokenizer::{StreamDecoder, Tokenizer};
 pub use weights::{HostModel, MAX_VOCAB};

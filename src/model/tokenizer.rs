@@ -42,7 +42,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, DecoderWrapper, ModelWrapper, PreTokenizerWrapper, SplitDelimiterBehavior};
 
-use crate::block::checkpoint::open_regular;
+use crate::block::files::open_regular;
 use crate::block::gguf::{GgufFile, GgufValue};
 use crate::error::{Error, Result};
 
