@@ -46,11 +46,11 @@ pub struct HostModel {
 impl HostModel {
     /// Tokens in the vocabulary.
     pub fn vocab(&self) -> usize {
-        self.embed.shape[0]
+        self.embed.shape.first().copied().unwrap_or(0)
     }
     /// Elements per token of the hidden states.
     pub fn hidden(&self) -> usize {
-        self.embed.shape[1]
+        self.embed.shape.get(1).copied().unwrap_or(0)
     }
     /// The LM head: its own weight, or the embedding when tied.
     pub fn lm_head(&self) -> &HostTensor {
@@ -199,8 +199,8 @@ fn gguf_layer_name(hf: &str) -> Option<String> {
 /// `[heads * head_dim, in]` or bias `[heads * head_dim]`): row `2 b + a` of a head goes back to
 /// row `a * head_dim / 2 + b`.
 fn unpermute(t: &mut HostTensor, heads: usize) {
-    let rows = t.shape[0];
-    let cols: usize = t.shape[1..].iter().product();
+    let rows = t.shape.first().copied().unwrap_or(0);
+    let cols: usize = t.shape.iter().skip(1).product();
     let head_dim = rows / heads.max(1);
     let half = head_dim / 2;
     let src = t.data.clone();
