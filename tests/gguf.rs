@@ -133,7 +133,7 @@ fn sample() -> (Writer, Vec<(&'static str, Vec<f32>)>) {
         .tensor("q8_0", &[64, 1], 8, q8_bytes)
         .tensor("q4_0", &[32], 2, q4_0_bytes)
         .tensor("q4_1", &[32, 2], 3, q4_1_bytes)
-        .tensor("q4_k", &[256, 1], 12, vec![0; 144]);
+        .tensor("q5_0", &[32, 1], 6, vec![0; 22]);
     let expected = vec![
         ("f32", f32s),
         ("f16", halves.clone()),
@@ -175,8 +175,8 @@ fn metadata_and_tensors_round_trip_exactly() {
         assert!(same, "{name}: {got:?} != {want:?}");
     }
     // A known type this reader does not decode is a named error.
-    match g.dequantize("q4_k") {
-        Err(Error::Checkpoint { tensor, why }) => assert!(tensor == "q4_k" && why.contains("not decoded"), "{why}"),
+    match g.dequantize("q5_0") {
+        Err(Error::Checkpoint { tensor, why }) => assert!(tensor == "q5_0" && why.contains("not decoded"), "{why}"),
         other => panic!("{other:?}"),
     }
     assert!(matches!(g.dequantize("absent"), Err(Error::Checkpoint { .. })));
@@ -303,4 +303,35 @@ fn a_real_model_decodes_like_llama_cpps_reader() {
         compared += 1;
     }
     assert!(compared > 0, "no .f32 files in {reference}");
+}
+
+#[test]
+fn k_quants_decode_like_the_gguf_package() {
+    // Random Q4_K, Q5_K and Q6_K super-blocks and their decoding by llama.cpp's Python reader
+    // (scripts/make_kquant_fixtures.py), as tensors of 4 x 256 values.
+    let fixture: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/gguf/kquants.json")).expect("the fixture is JSON");
+    let hex = |s: &str| -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    };
+    let mut w = Writer::default();
+    let mut expected = Vec::new();
+    for (name, id) in [("Q4_K", 12), ("Q5_K", 13), ("Q6_K", 14)] {
+        let blocks = hex(fixture[name]["blocks"].as_str().unwrap());
+        let values: Vec<f32> = hex(fixture[name]["values"].as_str().unwrap())
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        w = w.tensor(name, &[256, 4], id, blocks);
+        expected.push((name, values));
+    }
+    let path = write("kquants", &w.bytes());
+    let g = GgufFile::open(&path).unwrap();
+    for (name, want) in expected {
+        assert_eq!(g.tensor(name).unwrap().shape, vec![4, 256]);
+        let got = g.dequantize(name).unwrap();
+        let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!((got.len(), differ), (1024, 0), "{name}: {differ} values differ from the gguf package");
+    }
+    let _ = std::fs::remove_file(path);
 }

@@ -15,7 +15,9 @@
 //! Tensors are decoded to f32 by [`GgufFile::dequantize`] exactly as llama.cpp's
 //! `dequantize_row_*` do: F32, F16, BF16, Q8_0, Q4_0 and Q4_1 (block of 32 values with an f16
 //! scale, plus an f16 minimum for Q4_1; 4-bit values `q` of byte `j` are element `j` (low
-//! nibble) and `j + 16` (high nibble), `x = d * (q - 8)` for Q4_0 and `x = d * q + m` for Q4_1).
+//! nibble) and `j + 16` (high nibble), `x = d * (q - 8)` for Q4_0 and `x = d * q + m` for Q4_1),
+//! and the K-quants Q4_K, Q5_K and Q6_K (super-blocks of 256 with per-sub-block scales). Q5_0,
+//! Q5_1, Q2_K and Q3_K have their byte ranges checked but are a named error to decode.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -75,7 +77,8 @@ impl GgufValue {
     }
 }
 
-/// How a tensor's elements are stored.
+/// How a tensor's elements are stored (ggml's type names).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GgmlType {
     /// 32-bit floats.
@@ -90,8 +93,16 @@ pub enum GgmlType {
     Q4_0,
     /// Blocks of 32: an f16 scale, an f16 minimum and 16 bytes of 4-bit values.
     Q4_1,
+    /// Super-blocks of 256: f16 scale and minimum, eight 6-bit sub-block scales and minimums,
+    /// 4-bit values.
+    Q4_K,
+    /// As Q4_K with a fifth bit per value.
+    Q5_K,
+    /// Super-blocks of 256: 4 low and 2 high bits per value, sixteen i8 sub-block scales, an f16
+    /// scale.
+    Q6_K,
     /// A type whose block size this reader knows (so its byte range is checked) but which it
-    /// does not decode: Q5_0, Q5_1 and the K-quants. Holds the ggml type id.
+    /// does not decode: Q5_0, Q5_1, Q2_K and Q3_K. Holds the ggml type id.
     Undecoded(u32),
 }
 
@@ -105,7 +116,10 @@ impl GgmlType {
             3 => GgmlType::Q4_1,
             8 => GgmlType::Q8_0,
             30 => GgmlType::BF16,
-            6 | 7 | 10..=14 => GgmlType::Undecoded(id),
+            12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
+            14 => GgmlType::Q6_K,
+            6 | 7 | 10 | 11 => GgmlType::Undecoded(id),
             _ => return None,
         })
     }
@@ -117,14 +131,14 @@ impl GgmlType {
             GgmlType::Q8_0 => (32, 34),
             GgmlType::Q4_0 => (32, 18),
             GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q4_K => (256, 144),
+            GgmlType::Q5_K => (256, 176),
+            GgmlType::Q6_K => (256, 210),
             GgmlType::Undecoded(id) => match id {
-                6 => (32, 22),    // Q5_0
-                7 => (32, 24),    // Q5_1
-                10 => (256, 84),  // Q2_K
-                11 => (256, 110), // Q3_K
-                12 => (256, 144), // Q4_K
-                13 => (256, 176), // Q5_K
-                _ => (256, 210),  // Q6_K (14; from_id admits no other id)
+                6 => (32, 22),   // Q5_0
+                7 => (32, 24),   // Q5_1
+                10 => (256, 84), // Q2_K
+                _ => (256, 110), // Q3_K (11; from_id admits no other id)
             },
         }
     }
@@ -359,7 +373,10 @@ impl GgufFile {
         let t = self.tensor(name)?;
         let unsupported = || Error::Checkpoint {
             tensor: name.to_string(),
-            why: format!("type {:?} is not decoded (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)", t.dtype),
+            why: format!(
+                "type {:?} is not decoded (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)",
+                t.dtype
+            ),
         };
         let (start, end) = t.range;
         let bytes = self.map.get(start..end).ok_or_else(unsupported)?;
@@ -389,6 +406,9 @@ impl GgufFile {
                     nibbles(&b[4..], |q| f32::from(q) * d + m)
                 })
                 .collect(),
+            GgmlType::Q4_K => bytes.chunks_exact(144).flat_map(|b| k_quant(b, false)).collect(),
+            GgmlType::Q5_K => bytes.chunks_exact(176).flat_map(|b| k_quant(b, true)).collect(),
+            GgmlType::Q6_K => bytes.chunks_exact(210).flat_map(q6_k).collect(),
             GgmlType::Undecoded(_) => return Err(unsupported()),
         })
     }
@@ -402,6 +422,54 @@ fn nibbles(qs: &[u8], f: impl Fn(u8) -> f32) -> [f32; 32] {
     for (j, &q) in qs.iter().take(16).enumerate() {
         out[j] = f(q & 0x0f);
         out[j + 16] = f(q >> 4);
+    }
+    out
+}
+
+/// Sub-block `j`'s 6-bit scale and minimum from the 12 packed bytes of a Q4_K/Q5_K super-block
+/// (llama.cpp's `get_scale_min_k4`).
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// One Q4_K (or, with `fifth_bit`, Q5_K) super-block: `x = (d * sc) * q - dmin * m` per 32-value
+/// sub-block, separate f32 operations as llama.cpp's reference and the `gguf` package compute it.
+fn k_quant(b: &[u8], fifth_bit: bool) -> [f32; 256] {
+    let f16_at = |i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+    let (d, dmin, scales) = (f16_at(0), f16_at(2), &b[4..16]);
+    let (qh, qs) = if fifth_bit { (&b[16..48], &b[48..176]) } else { (&b[0..0], &b[16..144]) };
+    let mut out = [0f32; 256];
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, scales);
+        let (dj, mj) = (d * f32::from(sc), dmin * f32::from(m));
+        let bytes = &qs[(j / 2) * 32..][..32];
+        for l in 0..32 {
+            let mut q = if j % 2 == 0 { bytes[l] & 0x0f } else { bytes[l] >> 4 };
+            if fifth_bit {
+                q |= ((qh[l] >> j) & 1) << 4;
+            }
+            out[j * 32 + l] = dj * f32::from(q) - mj;
+        }
+    }
+    out
+}
+
+/// One Q6_K super-block: `x = (d * sc) * (q - 32)` per 16-value group, q from 4 low bits in `ql`
+/// and 2 high bits in `qh`.
+fn q6_k(b: &[u8]) -> [f32; 256] {
+    let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
+    let d = f16::from_le_bytes([b[208], b[209]]).to_f32();
+    let mut out = [0f32; 256];
+    for (e, x) in out.iter_mut().enumerate() {
+        let (h, c, l) = (e / 128, (e % 128) / 32, e % 32);
+        let low = (ql[h * 64 + (c % 2) * 32 + l] >> (4 * (c / 2))) & 0x0f;
+        let high = (qh[h * 32 + l] >> (2 * c)) & 3;
+        let q = i32::from(low | (high << 4)) - 32;
+        *x = d * f32::from(scales[e / 16] as i8) * q as f32;
     }
     out
 }
