@@ -189,3 +189,18 @@ fn the_real_model_answers_the_chat_smoke_test() {
     assert_eq!(streamed, text);
     assert!(text.contains("Paris"), "reply {text:?}");
 }
+
+#[test]
+fn an_f16_overflow_names_the_first_layer_it_reaches() {
+    // Embedding rows past f16's range (65504): the first layer's output is not finite, and the
+    // report says which layer and that bf16/f32 have the range (it does not pass quietly).
+    let d = Device::emulated();
+    let mut host = HostModel::random(&two_layers(), 300, true, DType::F16, 2).unwrap();
+    for v in &mut host.embed.data {
+        *v = half::f16::from_f32(*v * 40000.0).to_f32();
+    }
+    let r = check_model(&d, &host, DType::F16, &[vec![1, 2, 3]]).unwrap();
+    assert_eq!(r.first_overflow, Some(0), "{}", r.describe(DType::F16));
+    assert!(!r.pass);
+    assert!(r.describe(DType::F16).contains("layer 0 overflowed f16"));
+}

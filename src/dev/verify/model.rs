@@ -28,7 +28,18 @@ pub struct ModelReport {
     pub kl_limit: f64,
     /// Largest activation (|hidden|) at each layer's output, next to the dtype's range.
     pub max_activation: Vec<f64>,
+    /// The first layer whose output was not finite (an overflow of the run dtype), if any.
+    pub first_overflow: Option<usize>,
     pub pass: bool,
+}
+
+/// The largest finite value of a float dtype (f16 65504; bf16 and f32 about 3.4e38).
+pub fn dtype_max(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 65504.0,
+        DType::BF16 => 3.3895313892515355e38,
+        _ => f64::from(f32::MAX),
+    }
 }
 
 /// Largest KL divergence of the next-token distribution allowed for `dtype` (f32 agrees with
@@ -88,7 +99,9 @@ pub fn check_model(device: &Device, host: &HostModel, dtype: DType, steps: &[Vec
             let rms = (want.iter().map(|v| v * v).sum::<f64>() / want.len().max(1) as f64).sqrt();
             let tol = e2e_tolerance(dtype, rms);
             let c = compare(&outputs[i], want, tol);
-            max_activation[i] = outputs[i].iter().fold(max_activation[i], |m, v| m.max(v.abs()));
+            max_activation[i] = outputs[i]
+                .iter()
+                .fold(max_activation[i], |m, v| if v.is_finite() { m.max(v.abs()) } else { f64::INFINITY });
             let worse = layers[i].as_ref().is_none_or(|(w, _)| c.worst_ratio > w.worst_ratio);
             if worse {
                 layers[i] = Some((c, tol));
@@ -112,7 +125,8 @@ pub fn check_model(device: &Device, host: &HostModel, dtype: DType, steps: &[Vec
     }
     let layers: Vec<(Comparison, Tolerance)> = layers.into_iter().flatten().collect();
     let limit = kl_limit(dtype);
-    let pass = layers.iter().all(|(c, _)| c.pass) && kl_max <= limit && kl_max.is_finite();
+    let first_overflow = max_activation.iter().position(|a| !a.is_finite());
+    let pass = layers.iter().all(|(c, _)| c.pass) && kl_max <= limit && kl_max.is_finite() && first_overflow.is_none();
     Ok(ModelReport {
         layers,
         kl_max,
@@ -120,6 +134,7 @@ pub fn check_model(device: &Device, host: &HostModel, dtype: DType, steps: &[Vec
         top1: (agree, count),
         kl_limit: limit,
         max_activation,
+        first_overflow,
         pass,
     })
 }
@@ -128,8 +143,15 @@ impl ModelReport {
     /// A table: one row per layer (worst stage-local error, its tolerance ratio, the largest
     /// activation), then the logits line.
     pub fn describe(&self, dtype: DType) -> String {
-        let mut s =
-            format!("{:>5}  {:>10}  {:>10}  {:>8}  {:>12}\n", "layer", "max abs", "max rel", "ratio", "max |h|");
+        let mut s = format!(
+            "{:>5}  {:>10}  {:>10}  {:>8}  {:>12}  (the {dtype} range ends at {:.4e})\n",
+            "layer",
+            "max abs",
+            "max rel",
+            "ratio",
+            "max |h|",
+            dtype_max(dtype)
+        );
         for (i, ((c, _), act)) in self.layers.iter().zip(&self.max_activation).enumerate() {
             s += &format!(
                 "{i:>5}  {:>10.3e}  {:>10.3e}  {:>8.3}  {:>12.4e}{}\n",
@@ -138,6 +160,11 @@ impl ModelReport {
                 c.worst_ratio,
                 act,
                 if c.pass { "" } else { "  FAIL" }
+            );
+        }
+        if let Some(l) = self.first_overflow {
+            s += &format!(
+                "layer {l} overflowed {dtype} (its output is not finite); bf16 and f32 have the range for it  FAIL\n"
             );
         }
         s += &format!(
