@@ -28,7 +28,7 @@
 //! rows (any row stride), `bias` is `[out]` contiguous, `y` is `[..., out]` with the same
 //! leading dimensions as `x` and any row stride. One float dtype throughout. `y` must not
 //! overlap the inputs. Sizes and row strides are at most 2^31 - 1 elements (cuBLAS's 32-bit
-//! interface), on both targets: a larger one is an [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+//! interface), on both targets: a larger one is an [`Error::InvalidArgument`].
 //!
 //! [`linear_add`] accumulates instead (`y += x W^T`): cuBLAS's `beta = 1`, which fuses a residual
 //! add into the product with a single rounding of the sum.
