@@ -60,11 +60,7 @@ fn check_model_file(
     path: &std::path::Path,
     dtype: DType,
 ) -> llama_kernels::Result<verify::model::ModelReport> {
-    let host = if path.is_dir() {
-        llama_kernels::model::HostModel::from_checkpoint(path, dtype)?
-    } else {
-        llama_kernels::model::HostModel::from_gguf(path, dtype)?
-    };
+    let host = llama_kernels::model::HostModel::open(path, dtype)?;
     let vocab = host.vocab() as u32;
     // Ids of another vocabulary are folded into this one (the check needs valid ids, not text).
     let prompt: Vec<u32> = MODEL_PROMPT.iter().map(|&t| t % vocab).collect();

@@ -54,14 +54,7 @@ pub(crate) struct DeviceFiles {
 impl DeviceFiles {
     /// The order of [`DeviceCode::External`]'s files: `(arch, extension)`.
     #[allow(dead_code)]
-    pub const FIELDS: [(&'static str, &'static str); 6] = [
-        ("sm_90", "ptx"),
-        ("sm_80", "ptx"),
-        ("sm_90", "cubin"),
-        ("sm_80", "cubin"),
-        ("sm_90", "ptxas.txt"),
-        ("sm_80", "ptxas.txt"),
-    ];
+    pub const FIELDS: [(&'static str, &'static str); 6] = DEVICE_FILE_ORDER;
 }
 
 /// What one external device-code file must be.

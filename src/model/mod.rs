@@ -22,8 +22,10 @@
 
 pub mod chat;
 pub mod generate;
+mod pretokenizer;
 pub mod runner;
 pub mod stop;
+mod stream;
 pub mod text;
 pub mod tokenizer;
 pub mod weights;
@@ -32,6 +34,7 @@ pub use chat::{ChatTemplate, Message};
 pub use generate::{GenerateOptions, Generation, SamplingConfig, StopReason};
 pub use runner::{Logits, Model, ModelPlan};
 pub use stop::StopIds;
+pub use stream::StreamDecoder;
 pub use text::{TextModel, default_dtype};
-pub use tokenizer::{StreamDecoder, Tokenizer};
+pub use tokenizer::Tokenizer;
 pub use weights::{HostModel, MAX_VOCAB};

@@ -179,28 +179,23 @@ impl Model {
             layer.forward(&mut self.ws, &self.cache, i, &step, &hidden)?;
             observe(i, &hidden)?;
         }
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let rows = match which {
-            Logits::All => {
-                let normed = self.normed.narrow(0, 0, t)?;
-                rms_norm(&hidden, &self.norm, self.eps, &normed)?;
-                let logits = self.logits.narrow(0, 0, t)?;
-                linear(&normed, head, None, &logits)?;
-                self.cache.commit(&step)?;
-                return Ok(logits);
+        // The rows that get logits: all of them, or each sequence's last, gathered by the
+        // embedding kernel (a row gather of the hidden states).
+        let (rows, n) = match which {
+            Logits::All => (hidden, t),
+            Logits::Last => {
+                let last: Vec<i32> = step.seqs.iter().map(|s| (s.offset + s.new - 1) as i32).collect();
+                let rows_t = self.rows.narrow(0, 0, last.len())?;
+                rows_t.copy_from_slice(&last)?;
+                let picked = self.picked.narrow(0, 0, last.len())?;
+                embedding(&hidden, &rows_t, &picked, &self.errors)?;
+                (picked, last.len())
             }
-            Logits::Last => step.seqs.iter().map(|s| (s.offset + s.new - 1) as i32).collect::<Vec<i32>>(),
         };
-        let n = rows.len();
-        let rows_t = self.rows.narrow(0, 0, n)?;
-        rows_t.copy_from_slice(&rows)?;
-        // The last rows, gathered by the embedding kernel (a row gather of the hidden states).
-        let picked = self.picked.narrow(0, 0, n)?;
-        embedding(&hidden, &rows_t, &picked, &self.errors)?;
         let normed = self.normed.narrow(0, 0, n)?;
-        rms_norm(&picked, &self.norm, self.eps, &normed)?;
+        rms_norm(&rows, &self.norm, self.eps, &normed)?;
         let logits = self.logits.narrow(0, 0, n)?;
-        linear(&normed, head, None, &logits)?;
+        linear(&normed, self.lm_head.as_ref().unwrap_or(&self.embed), None, &logits)?;
         self.cache.commit(&step)?;
         Ok(logits)
     }

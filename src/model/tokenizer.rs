@@ -1,7 +1,7 @@
 //! Byte-level BPE tokenizers (GPT-2, Llama 3, Llama 4, SmolLM, Qwen), from a Hugging Face
 //! `tokenizer.json` or from a GGUF file's metadata, encoded by the `tokenizers` crate and
 //! decoded byte-exactly, all at once ([`Tokenizer::decode`]) or one token at a time
-//! ([`StreamDecoder`]).
+//! ([`StreamDecoder`](super::StreamDecoder)).
 //!
 //! # From GGUF metadata
 //!
@@ -29,7 +29,7 @@
 //! Every id has its bytes, computed once: a normal token's characters mapped back through
 //! GPT-2's byte-to-unicode table (as the Hugging Face `ByteLevel` decoder does), an added or
 //! control token's text as it is. [`Tokenizer::decode`] joins them and replaces invalid UTF-8
-//! with U+FFFD; [`StreamDecoder`] takes one id at a time and returns only completed characters,
+//! with U+FFFD; [`StreamDecoder`](super::StreamDecoder) takes one id at a time and returns only completed characters,
 //! holding back the bytes of a character split across tokens until its last byte arrives.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -46,6 +46,8 @@ use crate::block::files::open_regular;
 use crate::block::gguf::{GgufFile, GgufValue};
 use crate::error::{Error, Result};
 
+pub use super::pretokenizer::{GGUF_PRE_TOKENIZERS, GgufPreTokenizer, gguf_pre_tokenizer};
+
 /// Most tokens a vocabulary may have (the largest in use are about 262k).
 pub const MAX_VOCAB: usize = 1 << 21;
 /// Most merges a BPE vocabulary may have (Llama 3 has 280k for 128k tokens).
@@ -54,81 +56,6 @@ pub const MAX_MERGES: usize = 1 << 22;
 pub const MAX_TOKEN_BYTES: usize = 4096;
 /// Largest `tokenizer.json` read, in bytes (Llama 3's is 9 MB).
 pub const MAX_TOKENIZER_JSON_BYTES: u64 = 256 << 20;
-
-/// A GGUF pre-tokenizer: the `tokenizer.ggml.pre` names that select it and what they mean.
-#[derive(Debug)]
-pub struct GgufPreTokenizer {
-    /// The names llama.cpp maps to this pre-tokenizer.
-    pub names: &'static [&'static str],
-    /// Split regexes, applied in order, each splitting every piece of the one before into its
-    /// matches and the text between them ("isolated").
-    pub regexes: &'static [&'static str],
-    /// Whether a piece that is itself a token is emitted without applying merges.
-    pub ignore_merges: bool,
-    /// Whether a BOS token is prepended when `tokenizer.ggml.add_bos_token` is absent.
-    pub add_bos: bool,
-}
-
-/// GPT-2's split regex (Hugging Face `ByteLevel`'s built-in pattern).
-const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
-/// Llama 3's (tiktoken cl100k-style, digits in groups of up to three).
-const LLAMA3_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// Qwen 2's (as Llama 3's, single digits).
-const QWEN2_RE: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// GPT-4o's (o200k), which Llama 4 uses.
-const GPT4O_RE: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// Mistral's Tekken.
-const TEKKEN_RE: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-/// The `tokenizer.ggml.pre` names this crate knows, with llama.cpp's meaning of each.
-pub const GGUF_PRE_TOKENIZERS: &[GgufPreTokenizer] = &[
-    GgufPreTokenizer {
-        names: &["gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4", "trillion", "granite-docling"],
-        regexes: &[GPT2_RE],
-        ignore_merges: false,
-        add_bos: false,
-    },
-    // Hugging Face: `Digits(individual_digits)` then `ByteLevel`.
-    GgufPreTokenizer {
-        names: &["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"],
-        regexes: &[r"\p{N}", GPT2_RE],
-        ignore_merges: false,
-        add_bos: false,
-    },
-    GgufPreTokenizer {
-        names: &["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"],
-        regexes: &[LLAMA3_RE],
-        ignore_merges: true,
-        add_bos: true,
-    },
-    GgufPreTokenizer { names: &["dbrx", "smaug-bpe"], regexes: &[LLAMA3_RE], ignore_merges: false, add_bos: false },
-    GgufPreTokenizer {
-        names: &["qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", "hunyuan"],
-        regexes: &[QWEN2_RE],
-        ignore_merges: false,
-        add_bos: false,
-    },
-    GgufPreTokenizer {
-        names: &["gpt-4o", "llama4", "minimax-m2"],
-        regexes: &[GPT4O_RE],
-        ignore_merges: false,
-        add_bos: false,
-    },
-    GgufPreTokenizer { names: &["tekken"], regexes: &[TEKKEN_RE], ignore_merges: true, add_bos: true },
-    // llama.cpp's `default`, what it also falls back to (with a warning) when the key is missing.
-    GgufPreTokenizer {
-        names: &["default"],
-        regexes: &[r"[\p{P}\$\+<=>\^~\|]+", GPT2_RE, r"\p{N}+", r"[0-9][0-9][0-9]"],
-        ignore_merges: false,
-        add_bos: false,
-    },
-];
-
-/// The pre-tokenizer `name` selects, if it is one of [`GGUF_PRE_TOKENIZERS`].
-pub fn gguf_pre_tokenizer(name: &str) -> Option<&'static GgufPreTokenizer> {
-    GGUF_PRE_TOKENIZERS.iter().find(|p| p.names.contains(&name))
-}
 
 /// llama.cpp's token types (`tokenizer.ggml.token_type`).
 mod token_type {
@@ -626,17 +553,12 @@ impl Tokenizer {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
-    fn piece(&self, id: u32, skip_special: bool, op: &'static str) -> Result<Option<&[u8]>> {
+    pub(super) fn piece(&self, id: u32, skip_special: bool, op: &'static str) -> Result<Option<&[u8]>> {
         let i = id as usize;
         let piece = self.pieces.get(i).ok_or_else(|| {
             Error::invalid(op, "id", id, format!("outside the vocabulary of {} tokens", self.pieces.len()))
         })?;
         Ok(if skip_special && self.special[i] { None } else { Some(piece) })
-    }
-
-    /// A decoder that takes one id at a time (see [`StreamDecoder`]).
-    pub fn stream(&self, skip_special_tokens: bool) -> StreamDecoder<'_> {
-        StreamDecoder { tokenizer: self, pending: Vec::new(), skip_special_tokens }
     }
 
     /// The bytes token `id` stands for, if it is in the vocabulary.
@@ -689,66 +611,5 @@ impl Tokenizer {
     /// The `tokenizers` crate's tokenizer inside (for offsets, batches, truncation).
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
-    }
-}
-
-/// Streaming decode: [`StreamDecoder::push`] takes one token id and returns the text it
-/// completes. Byte-level tokens can end inside a UTF-8 character (an emoji's four bytes are
-/// often two or three tokens); those bytes are held back until the character is complete, so
-/// every returned string is whole characters. Bytes that can never form a character are
-/// replaced by U+FFFD as soon as that is certain, so that the concatenation of everything
-/// returned, plus [`StreamDecoder::finish`], equals [`Tokenizer::decode`] of the same ids.
-#[derive(Debug)]
-pub struct StreamDecoder<'t> {
-    tokenizer: &'t Tokenizer,
-    pending: Vec<u8>,
-    skip_special_tokens: bool,
-}
-
-impl StreamDecoder<'_> {
-    /// Adds token `id`; returns the newly completed text (possibly empty).
-    pub fn push(&mut self, id: u32) -> Result<String> {
-        if let Some(piece) = self.tokenizer.piece(id, self.skip_special_tokens, "StreamDecoder::push")? {
-            self.pending.extend_from_slice(piece);
-        }
-        let mut out = String::new();
-        let mut start = 0;
-        loop {
-            match std::str::from_utf8(&self.pending[start..]) {
-                Ok(s) => {
-                    out.push_str(s);
-                    start = self.pending.len();
-                    break;
-                }
-                Err(e) => {
-                    let valid = e.valid_up_to();
-                    // The first `valid` bytes are UTF-8 by the error's contract.
-                    out.push_str(std::str::from_utf8(&self.pending[start..start + valid]).unwrap_or_default());
-                    match e.error_len() {
-                        // An incomplete character at the end: hold it back.
-                        None => {
-                            start += valid;
-                            break;
-                        }
-                        Some(bad) => {
-                            out.push(char::REPLACEMENT_CHARACTER);
-                            start += valid + bad;
-                        }
-                    }
-                }
-            }
-        }
-        self.pending.drain(..start);
-        Ok(out)
-    }
-
-    /// The bytes held back, waiting for the rest of their character (at most 3).
-    pub fn pending(&self) -> &[u8] {
-        &self.pending
-    }
-
-    /// Ends the stream: whatever is held back, as U+FFFD (an incomplete character).
-    pub fn finish(self) -> String {
-        String::from_utf8_lossy(&self.pending).into_owned()
     }
 }

@@ -84,6 +84,13 @@ impl HostModel {
         Ok(self)
     }
 
+    /// A checkpoint directory ([`HostModel::from_checkpoint`]) or a GGUF file
+    /// ([`HostModel::from_gguf`]), whichever `path` is.
+    pub fn open(path: impl AsRef<Path>, dtype: DType) -> Result<HostModel> {
+        let path = path.as_ref();
+        if path.is_dir() { Self::from_checkpoint(path, dtype) } else { Self::from_gguf(path, dtype) }
+    }
+
     /// A Hugging Face checkpoint directory (`config.json` + safetensors), converted to `dtype`.
     pub fn from_checkpoint(dir: impl AsRef<Path>, dtype: DType) -> Result<HostModel> {
         let dir = dir.as_ref();
