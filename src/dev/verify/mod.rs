@@ -9,6 +9,7 @@ pub(crate) mod attention;
 pub mod block;
 pub(crate) mod common;
 pub(crate) mod elementwise;
+pub(crate) mod embedding;
 pub mod model;
 pub(crate) mod moe;
 pub(crate) mod paged;
@@ -17,6 +18,7 @@ pub(crate) mod sampling;
 pub use attention::*;
 pub use common::{CaseResult, Outcome, gaps_poisoned, rows_tensor, table};
 pub use elementwise::*;
+pub use embedding::*;
 pub use moe::*;
 pub use paged::*;
 pub use sampling::*;
@@ -30,6 +32,7 @@ pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
         rms_norm_cases(quick).into_iter().map(|c| outcome(c, rms_norm_case(device, c))).collect();
     out.extend(rope_cases(quick).into_iter().map(|c| outcome(c, rope_case(device, c))));
     out.extend(swiglu_cases(quick).into_iter().map(|c| outcome(c, swiglu_case(device, c))));
+    out.extend(embedding_cases(quick).into_iter().map(|c| outcome(c, embedding_case(device, c))));
     out.extend(
         attention_cases(quick).into_iter().map(|c| attention_case(device, &c).map_err(|e| (format!("{c:?}"), e))),
     );
