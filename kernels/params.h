@@ -514,6 +514,53 @@ typedef struct SampleParams {
   int64_t logits_row_stride;
 } SampleParams;
 
+// ---------------------------------------------------------------------------- Quantized linear
+// y = x W^T (or y += x W^T) with W [n, k] kept packed (kernels/qlinear.cu; the layout is
+// src/spec/quant.rs, which owns the plane offsets). Every format is read in chunks of
+// LLK_QUANT_CHUNK consecutive elements of a row; a chunk's values sit in the `qs` plane
+// (4-bit formats: 16 bytes, byte i = element i in the low nibble and element i + 16 in the high
+// nibble; Q8_0: 32 signed bytes), Q6_K's top two bits in the `qh` plane (8 bytes per chunk, byte i
+// = elements i, i + 8, i + 16, i + 24 in bits 0-1, 2-3, 4-5, 6-7), and each block's header (its
+// scales, as the format stores them) in the `meta` plane.
+typedef enum LlkQuantFormat {
+  LLK_QUANT_Q8_0 = 0,  // blocks of 32: meta f16 d; w = q * d
+  LLK_QUANT_Q4_0 = 1,  // blocks of 32: meta f16 d; w = (q - 8) * d
+  LLK_QUANT_Q4_1 = 2,  // blocks of 32: meta f16 d, f16 m; w = q * d + m
+  LLK_QUANT_Q4_K = 3,  // super-blocks of 256: meta f16 d, f16 dmin, 12 bytes of 6-bit scales/mins
+  LLK_QUANT_Q6_K = 4,  // super-blocks of 256: meta 16 i8 scales, f16 d; w = (d * sc) * (q - 32)
+  LLK_QUANT_NF4 = 5,   // blocks of `block` (a power of two >= 32): meta f32 absmax; w = code[q] * absmax
+} LlkQuantFormat;
+
+#define LLK_QUANT_CHUNK 32
+// Warps per block of the GEMV (one warp per output column), and the most activation rows it
+// takes; more rows go through the dequantize kernel and a dense GEMM.
+#define LLK_QGEMV_WARPS 4
+#define LLK_QGEMV_MAX_ROWS 16
+// Threads per block of the dequantize kernel (one chunk per thread).
+#define LLK_QDEQUANT_THREADS 256
+
+typedef struct QLinearParams {
+  uint64_t x;          // [rows, k] activations, rows x_row_stride elements apart (GEMV only)
+  uint64_t y;          // [rows, n] output (GEMV) or [n_band, k] dense weights (dequantize)
+  uint64_t qs;         // the packed planes of W (see src/spec/quant.rs); qh is 0 unless Q6_K
+  uint64_t qh;
+  uint64_t meta;
+  int64_t rows;        // activation rows (GEMV, 1..=LLK_QGEMV_MAX_ROWS)
+  int64_t n;           // output features: rows of W (dequantize: the band's rows)
+  int64_t k;           // input features, a multiple of the format's block
+  int64_t block;       // the format's block (elements per meta entry)
+  int64_t row_first;   // dequantize: the band's first row of W
+  int64_t x_row_stride;
+  int64_t y_row_stride;
+  int64_t qs_row_bytes;
+  int64_t qh_row_bytes;
+  int64_t meta_row_bytes;
+  float code[16];      // NF4's code book (bitsandbytes' NF4 table or the checkpoint's quant_map)
+  LlkQuantFormat format;
+  int32_t accumulate;  // GEMV: 1 = y += x W^T (one rounding of the sum), 0 = y = x W^T
+  int32_t x_vec16;     // GEMV: 1 = x rows are 16-byte aligned (vector loads), 0 = scalar loads
+} QLinearParams;
+
 // ---------------------------------------------------------------------------- Self-tests
 // Small kernels that exercise the emulation runtime (and, on a GPU, check that the emulated PTX
 // wrappers match the hardware). See kernels/selftest.cu.

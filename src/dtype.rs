@@ -20,6 +20,8 @@ pub enum DType {
     /// OCP FP8 E4M3 "fn" (finite, +-448, one NaN code per sign): a storage type of the paged KV
     /// cache only ([`F8E4M3`]).
     F8E4M3,
+    /// Raw bytes: the planes of packed quantized weights ([`crate::spec::quant`]); storage only.
+    U8,
 }
 
 impl DType {
@@ -29,7 +31,7 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::I64 => 8,
-            DType::F8E4M3 => 1,
+            DType::F8E4M3 | DType::U8 => 1,
         }
     }
     /// The short name used in kernel symbols (`rms_norm_vec_bf16`).
@@ -41,6 +43,7 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::F8E4M3 => "fp8",
+            DType::U8 => "u8",
         }
     }
     /// The floating-point dtypes every kernel supports.
@@ -60,7 +63,7 @@ impl DType {
             DType::F16 => 4.8828125e-4,         // 2^-11
             DType::BF16 => 3.90625e-3,          // 2^-8
             DType::F8E4M3 => 6.25e-2,           // 2^-4
-            DType::I32 | DType::I64 => 0.0,
+            DType::I32 | DType::I64 | DType::U8 => 0.0,
         }
     }
 }
@@ -107,6 +110,7 @@ element!(f16, DType::F16, |x| x.to_f64(), |v| f16::from_f64(v));
 element!(bf16, DType::BF16, |x| x.to_f64(), |v| bf16::from_f64(v));
 element!(i32, DType::I32, |x| x as f64, |v| v as i32);
 element!(i64, DType::I64, |x| x as f64, |v| v as i64);
+element!(u8, DType::U8, |x| f64::from(x), |v| v as u8);
 element!(F8E4M3, DType::F8E4M3, |x| f8e4m3_decode(x.0), |v| F8E4M3(f8e4m3_encode(v)));
 
 /// One e4m3fn code (OCP FP8 E4M3, finite variant): 1 sign, 4 exponent (bias 7) and 3 mantissa
@@ -172,5 +176,6 @@ pub fn round_to(dtype: DType, v: f64) -> f64 {
         DType::BF16 => bf16::from_f64(v).to_f64(),
         DType::F8E4M3 => f8e4m3_decode(f8e4m3_encode(v)),
         DType::I32 | DType::I64 => v.round(),
+        DType::U8 => v.round().clamp(0.0, 255.0),
     }
 }

@@ -81,6 +81,7 @@ cuda_buffers!(
 );
 
 /// What a read-only view borrows.
+#[derive(Clone, Copy)]
 pub(crate) enum ReadSrc<'a> {
     Storage(&'a Storage),
     Cuda(&'a dyn CudaRead),

@@ -52,5 +52,6 @@ kernel_params!(
     crate::ffi::params::MoeGemmParams,
     crate::ffi::params::MoeCombineParams,
     crate::ffi::params::SampleParams,
+    crate::ffi::params::QLinearParams,
     crate::ffi::params::SelftestParams,
 );

@@ -99,7 +99,7 @@ impl CudaBuffer {
             DType::BF16 => CudaBuffer::BF16(stream.alloc_zeros(n)?),
             DType::I32 => CudaBuffer::I32(stream.alloc_zeros(n)?),
             DType::I64 => CudaBuffer::I64(stream.alloc_zeros(n)?),
-            DType::F8E4M3 => CudaBuffer::U8(stream.alloc_zeros(n)?),
+            DType::F8E4M3 | DType::U8 => CudaBuffer::U8(stream.alloc_zeros(n)?),
         })
     }
 }

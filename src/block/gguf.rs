@@ -26,6 +26,7 @@ use half::{bf16, f16};
 
 use super::files::open_regular;
 use crate::error::{Error, Result};
+use crate::spec::quant::{PackedWeight, QuantFormat, scale_min_k4};
 
 /// The most dimensions a GGUF tensor has (GGML_MAX_DIMS).
 pub const MAX_RANK: usize = 4;
@@ -120,6 +121,17 @@ impl GgmlType {
             13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
             6 | 7 | 10 | 11 => GgmlType::Undecoded(id),
+            _ => return None,
+        })
+    }
+    /// The packed format the kernels read this type in, if any.
+    pub fn quant_format(self) -> Option<QuantFormat> {
+        Some(match self {
+            GgmlType::Q8_0 => QuantFormat::Q8_0,
+            GgmlType::Q4_0 => QuantFormat::Q4_0,
+            GgmlType::Q4_1 => QuantFormat::Q4_1,
+            GgmlType::Q4_K => QuantFormat::Q4_K,
+            GgmlType::Q6_K => QuantFormat::Q6_K,
             _ => return None,
         })
     }
@@ -368,6 +380,26 @@ impl GgufFile {
             .ok_or_else(|| Error::Checkpoint { tensor: name.to_string(), why: format!("not in {}", self.path) })
     }
 
+    /// Tensor `name` (a matrix, or a higher-rank tensor seen as rows of its last dimension) kept
+    /// in its quantized format, repacked into the kernels' layout ([`crate::spec::quant`]):
+    /// Q8_0, Q4_0, Q4_1, Q4_K and Q6_K. Other types are an [`Error::Checkpoint`] naming the type.
+    pub fn packed(&self, name: &str) -> Result<PackedWeight> {
+        let t = self.tensor(name)?;
+        let format = t.dtype.quant_format().ok_or_else(|| Error::Checkpoint {
+            tensor: name.to_string(),
+            why: format!("type {:?} is not kept packed (packed: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)", t.dtype),
+        })?;
+        let cols = t.shape.last().copied().unwrap_or(0);
+        let rows = t.shape.iter().rev().skip(1).product::<usize>();
+        let (start, end) = t.range;
+        let bytes = self
+            .map
+            .get(start..end)
+            .ok_or_else(|| Error::Checkpoint { tensor: name.to_string(), why: "data range outside the file".into() })?;
+        PackedWeight::from_gguf_blocks(format, rows, cols, bytes)
+            .map_err(|e| Error::Checkpoint { tensor: name.to_string(), why: e.to_string() })
+    }
+
     /// Tensor `name` decoded to f32, row-major in [`GgufTensor::shape`] order.
     pub fn dequantize(&self, name: &str) -> Result<Vec<f32>> {
         let t = self.tensor(name)?;
@@ -380,96 +412,33 @@ impl GgufFile {
         };
         let (start, end) = t.range;
         let bytes = self.map.get(start..end).ok_or_else(unsupported)?;
-        let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
         Ok(match t.dtype {
             GgmlType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
             GgmlType::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
             GgmlType::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            GgmlType::Q8_0 => bytes
-                .chunks_exact(34)
-                .flat_map(|b| {
-                    let d = f16_at(b, 0);
-                    b[2..].iter().map(move |&q| f32::from(q as i8) * d)
-                })
-                .collect(),
-            GgmlType::Q4_0 => bytes
-                .chunks_exact(18)
-                .flat_map(|b| {
-                    let d = f16_at(b, 0);
-                    nibbles(&b[2..], |q| (f32::from(q) - 8.0) * d)
-                })
-                .collect(),
-            GgmlType::Q4_1 => bytes
-                .chunks_exact(20)
-                .flat_map(|b| {
-                    let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-                    nibbles(&b[4..], |q| f32::from(q) * d + m)
-                })
-                .collect(),
-            GgmlType::Q4_K => bytes.chunks_exact(144).flat_map(|b| k_quant(b, false)).collect(),
-            GgmlType::Q5_K => bytes.chunks_exact(176).flat_map(|b| k_quant(b, true)).collect(),
-            GgmlType::Q6_K => bytes.chunks_exact(210).flat_map(q6_k).collect(),
+            GgmlType::Q5_K => bytes.chunks_exact(176).flat_map(q5_k).collect(),
             GgmlType::Undecoded(_) => return Err(unsupported()),
+            _ => self.packed(name)?.dequantize(),
         })
     }
 }
 
-/// One 32-value block of 4-bit values: element `j` is the low nibble of byte `j`, element
-/// `j + 16` its high nibble, each decoded by `f` (separate f32 operations, as llama.cpp's
-/// reference and the `gguf` package compute them).
-fn nibbles(qs: &[u8], f: impl Fn(u8) -> f32) -> [f32; 32] {
-    let mut out = [0f32; 32];
-    for (j, &q) in qs.iter().take(16).enumerate() {
-        out[j] = f(q & 0x0f);
-        out[j + 16] = f(q >> 4);
-    }
-    out
-}
-
-/// Sub-block `j`'s 6-bit scale and minimum from the 12 packed bytes of a Q4_K/Q5_K super-block
-/// (llama.cpp's `get_scale_min_k4`).
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-    }
-}
-
-/// One Q4_K (or, with `fifth_bit`, Q5_K) super-block: `x = (d * sc) * q - dmin * m` per 32-value
-/// sub-block, separate f32 operations as llama.cpp's reference and the `gguf` package compute it.
-fn k_quant(b: &[u8], fifth_bit: bool) -> [f32; 256] {
+/// One Q5_K super-block: `x = (d * sc) * q - dmin * m` per 32-value sub-block, q the Q4_K nibble
+/// with a fifth bit from `qh`; separate f32 operations as llama.cpp's reference and the `gguf`
+/// package compute it. (Q5_K is decoded at load only: no kernel keeps it packed.)
+fn q5_k(b: &[u8]) -> [f32; 256] {
     let f16_at = |i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-    let (d, dmin, scales) = (f16_at(0), f16_at(2), &b[4..16]);
-    let (qh, qs) = if fifth_bit { (&b[16..48], &b[48..176]) } else { (&b[0..0], &b[16..144]) };
+    let (d, dmin, scales, qh, qs) = (f16_at(0), f16_at(2), &b[4..16], &b[16..48], &b[48..176]);
     let mut out = [0f32; 256];
     for j in 0..8 {
         let (sc, m) = scale_min_k4(j, scales);
         let (dj, mj) = (d * f32::from(sc), dmin * f32::from(m));
         let bytes = &qs[(j / 2) * 32..][..32];
         for l in 0..32 {
-            let mut q = if j % 2 == 0 { bytes[l] & 0x0f } else { bytes[l] >> 4 };
-            if fifth_bit {
-                q |= ((qh[l] >> j) & 1) << 4;
-            }
+            let low = if j % 2 == 0 { bytes[l] & 0x0f } else { bytes[l] >> 4 };
+            let q = low | (((qh[l] >> j) & 1) << 4);
             out[j * 32 + l] = dj * f32::from(q) - mj;
         }
-    }
-    out
-}
-
-/// One Q6_K super-block: `x = (d * sc) * (q - 32)` per 16-value group, q from 4 low bits in `ql`
-/// and 2 high bits in `qh`.
-fn q6_k(b: &[u8]) -> [f32; 256] {
-    let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
-    let d = f16::from_le_bytes([b[208], b[209]]).to_f32();
-    let mut out = [0f32; 256];
-    for (e, x) in out.iter_mut().enumerate() {
-        let (h, c, l) = (e / 128, (e % 128) / 32, e % 32);
-        let low = (ql[h * 64 + (c % 2) * 32 + l] >> (4 * (c / 2))) & 0x0f;
-        let high = (qh[h * 32 + l] >> (2 * c)) & 3;
-        let q = i32::from(low | (high << 4)) - 32;
-        *x = d * f32::from(scales[e / 16] as i8) * q as f32;
     }
     out
 }

@@ -42,11 +42,12 @@ use crate::backend::Device;
 use crate::block::moe_ffn::MoeWorkspace;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ops;
 use crate::ops::attention::{AttentionMask, AttentionOptions, CuSeqlens};
 use crate::ops::attention::{PagedDecodeOptions, PagedKvCache, PagedKvView};
+use crate::ops::qlinear::QScratch;
 use crate::ops::rope::Rope;
 use crate::ops::swiglu::GateUp;
-use crate::ops::{self, linear};
 use crate::tensor::{Tensor, TensorViewMut};
 
 use super::kv_cache::KvCache;
@@ -264,7 +265,7 @@ impl DecoderLayer {
         let proj = ws.proj.narrow(0, 0, t)?;
         ops::rms_norm(hidden, &w.input_norm, s.rms_norm_eps, &normed)?;
         probe.snap("norm", &normed)?;
-        linear::linear(&normed, &w.qkv, w.qkv_bias.as_ref(), &qkv)?;
+        w.qkv.forward(&normed, w.qkv_bias.as_ref(), &qkv, false, ws.qscratch.as_ref())?;
         probe.snap("qkv", &qkv)?;
         let heads = qkv.reshape(&[t, qh + 2 * kvh, d])?;
         if let Some(rope) = &self.rope {
@@ -277,7 +278,7 @@ impl DecoderLayer {
         let attn_heads = attn.reshape(&[t, qh, d])?;
         self.attend(ws, pool, meta, step.decode, &heads.narrow(1, 0, qh)?, &attn_heads, hidden)?;
         probe.snap("attention", &attn)?;
-        linear::linear(&attn, &w.o, w.o_bias.as_ref(), &proj)?;
+        w.o.forward(&attn, w.o_bias.as_ref(), &proj, false, ws.qscratch.as_ref())?;
         probe.snap("o_proj", &proj)?;
         ops::fused_add_rms_norm(&proj, hidden, &w.post_norm, s.rms_norm_eps, &normed)?;
         probe.snap("residual", hidden)?;
@@ -332,12 +333,12 @@ impl DecoderLayer {
         match (&w.ffn, s.ffn) {
             (FfnWeights::Dense { gate_up, gate_up_bias, down, down_bias }, FfnSpec::Dense { intermediate: i, .. }) => {
                 let gu = ws.gate_up.narrow(0, 0, t)?.narrow(1, 0, 2 * i)?;
-                linear::linear(normed, gate_up, gate_up_bias.as_ref(), &gu)?;
+                gate_up.forward(normed, gate_up_bias.as_ref(), &gu, false, ws.qscratch.as_ref())?;
                 probe.snap("gate_up", &gu)?;
                 let act = gu.narrow(1, 0, i)?;
                 ops::swiglu(GateUp::GateThenUp(&gu), &act)?;
                 probe.snap("swiglu", &act)?;
-                linear::linear_add(&act, down, down_bias.as_ref(), hidden)?;
+                down.forward(&act, down_bias.as_ref(), hidden, true, ws.qscratch.as_ref())?;
                 probe.snap("output", hidden)?;
                 Ok(())
             }
@@ -363,5 +364,20 @@ impl DecoderLayer {
             }
             _ => Err(Error::invalid(OP, "weights", s.index, "feed-forward weights do not match the spec")),
         }
+    }
+}
+
+// Planned here rather than in workspace.rs: it reads the layers' weights, and the workspace
+// module stays below the layer.
+impl LayerWorkspace {
+    /// Sizes the scratch that the packed projections of `layers` need for steps of more than
+    /// [`MAX_GEMV_ROWS`](crate::ops::qlinear::MAX_GEMV_ROWS) tokens (a no-op when none is
+    /// packed). A layer with packed weights fails such a step with a named error until this ran.
+    pub fn plan_packed(&mut self, layers: &[&DecoderLayer]) -> Result<()> {
+        let w = layers.iter().flat_map(|l| l.weights().packed_weights()).collect::<Vec<_>>();
+        if let Some(first) = w.first() {
+            self.qscratch = Some(QScratch::new(first.device(), self.dtype, &w)?);
+        }
+        Ok(())
     }
 }

@@ -61,6 +61,7 @@ pub mod gguf;
 mod kv_cache;
 pub mod layer;
 pub mod moe_ffn;
+pub mod proj;
 mod step;
 pub mod weights;
 mod workspace;
@@ -70,6 +71,7 @@ pub use config::{FfnSpec, LayerSpec, Llama4TextConfig, LlamaConfig, ModelConfig,
 pub use kv_cache::{DEFAULT_PAGE_SIZE, KvCache, KvCacheConfig, MAX_SLOTS};
 pub use layer::{DecoderLayer, Trace};
 pub use moe_ffn::{GateUpTensors, MoeFfn, MoeFfnStages, MoeFfnWeights, MoeWorkspace, SharedExpertTensors};
+pub use proj::Proj;
 pub use step::{Step, StepSeq};
 pub use weights::{HostFfn, HostLayerWeights, HostTensor, LayerWeights};
 pub use workspace::LayerWorkspace;

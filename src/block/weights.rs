@@ -17,6 +17,8 @@ use crate::spec::layer::LayerSpec;
 pub use crate::spec::weights::{HostFfn, HostLayerWeights, HostTensor, check_shapes, expected_shapes};
 use crate::tensor::Tensor;
 
+use super::proj::Proj;
+
 /// The feed-forward weights of one layer on the device.
 #[derive(Clone, Debug)]
 pub enum FfnWeights {
@@ -24,11 +26,11 @@ pub enum FfnWeights {
     Dense {
         /// `[2 intermediate, hidden]`: the gate rows, then the up rows (one GEMM whose output is
         /// `[gate | up]`, what `swiglu`'s `GateThenUp` reads).
-        gate_up: Tensor,
+        gate_up: Proj,
         /// `[2 intermediate]`: the gate biases, then the up biases (`mlp_bias`).
         gate_up_bias: Option<Tensor>,
         /// `[hidden, intermediate]`.
-        down: Tensor,
+        down: Proj,
         /// `[hidden]` (`mlp_bias`).
         down_bias: Option<Tensor>,
     },
@@ -45,11 +47,11 @@ pub struct LayerWeights {
     /// `[hidden]`: the RMSNorm weight before attention.
     pub input_norm: Tensor,
     /// `[(q_heads + 2 kv_heads) head_dim, hidden]`: q, k and v rows concatenated.
-    pub qkv: Tensor,
+    pub qkv: Proj,
     /// `[(q_heads + 2 kv_heads) head_dim]`: q, k and v biases concatenated (`attention_bias`).
     pub qkv_bias: Option<Tensor>,
     /// `[hidden, q_heads head_dim]`.
-    pub o: Tensor,
+    pub o: Proj,
     /// `[hidden]` (`attention_bias`).
     pub o_bias: Option<Tensor>,
     /// `[hidden]`: the RMSNorm weight before the feed-forward.
@@ -82,9 +84,18 @@ impl LayerWeights {
     pub fn upload(device: &Device, dtype: DType, spec: &LayerSpec, host: &HostLayerWeights) -> Result<LayerWeights> {
         check_shapes(spec, host)?;
         let (h, qkv) = (spec.hidden, spec.qkv_dim());
-        let qd = spec.q_heads * spec.head_dim;
         let up = |data: &[f32], shape: &[usize]| upload(device, dtype, data, shape);
-        let qkv_w = up(&concat(&[&host.q_proj, &host.k_proj, &host.v_proj]), &[qkv, h])?;
+        let pk = &host.packed;
+        let mlp = crate::spec::weights::ffn_prefix(spec);
+        if !pk.is_empty() && (host.attn_bias.is_some() || matches!(host.ffn, HostFfn::Dense { bias: Some(_), .. })) {
+            return Err(Error::Unsupported { what: "packed projections with biases".into() });
+        }
+        let proj = |parts: &[(&str, &HostTensor)]| Proj::upload(device, dtype, parts, pk);
+        let qkv_w = proj(&[
+            ("self_attn.q_proj.weight", &host.q_proj),
+            ("self_attn.k_proj.weight", &host.k_proj),
+            ("self_attn.v_proj.weight", &host.v_proj),
+        ])?;
         let (qkv_bias, o_bias) = match &host.attn_bias {
             Some([q, k, v, o]) => (Some(up(&concat(&[q, k, v]), &[qkv])?), Some(up(&o.data, &[h])?)),
             None => (None, None),
@@ -93,12 +104,15 @@ impl LayerWeights {
             HostFfn::Dense { gate, up: u, down, bias } => {
                 let i = gate.shape[0];
                 FfnWeights::Dense {
-                    gate_up: up(&concat(&[gate, u]), &[2 * i, h])?,
+                    gate_up: proj(&[
+                        (&format!("{mlp}.gate_proj.weight"), gate),
+                        (&format!("{mlp}.up_proj.weight"), u),
+                    ])?,
                     gate_up_bias: match bias {
                         Some([g, ub, _]) => Some(up(&concat(&[g, ub]), &[2 * i])?),
                         None => None,
                     },
-                    down: up(&down.data, &[h, i])?,
+                    down: proj(&[(&format!("{mlp}.down_proj.weight"), down)])?,
                     down_bias: match bias {
                         Some([_, _, d]) => Some(up(&d.data, &[h])?),
                         None => None,
@@ -125,10 +139,19 @@ impl LayerWeights {
             input_norm: up(&host.input_norm.data, &[h])?,
             qkv: qkv_w,
             qkv_bias,
-            o: up(&host.o_proj.data, &[h, qd])?,
+            o: proj(&[("self_attn.o_proj.weight", &host.o_proj)])?,
             o_bias,
             post_norm: up(&host.post_norm.data, &[h])?,
             ffn,
         })
+    }
+
+    /// Every packed weight of the layer.
+    pub fn packed_weights(&self) -> Vec<&crate::ops::qlinear::QWeight> {
+        let mut v: Vec<&crate::ops::qlinear::QWeight> = self.qkv.packed().iter().chain(self.o.packed()).collect();
+        if let FfnWeights::Dense { gate_up, down, .. } = &self.ffn {
+            v.extend(gate_up.packed().iter().chain(down.packed()));
+        }
+        v
     }
 }

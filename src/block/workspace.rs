@@ -9,6 +9,7 @@ use crate::ops::attention::AttentionWorkspace;
 use crate::ops::attention::{DecodeShape, PagedDecodeWorkspace};
 use crate::ops::linear;
 use crate::ops::moe::MoeFfnConfig;
+use crate::ops::qlinear::QScratch;
 use crate::tensor::Tensor;
 
 use super::kv_cache::KvCache;
@@ -45,6 +46,9 @@ pub struct LayerWorkspace {
     pub(crate) decode: PagedDecodeWorkspace,
     /// The MoE feed-forward's buffers, shared by every MoE layer (none without MoE layers).
     pub(crate) moe: Option<MoeWorkspace>,
+    /// The dense band packed projections dequantize into for prefill steps (see
+    /// [`LayerWorkspace::plan_packed`]; none until then).
+    pub(crate) qscratch: Option<QScratch>,
 }
 
 /// Where a step's metadata sits in the workspace's one i32 buffer (offsets in i32 elements):
@@ -176,6 +180,7 @@ impl LayerWorkspace {
             attention: AttentionWorkspace::plan(device, slots)?,
             decode,
             moe,
+            qscratch: None,
         })
     }
 

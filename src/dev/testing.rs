@@ -209,7 +209,17 @@ impl HostLayerWeights {
                 shared_down: HostTensor::random(&mut rng, &[h, i], s(i), dtype),
             },
         };
-        HostLayerWeights { input_norm, q_proj, k_proj, v_proj, o_proj, attn_bias, post_norm, ffn }
+        HostLayerWeights {
+            input_norm,
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            attn_bias,
+            post_norm,
+            ffn,
+            packed: Default::default(),
+        }
     }
 }
 

@@ -7,6 +7,7 @@ pub(crate) mod attention;
 pub(crate) mod embedding;
 pub(crate) mod moe;
 pub(crate) mod paged_attention;
+pub(crate) mod qlinear;
 pub(crate) mod rms_norm;
 pub(crate) mod rope;
 pub(crate) mod sampling;
@@ -46,5 +47,6 @@ pub(crate) fn all() -> Vec<KernelRef> {
         .chain(paged_attention::symbols())
         .chain(moe::symbols())
         .chain(sampling::symbols())
+        .chain(qlinear::symbols())
         .collect()
 }

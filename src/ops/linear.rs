@@ -427,7 +427,7 @@ unsafe fn load_rows(dtype: DType, addr: u64, stride: usize, rows: usize, cols: u
                 DType::BF16 => {
                     out.extend((0..cols).map(|c| std::ptr::read_unaligned((base as *const bf16).add(c)).to_f32()))
                 }
-                DType::I32 | DType::I64 | DType::F8E4M3 => {}
+                DType::I32 | DType::I64 | DType::F8E4M3 | DType::U8 => {}
             }
         }
     }
@@ -456,7 +456,7 @@ unsafe fn store_row(dtype: DType, addr: u64, row: &[f32]) {
                     std::ptr::write_unaligned((addr as *mut bf16).add(c), bf16::from_f32(v));
                 }
             }
-            DType::I32 | DType::I64 | DType::F8E4M3 => {}
+            DType::I32 | DType::I64 | DType::F8E4M3 | DType::U8 => {}
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod embedding;
 mod error_flag;
 pub mod linear;
 pub mod moe;
+pub mod qlinear;
 pub mod rms_norm;
 pub mod rope;
 pub mod sampling;

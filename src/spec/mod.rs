@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod layer;
 pub mod moe;
+pub mod quant;
 pub mod rope;
 pub mod sampling;
 pub mod weights;

@@ -83,6 +83,11 @@ pub struct HostLayerWeights {
     pub post_norm: HostTensor,
     /// The feed-forward's weights.
     pub ffn: HostFfn,
+    /// Projections also kept in a packed format, by their Hugging Face name
+    /// (`self_attn.q_proj.weight`, `mlp.down_proj.weight`, ...): the device runs these packed
+    /// ([`crate::ops::qlinear`]), and the dense tensor of the same name holds their dequantized
+    /// values (what the reference computes with). Empty for a dense checkpoint.
+    pub packed: std::collections::BTreeMap<String, crate::spec::quant::PackedWeight>,
 }
 
 impl HostLayerWeights {
@@ -141,7 +146,17 @@ impl HostLayerWeights {
                 shared_down: take("feed_forward.shared_expert.down_proj.weight")?,
             },
         };
-        Ok(HostLayerWeights { input_norm, q_proj, k_proj, v_proj, o_proj, attn_bias, post_norm, ffn })
+        Ok(HostLayerWeights {
+            input_norm,
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            attn_bias,
+            post_norm,
+            ffn,
+            packed: Default::default(),
+        })
     }
 }
 
@@ -250,6 +265,15 @@ pub fn check_shapes(spec: &LayerSpec, host: &HostLayerWeights) -> Result<()> {
                 });
             }
             Some(_) => {}
+        }
+    }
+    for (name, p) in &host.packed {
+        let dense = named.iter().find(|(n, _)| n == name).map(|(_, t)| t.shape.as_slice());
+        if dense != Some(&[p.layout.rows, p.layout.cols][..]) {
+            return Err(Error::Checkpoint {
+                tensor: name.clone(),
+                why: format!("packed [{}, {}] has no dense tensor of that shape", p.layout.rows, p.layout.cols),
+            });
         }
     }
     Ok(())

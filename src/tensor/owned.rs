@@ -284,6 +284,7 @@ impl Tensor {
             DType::I32 => self.copy_from_slice(&convert::<i32>(data)),
             DType::I64 => self.copy_from_slice(&convert::<i64>(data)),
             DType::F8E4M3 => self.copy_from_slice(&convert::<crate::dtype::F8E4M3>(data)),
+            DType::U8 => self.copy_from_slice(&convert::<u8>(data)),
         }
     }
 
@@ -299,6 +300,7 @@ impl Tensor {
             DType::I32 => conv::<i32>(self),
             DType::I64 => conv::<i64>(self),
             DType::F8E4M3 => conv::<crate::dtype::F8E4M3>(self),
+            DType::U8 => conv::<u8>(self),
         }
     }
 

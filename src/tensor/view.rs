@@ -161,6 +161,7 @@ pub fn contiguous_strides(shape: &[usize]) -> Option<Vec<usize>> {
 }
 
 /// A borrowed, read-only strided view of device memory (see the module docs).
+#[derive(Clone)]
 pub struct TensorView<'a> {
     src: ReadSrc<'a>,
     dtype: DType,
@@ -351,5 +352,23 @@ impl<'a> TensorViewMut<'a> {
     }
     pub(crate) fn src_mut(&mut self) -> &mut WriteSrc<'a> {
         &mut self.src
+    }
+    /// A writable view of part of this one's memory, for the duration of the borrow: `dims` is a
+    /// layout over the same buffer and must lie within the elements this view spans.
+    pub(crate) fn reborrow_within(&mut self, what: &'static str, dims: Dims) -> Result<TensorViewMut<'_>> {
+        let within = match (self.dims.span(what)?, dims.span(what)?) {
+            (_, None) => true,
+            (Some((first, last)), Some((f, l))) => f >= first && l <= last,
+            (None, Some(_)) => false,
+        };
+        if !within {
+            return Err(Error::InvalidView { what, why: "the part lies outside the view".into() });
+        }
+        let src = match &mut self.src {
+            WriteSrc::Storage(s) => WriteSrc::Storage(s),
+            WriteSrc::Cuda(c) => WriteSrc::Cuda(&mut **c),
+            WriteSrc::Host(a) => WriteSrc::Host(*a),
+        };
+        Ok(TensorViewMut { src, dtype: self.dtype, dims, _borrow: PhantomData })
     }
 }

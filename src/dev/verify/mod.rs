@@ -13,6 +13,7 @@ pub(crate) mod embedding;
 pub mod model;
 pub(crate) mod moe;
 pub(crate) mod paged;
+pub(crate) mod qlinear;
 pub(crate) mod sampling;
 
 pub use attention::*;
@@ -21,6 +22,7 @@ pub use elementwise::*;
 pub use embedding::*;
 pub use moe::*;
 pub use paged::*;
+pub use qlinear::*;
 pub use sampling::*;
 
 use crate::backend::Device;
@@ -41,5 +43,11 @@ pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
     out.extend(decode.into_iter().map(|c| paged_decode_case(device, &c).map_err(|e| (format!("{c:?}"), e))));
     out.extend(moe_cases(device, quick));
     out.extend(sample_cases(quick).into_iter().map(|c| outcome(c, sample_case(device, c))));
+    out.extend(qlinear_cases(quick).into_iter().map(|c| outcome(c, qlinear_case(device, c))));
+    out.extend(
+        crate::spec::quant::QuantFormat::ALL
+            .into_iter()
+            .map(|f| qdequant_case(device, f, 67, 512).map_err(|e| (format!("dequantize {f}"), e))),
+    );
     out
 }

@@ -1,0 +1,39 @@
+//! The kernels of `kernels/qlinear.cu`.
+
+use super::KernelTable;
+use crate::backend::KernelRef;
+use crate::dtype::DType;
+use crate::spec::quant::QuantFormat;
+
+/// Which of the two kernels of a (format, activation dtype).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QKernel {
+    /// The decode GEMV (1 to `LLK_QGEMV_MAX_ROWS` rows).
+    Gemv,
+    /// A band of weight rows expanded to the activation dtype.
+    Dequantize,
+}
+
+macro_rules! rows {
+    ($($fmt:ident $name:literal),*) => {
+        &[$(
+            ((QKernel::Gemv, QuantFormat::$fmt, DType::F32), concat!("qgemv_", $name, "_f32")),
+            ((QKernel::Gemv, QuantFormat::$fmt, DType::F16), concat!("qgemv_", $name, "_f16")),
+            ((QKernel::Gemv, QuantFormat::$fmt, DType::BF16), concat!("qgemv_", $name, "_bf16")),
+            ((QKernel::Dequantize, QuantFormat::$fmt, DType::F32), concat!("qdequant_", $name, "_f32")),
+            ((QKernel::Dequantize, QuantFormat::$fmt, DType::F16), concat!("qdequant_", $name, "_f16")),
+            ((QKernel::Dequantize, QuantFormat::$fmt, DType::BF16), concat!("qdequant_", $name, "_bf16")),
+        )*]
+    };
+}
+
+/// Every kernel, by (kernel, format, activation dtype).
+pub(crate) static KERNELS: KernelTable<(QKernel, QuantFormat, DType)> = KernelTable {
+    module: "qlinear",
+    entries: rows!(Q8_0 "q8_0", Q4_0 "q4_0", Q4_1 "q4_1", Q4_K "q4_k", Q6_K "q6_k", NF4 "nf4"),
+};
+
+/// The symbols of this family, for static checks.
+pub(crate) fn symbols() -> impl Iterator<Item = KernelRef> {
+    KERNELS.symbols()
+}

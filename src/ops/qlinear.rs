@@ -1,0 +1,307 @@
+//! Linear layers over packed weights (kernels/qlinear.cu): `y = x Wᵀ` and `y += x Wᵀ` with `W`
+//! kept in a 4- or 8-bit format ([`QuantFormat`]: GGUF's Q8_0, Q4_0, Q4_1, Q4_K and Q6_K,
+//! bitsandbytes' NF4), the semantics of [`linear`](super::linear) with the weight's values
+//! defined by [`PackedWeight::dequantize`].
+//!
+//! ```
+//! use llama_kernels::ops::qlinear::{QWeight, qlinear};
+//! use llama_kernels::spec::quant::PackedWeight;
+//! use llama_kernels::{DType, Device, Tensor};
+//! # fn main() -> llama_kernels::Result<()> {
+//! let device = Device::best();
+//! let (tokens, d_in, d_out) = (2, 128, 64);
+//! let dense: Vec<f32> = (0..d_out * d_in).map(|i| ((i % 17) as f32 - 8.0) / 16.0).collect();
+//! let packed = PackedWeight::quantize_nf4(d_out, d_in, 64, &dense)?;
+//! let w = QWeight::new(&device, &packed)?;
+//! let x = Tensor::from_f64(&device, DType::BF16, &vec![0.5; tokens * d_in], &[tokens, d_in])?;
+//! let y = Tensor::zeros(&device, DType::BF16, &[tokens, d_out])?;
+//! qlinear(&x, &w, &y, None)?; // 2 rows: the GEMV, no scratch needed
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Two paths, chosen by the number of rows
+//!
+//! - **Decode, 1 to [`MAX_GEMV_ROWS`] rows**: one GEMV kernel streams the packed weight once
+//!   (16-byte loads), dequantizes each 32-element chunk in registers and accumulates every row
+//!   in f32; the bytes read are the packed bytes ([`QuantLayout::bits_per_weight`]), which is
+//!   what makes a 4-bit decode faster than a 16-bit one.
+//! - **More rows (prefill)**: bands of weight rows are dequantized into a [`QScratch`] of the
+//!   activation dtype and multiplied by the dense GEMM of [`linear`](super::linear) (cuBLAS on
+//!   CUDA), one band after another into column ranges of `y`. The weight is then rounded once to
+//!   the activation dtype before the product, as any dequantize-then-GEMM does; the GEMV uses
+//!   the f32 values. A fused dequantize-in-the-GEMM kernel (`mma.sync` on tiles dequantized in
+//!   shared memory) is not written yet.
+//!
+//! Shapes: `x` is `[..., in]` (leading dimensions collapse into rows; any row stride), `y` is
+//! `[..., out]` with the same leading dimensions (any row stride), one float dtype for both
+//! (f32, f16 or bf16), `y` disjoint from `x`. The sum of [`qlinear_add`] is rounded once.
+
+use crate::backend::{Device, LaunchDims, Queue};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ffi::params::{LLK_QDEQUANT_THREADS, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_WARPS, LLK_QUANT_CHUNK, QLinearParams};
+use crate::kernels::qlinear::{KERNELS, QKernel};
+use crate::launch::KernelArgs;
+use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
+pub use crate::spec::quant::{PackedWeight, QuantFormat, QuantLayout};
+use crate::tensor::{Dims, Tensor, TensorView, TensorViewMut};
+
+use super::linear;
+
+const OP: &str = "qlinear";
+
+/// The most activation rows the GEMV takes; more go through the dequantize-and-GEMM path.
+pub const MAX_GEMV_ROWS: usize = LLK_QGEMV_MAX_ROWS as usize;
+
+/// Elements of the dense band the prefill path dequantizes at a time (at most; a band is whole
+/// rows, at least 64 of them).
+pub const BAND_ELEMS: usize = 1 << 24;
+
+/// A packed weight on the device (a shared handle: clones share the planes).
+#[derive(Clone, Debug)]
+pub struct QWeight {
+    layout: QuantLayout,
+    code: [f32; 16],
+    data: Tensor,
+}
+
+impl QWeight {
+    /// Uploads `w`'s planes.
+    pub fn new(device: &Device, w: &PackedWeight) -> Result<QWeight> {
+        if w.bytes.len() != w.layout.total_bytes() {
+            return Err(Error::invalid(
+                OP,
+                "packed bytes",
+                w.bytes.len(),
+                format!("the layout needs {}", w.layout.total_bytes()),
+            ));
+        }
+        let data = Tensor::from_slice(device, &w.bytes, &[w.bytes.len()])?;
+        Ok(QWeight { layout: w.layout, code: w.code, data })
+    }
+    /// Where the planes lie.
+    pub fn layout(&self) -> &QuantLayout {
+        &self.layout
+    }
+    /// `[out, in]`.
+    pub fn shape(&self) -> [usize; 2] {
+        [self.layout.rows, self.layout.cols]
+    }
+    /// The device holding the planes.
+    pub fn device(&self) -> &Device {
+        self.data.device()
+    }
+    /// Bytes on the device (what a GEMV reads).
+    pub fn bytes(&self) -> usize {
+        self.layout.total_bytes()
+    }
+    /// The planes back on the host.
+    pub fn to_host(&self) -> Result<PackedWeight> {
+        Ok(PackedWeight { layout: self.layout, bytes: self.data.to_vec()?, code: self.code })
+    }
+}
+
+/// Rows of `layout` the prefill path dequantizes per band.
+pub fn band_rows(layout: &QuantLayout) -> usize {
+    (BAND_ELEMS / layout.cols.max(1)).max(64).min(layout.rows)
+}
+
+/// The dense band the prefill path dequantizes into, planned once for a set of weights.
+#[derive(Debug)]
+pub struct QScratch {
+    band: Tensor,
+}
+
+impl QScratch {
+    /// A scratch of `dtype` large enough for a band of every weight in `weights`.
+    pub fn new(device: &Device, dtype: DType, weights: &[&QWeight]) -> Result<QScratch> {
+        check_float(OP, "scratch", dtype)?;
+        let elems = weights.iter().map(|w| band_rows(&w.layout) * w.layout.cols).max().unwrap_or(0);
+        Ok(QScratch { band: Tensor::zeros(device, dtype, &[elems.max(1)])? })
+    }
+}
+
+/// `y = x Wᵀ`. `scratch` is needed when `x` has more than [`MAX_GEMV_ROWS`] rows.
+pub fn qlinear(x: &Tensor, w: &QWeight, y: &Tensor, scratch: Option<&QScratch>) -> Result<()> {
+    qlinear_on(y.device(), &x.view(), w, &mut TensorViewMut::of_tensor(y), scratch)
+}
+
+/// `y += x Wᵀ` (the sum rounded once).
+pub fn qlinear_add(x: &Tensor, w: &QWeight, y: &Tensor, scratch: Option<&QScratch>) -> Result<()> {
+    qlinear_add_on(y.device(), &x.view(), w, &mut TensorViewMut::of_tensor(y), scratch)
+}
+
+/// [`qlinear`] on borrowed views, queued on `queue`.
+pub fn qlinear_on(
+    queue: &impl Queue,
+    x: &TensorView<'_>,
+    w: &QWeight,
+    y: &mut TensorViewMut<'_>,
+    scratch: Option<&QScratch>,
+) -> Result<()> {
+    run(&queue.queue_device()?, x, w, y, scratch, false)
+}
+
+/// [`qlinear_add`] on borrowed views, queued on `queue`.
+pub fn qlinear_add_on(
+    queue: &impl Queue,
+    x: &TensorView<'_>,
+    w: &QWeight,
+    y: &mut TensorViewMut<'_>,
+    scratch: Option<&QScratch>,
+) -> Result<()> {
+    run(&queue.queue_device()?, x, w, y, scratch, true)
+}
+
+/// The parameters both kernels share: the planes of `w` at `base`.
+fn weight_params(w: &QWeight, base: u64) -> Result<QLinearParams> {
+    let l = &w.layout;
+    let [qs, qh, meta] = l.planes().map(|o| base + o as u64);
+    Ok(QLinearParams {
+        x: 0,
+        y: 0,
+        qs,
+        qh: if l.qh_row_bytes() > 0 { qh } else { 0 },
+        meta,
+        rows: 0,
+        n: to_i64(OP, "out features", l.rows)?,
+        k: to_i64(OP, "in features", l.cols)?,
+        block: to_i64(OP, "block", l.block)?,
+        row_first: 0,
+        x_row_stride: 0,
+        y_row_stride: 0,
+        qs_row_bytes: to_i64(OP, "qs row bytes", l.qs_row_bytes())?,
+        qh_row_bytes: to_i64(OP, "qh row bytes", l.qh_row_bytes())?,
+        meta_row_bytes: to_i64(OP, "meta row bytes", l.meta_row_bytes())?,
+        code: w.code,
+        format: l.format.ffi(),
+        accumulate: 0,
+        x_vec16: 0,
+    })
+}
+
+fn run(
+    device: &Device,
+    x: &TensorView<'_>,
+    w: &QWeight,
+    y: &mut TensorViewMut<'_>,
+    scratch: Option<&QScratch>,
+    accumulate: bool,
+) -> Result<()> {
+    let op = if accumulate { "qlinear_add" } else { OP };
+    let dtype = x.dtype();
+    check_float(op, "x", dtype)?;
+    check_dtype(op, "y", y.dtype(), dtype)?;
+    if !device.same_context(w.device()) {
+        return Err(Error::DeviceMismatch { op, what: "weight" });
+    }
+    let [d_out, d_in] = w.shape();
+    if x.shape().last() != Some(&d_in) {
+        return Err(Error::shape(op, "x", x.shape().to_vec(), format!("[..., {d_in}] (in = the weight's columns)")));
+    }
+    let mut y_expected = x.shape().to_vec();
+    if let Some(last) = y_expected.last_mut() {
+        *last = d_out;
+    }
+    if y.shape() != y_expected.as_slice() {
+        return Err(Error::shape(op, "y", y.shape().to_vec(), format!("{y_expected:?}")));
+    }
+    let mut args = KernelArgs::new(op, device);
+    let yb = args.write("y", y)?;
+    let xb = args.read("x", x)?;
+    let wb = args.read_tensor("weight", &w.data)?;
+    let (xr, yr) = (Rows::of(op, "x", &xb, 1)?, Rows::of(op, "y", &yb, 1)?);
+    let wr = Rows { addr: wb, elem: 1, rows: 1, cols: w.bytes(), row_stride: w.bytes() };
+    check_disjoint(op, ("y", yr), ("x", xr))?;
+    check_disjoint(op, ("y", yr), ("weight", wr))?;
+    if xr.rows == 0 || d_out == 0 {
+        return Ok(());
+    }
+    if xr.rows <= MAX_GEMV_ROWS {
+        let mut p = weight_params(w, wb)?;
+        let v = dtype.vec16();
+        p.x = xr.addr;
+        p.y = yr.addr;
+        p.rows = to_i64(op, "rows", xr.rows)?;
+        p.x_row_stride = to_i64(op, "x row stride", xr.row_stride)?;
+        p.y_row_stride = to_i64(op, "y row stride", yr.row_stride)?;
+        p.accumulate = i32::from(accumulate);
+        p.x_vec16 = i32::from(xr.addr % 16 == 0 && xr.row_stride % v == 0);
+        let warps = LLK_QGEMV_WARPS as usize;
+        let dims = LaunchDims {
+            grid: (grid_x(op, d_out.div_ceil(warps))?, 1, 1),
+            block: (warps as u32 * 32, 1, 1),
+            dyn_smem: 0,
+        };
+        return args.launch(KERNELS.find(op, "x", (QKernel::Gemv, w.layout.format, dtype), dtype)?, dims, &p);
+    }
+    drop(args);
+    let scratch = scratch.ok_or_else(|| {
+        Error::invalid(
+            op,
+            "scratch",
+            "None",
+            format!("{} rows need a QScratch (the GEMV takes at most {MAX_GEMV_ROWS})", xr.rows),
+        )
+    })?;
+    check_dtype(op, "scratch", scratch.band.dtype(), dtype)?;
+    if !device.same_context(scratch.band.device()) {
+        return Err(Error::DeviceMismatch { op, what: "scratch" });
+    }
+    let band = band_rows(&w.layout);
+    if scratch.band.numel() < band * d_in {
+        return Err(Error::invalid(
+            op,
+            "scratch",
+            scratch.band.numel(),
+            format!("needs {} elements (plan it with this weight)", band * d_in),
+        ));
+    }
+    let x_rows = x.clone().with_layout(&[xr.rows, d_in], &[xr.row_stride, 1], x.offset())?;
+    let mut n0 = 0;
+    while n0 < d_out {
+        let n = band.min(d_out - n0);
+        dequantize_band(device, w, &scratch.band, n0, n)?;
+        let wv = scratch.band.view().with_layout(&[n, d_in], &[d_in, 1], 0)?;
+        let y_dims = Dims::new(op, &[yr.rows, n], &[yr.row_stride, 1], y.offset() + n0)?;
+        let mut yv = y.reborrow_within(op, y_dims)?;
+        if accumulate {
+            linear::linear_add_on(device, &x_rows, &wv, None, &mut yv)?;
+        } else {
+            linear::linear_on(device, &x_rows, &wv, None, &mut yv)?;
+        }
+        n0 += n;
+    }
+    Ok(())
+}
+
+/// Rows `[first, first + n)` of `w`, dequantized into the start of `band` (`[n, in]`).
+fn dequantize_band(device: &Device, w: &QWeight, band: &Tensor, first: usize, n: usize) -> Result<()> {
+    let dtype = band.dtype();
+    let mut args = KernelArgs::new(OP, device);
+    let ob = args.write_tensor("scratch", band)?;
+    let wb = args.read_tensor("weight", &w.data)?;
+    let mut p = weight_params(w, wb)?;
+    p.y = ob;
+    p.n = to_i64(OP, "band rows", n)?;
+    p.row_first = to_i64(OP, "band start", first)?;
+    p.y_row_stride = p.k;
+    let threads = n * (w.layout.cols / LLK_QUANT_CHUNK as usize);
+    let block = LLK_QDEQUANT_THREADS as usize;
+    let dims =
+        LaunchDims { grid: (grid_x(OP, threads.div_ceil(block))?, 1, 1), block: (block as u32, 1, 1), dyn_smem: 0 };
+    args.launch(KERNELS.find(OP, "scratch", (QKernel::Dequantize, w.layout.format, dtype), dtype)?, dims, &p)
+}
+
+/// `w` dequantized on the device into a dense `[out, in]` tensor of `dtype` (the kernel the
+/// prefill path uses, whole): for checks and for users who want the dense weight.
+pub fn dequantize(w: &QWeight, dtype: DType) -> Result<Tensor> {
+    check_float(OP, "dtype", dtype)?;
+    let [rows, cols] = w.shape();
+    let out = Tensor::zeros(w.device(), dtype, &[rows, cols])?;
+    if rows > 0 {
+        dequantize_band(w.device(), w, &out, 0, rows)?;
+    }
+    Ok(out)
+}

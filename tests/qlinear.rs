@@ -1,0 +1,133 @@
+//! Linear layers over packed weights (`ops::qlinear`): the device dequantization of every
+//! format equals the specification bit for bit (and the specification equals llama.cpp's and the
+//! `gguf` package's, `tests/gguf.rs`), the GEMV and the prefill path match the f64 reference for
+//! every row count from 1 to 17 and a few larger, strided and accumulating, schedules agree bit
+//! for bit, and each bad input is a named error.
+
+mod common;
+
+use llama_kernels::dev::testing::Rng;
+use llama_kernels::dev::verify::{QLinearCase, qdequant_case, qlinear_case, random_packed};
+use llama_kernels::ops::qlinear::{QScratch, QWeight, qlinear, qlinear_add};
+use llama_kernels::spec::quant::{NF4_CODE, PackedWeight, QuantFormat, QuantLayout};
+use llama_kernels::{DType, Device, Error, Tensor};
+
+#[test]
+fn device_dequantization_equals_the_specification_for_every_format() {
+    for device in common::devices() {
+        for format in QuantFormat::ALL {
+            let r = qdequant_case(&device, format, 13, 512).unwrap();
+            assert!(r.pass, "{}", r.describe());
+        }
+    }
+}
+
+#[test]
+fn every_row_count_from_1_to_17_and_larger_matches_the_reference() {
+    let device = Device::emulated();
+    for format in QuantFormat::ALL {
+        for rows in (1..=17).chain([33, 70]) {
+            let dtype = [DType::BF16, DType::F16, DType::F32][rows % 3];
+            let case = QLinearCase { format, dtype, rows, n: 21, k: 256, pad: rows % 2, accumulate: rows % 4 == 1 };
+            let r = qlinear_case(&device, case).unwrap();
+            assert!(r.pass, "{case:?}: {}", r.describe());
+        }
+    }
+}
+
+#[test]
+fn every_dtype_and_odd_widths_match_the_reference() {
+    for device in common::devices() {
+        for format in QuantFormat::ALL {
+            for dtype in DType::FLOATS {
+                for (rows, n, k) in [(1, 67, 768), (4, 5, 512), (19, 67, 256)] {
+                    let case = QLinearCase { format, dtype, rows, n, k, pad: 5, accumulate: false };
+                    let r = qlinear_case(&device, case).unwrap();
+                    assert!(r.pass, "{case:?}: {}", r.describe());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn schedules_agree_bit_for_bit() {
+    for format in [QuantFormat::Q4_K, QuantFormat::Q6_K, QuantFormat::NF4] {
+        for rows in [3, 18] {
+            let case = QLinearCase { format, dtype: DType::BF16, rows, n: 9, k: 512, pad: 1, accumulate: true };
+            common::assert_schedules_agree(&format!("{case:?}"), |d| qlinear_case(d, case));
+        }
+    }
+}
+
+#[test]
+fn packing_keeps_the_values_and_rows_permute_and_concatenate() {
+    let mut rng = Rng::new(5);
+    for format in QuantFormat::ALL {
+        let a = random_packed(&mut rng, format, 6, 256).unwrap();
+        let b = random_packed(&mut rng, format, 3, 256).unwrap();
+        let (da, db) = (a.dequantize(), b.dequantize());
+        let both = PackedWeight::concat_rows(&[&a, &b]).unwrap();
+        assert_eq!(both.dequantize(), [da.clone(), db].concat(), "{format}: concat");
+        let perm = [5, 0, 4, 1, 3, 2];
+        let p = a.permute_rows(&perm).unwrap().dequantize();
+        for (i, &src) in perm.iter().enumerate() {
+            assert_eq!(p[i * 256..][..256], da[src * 256..][..256], "{format}: row {i}");
+        }
+        assert!(a.permute_rows(&[0, 0, 1, 2, 3, 4]).is_err(), "{format}: a repeated row is not a permutation");
+    }
+    // NF4 from bitsandbytes' own storage order (element 2j in the high nibble of byte j).
+    let packed: Vec<u8> = (0..64u8).map(|i| (i % 16) << 4 | (15 - i % 16)).collect();
+    let w = PackedWeight::from_nf4(2, 64, 64, &packed, &[2.0, 0.5], NF4_CODE).unwrap();
+    let d = w.dequantize();
+    assert_eq!(d[0], NF4_CODE[0] * 2.0);
+    assert_eq!(d[1], NF4_CODE[15] * 2.0);
+    assert_eq!(d[64 + 2], NF4_CODE[1] * 0.5);
+    // Quantizing then dequantizing NF4 lands on the nearest code of each scaled value.
+    let dense: Vec<f32> = (0..128).map(|i| (i as f32 - 60.0) / 17.0).collect();
+    let q = PackedWeight::quantize_nf4(2, 64, 64, &dense).unwrap().dequantize();
+    for (blk, (qs, xs)) in q.chunks(64).zip(dense.chunks(64)).enumerate() {
+        let absmax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (&got, &x) in qs.iter().zip(xs) {
+            let best = NF4_CODE
+                .iter()
+                .map(|c| c * absmax)
+                .fold(f32::INFINITY, |b, c| if (c - x).abs() < (b - x).abs() { c } else { b });
+            assert!((got - x).abs() <= (best - x).abs() + 1e-6, "block {blk}: {x} -> {got}, nearest {best}");
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_are_named_errors() {
+    let d = Device::emulated();
+    let mut rng = Rng::new(9);
+    let w = QWeight::new(&d, &random_packed(&mut rng, QuantFormat::Q4_0, 8, 64).unwrap()).unwrap();
+    let x = Tensor::zeros(&d, DType::BF16, &[2, 64]).unwrap();
+    let y = Tensor::zeros(&d, DType::BF16, &[2, 8]).unwrap();
+    qlinear(&x, &w, &y, None).unwrap();
+    let bad_x = Tensor::zeros(&d, DType::BF16, &[2, 65]).unwrap();
+    assert!(matches!(qlinear(&bad_x, &w, &y, None), Err(Error::ShapeMismatch { what: "x", .. })));
+    let bad_y = Tensor::zeros(&d, DType::BF16, &[2, 9]).unwrap();
+    assert!(matches!(qlinear(&x, &w, &bad_y, None), Err(Error::ShapeMismatch { what: "y", .. })));
+    let y32 = Tensor::zeros(&d, DType::F32, &[2, 8]).unwrap();
+    assert!(matches!(qlinear(&x, &w, &y32, None), Err(Error::DTypeMismatch { .. })));
+    let ids = Tensor::zeros(&d, DType::I32, &[2, 64]).unwrap();
+    assert!(matches!(qlinear(&ids, &w, &y, None), Err(Error::UnsupportedDType { .. })));
+    // More rows than the GEMV takes need a scratch of the activation dtype.
+    let (x20, y20) =
+        (Tensor::zeros(&d, DType::BF16, &[20, 64]).unwrap(), Tensor::zeros(&d, DType::BF16, &[20, 8]).unwrap());
+    assert!(matches!(qlinear(&x20, &w, &y20, None), Err(Error::InvalidArgument { name: "scratch", .. })));
+    let f32_scratch = QScratch::new(&d, DType::F32, &[&w]).unwrap();
+    assert!(matches!(qlinear(&x20, &w, &y20, Some(&f32_scratch)), Err(Error::DTypeMismatch { .. })));
+    // y overlapping x.
+    let buf = Tensor::zeros(&d, DType::BF16, &[2, 72]).unwrap();
+    let (xv, yv) = (buf.narrow(1, 0, 64).unwrap(), buf.narrow(1, 60, 8).unwrap());
+    assert!(qlinear_add(&xv, &w, &yv, None).is_err());
+    // Layouts: a block the format does not have, columns not a whole number of blocks.
+    assert!(QuantLayout::new(QuantFormat::Q4_K, 32, 4, 256).is_err());
+    assert!(QuantLayout::new(QuantFormat::Q8_0, 32, 4, 48).is_err());
+    assert!(QuantLayout::new(QuantFormat::NF4, 48, 4, 96).is_err());
+    assert!(PackedWeight::from_gguf_blocks(QuantFormat::Q4_1, 2, 64, &[0u8; 79]).is_err());
+    assert!(PackedWeight::from_nf4(2, 64, 64, &[0u8; 63], &[1.0, 1.0], NF4_CODE).is_err());
+}
