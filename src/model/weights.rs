@@ -9,8 +9,9 @@
 //! ffn_down}`, `output_norm` and `output` (absent: tied to the embedding). llama.cpp's converter
 //! reorders the rows of each q and k head for its interleaved RoPE (`permute`: Hugging Face row
 //! `a * head_dim / 2 + b` becomes row `2 b + a`); the loader restores Hugging Face's order, so a
-//! GGUF model is the same half-split model its safetensors original is. The configuration comes
-//! from the `llama.*` metadata, checked by the same code as a `config.json`.
+//! GGUF model is the same half-split model its safetensors original is (`tests/gguf_hf.rs` checks
+//! rows and logits against Hugging Face transformers loading the same GGUF). The configuration
+//! comes from the `llama.*` metadata, checked by the same code as a `config.json`.
 
 use std::path::Path;
 
