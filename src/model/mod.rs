@@ -22,6 +22,7 @@
 
 pub mod chat;
 pub mod generate;
+mod gguf_vocab;
 mod pretokenizer;
 pub mod runner;
 pub mod stop;
