@@ -1,6 +1,7 @@
 //! A GGUF file's tokenizer metadata (`tokenizer.ggml.*`), read with bounds and typed errors: the
-//! pieces the vocabulary builders share (byte-level BPE in [`tokenizer`](super::tokenizer)).
-//! Every failure is an [`Error::Config`] whose field is the GGUF key.
+//! pieces both vocabulary builders share (byte-level BPE in [`tokenizer`](super::tokenizer),
+//! SentencePiece in [`spm`](super::spm)). Every failure is an [`Error::Config`] whose field is
+//! the GGUF key.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -39,9 +40,12 @@ pub(super) struct Parts {
     /// Whether each id is special (skipped by `skip_special_tokens`).
     pub special: Vec<bool>,
     pub prepend_bos: Option<u32>,
+    pub append_eos: Option<u32>,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub pad: Option<u32>,
+    /// Whether decoding drops one leading space (SentencePiece's dummy prefix).
+    pub strip_leading_space: bool,
 }
 
 pub(super) fn config(field: &str, why: impl Into<String>) -> Error {
@@ -111,6 +115,8 @@ pub(super) struct Vocab<'a> {
     pub texts: Vec<&'a str>,
     pub ids: HashMap<&'a str, u32>,
     pub types: Vec<i64>,
+    /// Whether `tokenizer.ggml.token_type` was given (else every type is normal).
+    pub typed: bool,
 }
 
 impl Vocab<'_> {
@@ -143,8 +149,8 @@ pub(super) fn read_vocab(meta: &BTreeMap<String, GgufValue>) -> Result<Vocab<'_>
         texts.push(text);
     }
 
-    let types = match meta_array(meta, TYPES, MAX_VOCAB)? {
-        None => vec![token_type::NORMAL; n],
+    let (types, typed) = match meta_array(meta, TYPES, MAX_VOCAB)? {
+        None => (vec![token_type::NORMAL; n], false),
         Some(items) => {
             if items.len() != n {
                 return Err(config(TYPES, format!("{} entries for {n} tokens", items.len())));
@@ -161,10 +167,10 @@ pub(super) fn read_vocab(meta: &BTreeMap<String, GgufValue>) -> Result<Vocab<'_>
                 }
                 types.push(ty);
             }
-            types
+            (types, true)
         }
     };
-    Ok(Vocab { texts, ids, types })
+    Ok(Vocab { texts, ids, types, typed })
 }
 
 /// `tokenizer.ggml.merges` (`"left right"`, rank order), `None` when absent. Both sides and

@@ -1,36 +1,41 @@
-//! Byte-level BPE tokenizers (GPT-2, Llama 3, Llama 4, SmolLM, Qwen), from a Hugging Face
-//! `tokenizer.json` or from a GGUF file's metadata, encoded by the `tokenizers` crate and
-//! decoded byte-exactly, all at once ([`Tokenizer::decode`]) or one token at a time
-//! ([`StreamDecoder`](super::StreamDecoder)).
+//! Tokenizers from a Hugging Face `tokenizer.json` or from a GGUF file's metadata, encoded by
+//! the `tokenizers` crate and decoded byte-exactly, all at once ([`Tokenizer::decode`]) or one
+//! token at a time ([`StreamDecoder`](super::StreamDecoder)): byte-level BPE (GPT-2, Llama 3,
+//! Llama 4, SmolLM, Qwen) and, from GGUF, SentencePiece BPE (Llama 2, Mistral, TinyLlama; see
+//! [`spm`](super::spm)).
 //!
 //! # From GGUF metadata
 //!
 //! llama.cpp stores the vocabulary in the file: `tokenizer.ggml.model` (`gpt2` is byte-level
-//! BPE), `tokenizer.ggml.tokens` (id order), `tokenizer.ggml.token_type` (1 normal, 3 control,
-//! 4 user-defined, ...), `tokenizer.ggml.merges` (`"left right"`, rank order),
-//! `tokenizer.ggml.pre` (which split regexes come before BPE), the special ids
-//! (`bos_token_id`, `eos_token_id`, `padding_token_id`, ...) and `add_bos_token`. The Hugging
-//! Face pipeline built from it is what the original `tokenizer.json` says: the pre-tokenizer
-//! names' regexes as isolated splits (the table of [`GGUF_PRE_TOKENIZERS`], the same names and
-//! regexes llama.cpp's `llama-vocab.cpp` uses, in their original `tokenizer.json` form), a
-//! byte-level mapping, BPE over the merges (ignoring the merges when the whole piece is a token,
-//! for `llama-bpe`), and the control and user-defined tokens as added tokens, so that chat markers
-//! such as `<|im_start|>` in a text encode to their single id.
+//! BPE, `llama` SentencePiece), `tokenizer.ggml.tokens` (id order), `tokenizer.ggml.token_type`
+//! (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte), `tokenizer.ggml.merges`
+//! (`"left right"`, rank order), `tokenizer.ggml.pre` (which split regexes come before BPE),
+//! the special ids (`bos_token_id`, `eos_token_id`, `padding_token_id`, ...) and
+//! `add_bos_token`. For `gpt2`, the Hugging Face pipeline built from it is what the original
+//! `tokenizer.json` says: the pre-tokenizer names' regexes as isolated splits (the table of
+//! [`GGUF_PRE_TOKENIZERS`], the same names and regexes llama.cpp's `llama-vocab.cpp` uses, in
+//! their original `tokenizer.json` form), a byte-level mapping, BPE over the merges (ignoring
+//! the merges when the whole piece is a token, for `llama-bpe`), and the control and
+//! user-defined tokens as added tokens, so that chat markers such as `<|im_start|>` in a text
+//! encode to their single id. For `llama`, see [`spm`](super::spm).
 //!
 //! The metadata is untrusted: every list length is bounded ([`MAX_VOCAB`], [`MAX_MERGES`],
 //! [`MAX_TOKEN_BYTES`]), every special id must lie in the vocabulary, and a merge that names a
 //! token outside the vocabulary (or whose result is not a token), a duplicate token, a
 //! `token_type` list of another length or an unknown type is refused by name as an
-//! [`Error::Config`] whose field is the GGUF key. Unknown `tokenizer.ggml.pre` names and the
-//! SentencePiece (`llama`) model are [`Error::Unsupported`], never a silent fallback.
+//! [`Error::Config`] whose field is the GGUF key. Unknown `tokenizer.ggml.pre` names (for
+//! `gpt2`) and other models (`bert`, `t5`, `rwkv`, ...) are [`Error::Unsupported`], never a
+//! silent fallback.
 //!
 //! # Decoding
 //!
-//! Every id has its bytes, computed once: a normal token's characters mapped back through
-//! GPT-2's byte-to-unicode table (as the Hugging Face `ByteLevel` decoder does), an added or
-//! control token's text as it is. [`Tokenizer::decode`] joins them and replaces invalid UTF-8
-//! with U+FFFD; [`StreamDecoder`](super::StreamDecoder) takes one id at a time and returns only completed characters,
-//! holding back the bytes of a character split across tokens until its last byte arrives.
+//! Every id has its bytes, computed once: a byte-level token's characters mapped back through
+//! GPT-2's byte-to-unicode table (as the Hugging Face `ByteLevel` decoder does), a SentencePiece
+//! token's text with `▁` as a space or its `<0xNN>` byte, an added or control token's text as
+//! it is. [`Tokenizer::decode`] joins them (dropping one leading space for SentencePiece, the
+//! dummy prefix) and replaces invalid UTF-8 with U+FFFD; [`StreamDecoder`](super::StreamDecoder)
+//! takes one id at a time and returns only completed characters, holding back the bytes of a
+//! character split across tokens until its last byte arrives.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
@@ -121,7 +126,7 @@ pub(crate) fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// A byte-level BPE tokenizer with byte-exact decoding.
+/// A tokenizer with byte-exact decoding (byte-level BPE, or SentencePiece BPE from GGUF).
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// `inner` with special tokens in the text encoded as plain text, made on first use.
@@ -133,9 +138,14 @@ pub struct Tokenizer {
     /// Prepended by [`Tokenizer::encode`] with `add_special_tokens` (GGUF `add_bos_token`); a
     /// `tokenizer.json` adds its own through its post-processor instead.
     prepend_bos: Option<u32>,
+    /// Appended by [`Tokenizer::encode`] with `add_special_tokens` (GGUF `add_eos_token`, read
+    /// for SentencePiece vocabularies).
+    append_eos: Option<u32>,
     bos: Option<u32>,
     eos: Option<u32>,
     pad: Option<u32>,
+    /// Decoding drops one leading space (SentencePiece's dummy prefix, `add_space_prefix`).
+    strip_leading_space: bool,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -146,6 +156,8 @@ impl std::fmt::Debug for Tokenizer {
             .field("eos", &self.eos)
             .field("pad", &self.pad)
             .field("prepend_bos", &self.prepend_bos.is_some())
+            .field("append_eos", &self.append_eos.is_some())
+            .field("strip_leading_space", &self.strip_leading_space)
             .finish()
     }
 }
@@ -225,7 +237,7 @@ fn byte_level_from_gguf(meta: &BTreeMap<String, GgufValue>) -> Result<Parts> {
         special.push(is_special);
     }
     check_added_ids(&inner, &vocab, is_added)?;
-    Ok(Parts { inner, pieces, special, prepend_bos, bos, eos, pad })
+    Ok(Parts { inner, pieces, special, prepend_bos, append_eos: None, bos, eos, pad, strip_leading_space: false })
 }
 
 impl Tokenizer {
@@ -234,28 +246,36 @@ impl Tokenizer {
         Self::from_gguf_metadata(file.metadata())
     }
 
-    /// The tokenizer described by GGUF metadata `meta` (the `tokenizer.ggml.*` keys).
+    /// The tokenizer described by GGUF metadata `meta` (the `tokenizer.ggml.*` keys):
+    /// byte-level BPE for `tokenizer.ggml.model` = `gpt2`, SentencePiece for `llama`.
     pub fn from_gguf_metadata(meta: &BTreeMap<String, GgufValue>) -> Result<Tokenizer> {
         const MODEL: &str = "tokenizer.ggml.model";
-        match meta_str(meta, MODEL)? {
-            Some("gpt2") => {}
-            Some("llama") => {
+        let parts = match meta_str(meta, MODEL)? {
+            Some("gpt2") => byte_level_from_gguf(meta)?,
+            Some("llama") => super::spm::from_gguf_metadata(meta)?,
+            Some(other) => {
                 return Err(Error::Unsupported {
                     what: format!(
-                        "GGUF {MODEL} `llama` (SentencePiece: tokens with scores); only byte-level BPE (`gpt2`) \
+                        "GGUF {MODEL} `{other}`; only byte-level BPE (`gpt2`) and SentencePiece (`llama`) \
                          vocabularies are supported"
                     ),
                 });
             }
-            Some(other) => {
-                return Err(Error::Unsupported {
-                    what: format!("GGUF {MODEL} `{other}`; only byte-level BPE (`gpt2`) vocabularies are supported"),
-                });
-            }
             None => return Err(config(MODEL, "missing")),
-        }
-        let Parts { inner, pieces, special, prepend_bos, bos, eos, pad } = byte_level_from_gguf(meta)?;
-        Ok(Tokenizer { inner, literal: Default::default(), pieces, special, prepend_bos, bos, eos, pad })
+        };
+        let Parts { inner, pieces, special, prepend_bos, append_eos, bos, eos, pad, strip_leading_space } = parts;
+        Ok(Tokenizer {
+            inner,
+            literal: Default::default(),
+            pieces,
+            special,
+            prepend_bos,
+            append_eos,
+            bos,
+            eos,
+            pad,
+            strip_leading_space,
+        })
     }
 
     /// The tokenizer of a Hugging Face checkpoint directory: `tokenizer.json`, with the BOS and
@@ -336,16 +356,19 @@ impl Tokenizer {
             pieces,
             special,
             prepend_bos: None,
+            append_eos: None,
             bos: None,
             eos: None,
             pad: None,
+            strip_leading_space: false,
         })
     }
 
     /// Token ids of `text`. Control and added tokens written in the text (`<|im_start|>`)
     /// become their ids, as in Hugging Face and llama.cpp, so text from an untrusted user
     /// can contain chat markers. `add_special_tokens`: prepend the BOS token where the
-    /// vocabulary asks for one (GGUF `add_bos_token`, or a `tokenizer.json` post-processor);
+    /// vocabulary asks for one (GGUF `add_bos_token`, or a `tokenizer.json` post-processor)
+    /// and append the EOS token where it asks for that (GGUF `add_eos_token`, SentencePiece);
     /// pass `false` for a chat-rendered prompt whose template already wrote it.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
         self.encode_with(&self.inner, text, add_special_tokens, "Tokenizer::encode")
@@ -382,11 +405,16 @@ impl Tokenizer {
             ids.extend(self.prepend_bos);
         }
         ids.extend_from_slice(enc.get_ids());
+        if add_special_tokens {
+            ids.extend(self.append_eos);
+        }
         Ok(ids)
     }
 
     /// The text of `ids`: their bytes joined, invalid UTF-8 replaced by U+FFFD. With
-    /// `skip_special_tokens`, control tokens are left out. An id outside the vocabulary is an
+    /// `skip_special_tokens`, control tokens are left out. A SentencePiece vocabulary with
+    /// `add_space_prefix` drops one leading space of the joined bytes (the dummy prefix, as
+    /// Hugging Face's `Strip` decoder does). An id outside the vocabulary is an
     /// [`Error::InvalidArgument`].
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         let mut bytes = Vec::new();
@@ -395,7 +423,16 @@ impl Tokenizer {
                 bytes.extend_from_slice(piece);
             }
         }
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        let text = match bytes.split_first() {
+            Some((b' ', rest)) if self.strip_leading_space => rest,
+            _ => &bytes[..],
+        };
+        Ok(String::from_utf8_lossy(text).into_owned())
+    }
+
+    /// Whether decoding drops one leading space (see [`Tokenizer::decode`]).
+    pub fn strips_leading_space(&self) -> bool {
+        self.strip_leading_space
     }
 
     pub(super) fn piece(&self, id: u32, skip_special: bool, op: &'static str) -> Result<Option<&[u8]>> {
@@ -451,6 +488,12 @@ impl Tokenizer {
     /// (GGUF `add_bos_token`; a `tokenizer.json` does it through its post-processor).
     pub fn prepends_bos(&self) -> bool {
         self.prepend_bos.is_some()
+    }
+
+    /// Whether [`Tokenizer::encode`] with `add_special_tokens` appends the EOS token (GGUF
+    /// `add_eos_token` of a SentencePiece vocabulary).
+    pub fn appends_eos(&self) -> bool {
+        self.append_eos.is_some()
     }
 
     /// The `tokenizers` crate's tokenizer inside (for offsets, batches, truncation).
