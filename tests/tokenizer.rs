@@ -5,7 +5,11 @@
 //! `tests/fixtures/tokenizer/smollm2.json`, made without this crate by
 //! `scripts/make_tokenizer_fixtures.py` (transformers' pure-Python GPT-2 BPE over the GGUF's
 //! vocabulary as read by the `gguf` package; Python `jinja2` for the template). The other tests
-//! build small vocabularies in memory and need no file.
+//! build small vocabularies in memory and need no file; `spm` checks SentencePiece (`llama`)
+//! vocabularies against the `sentencepiece` library's own ids and decodes.
+
+#[path = "tokenizer/spm.rs"]
+mod spm;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -435,9 +439,9 @@ fn unknown_pre_tokenizers_and_models_are_unsupported_by_name() {
     meta.remove("tokenizer.ggml.pre");
     assert_eq!(config_field(Tokenizer::from_gguf_metadata(&meta).unwrap_err()).0, "tokenizer.ggml.pre");
     let mut meta = meta_of(&tokens, &types, &merges, "smollm");
-    meta.insert("tokenizer.ggml.model".into(), GgufValue::Str("llama".into()));
+    meta.insert("tokenizer.ggml.model".into(), GgufValue::Str("t5".into()));
     match Tokenizer::from_gguf_metadata(&meta).unwrap_err() {
-        Error::Unsupported { what } => assert!(what.contains("SentencePiece"), "{what}"),
+        Error::Unsupported { what } => assert!(what.contains("`t5`") && what.contains("SentencePiece"), "{what}"),
         other => panic!("{other:?}"),
     }
     // Every known name builds (its regexes compile).

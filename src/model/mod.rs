@@ -1,7 +1,8 @@
 //! Whole models: the host weights of a checkpoint or GGUF file ([`HostModel`]) and the model on
 //! the device ([`Model`]): embedding, decoder layers, final norm and LM head over one paged KV
 //! cache; and the text around them: the tokenizer ([`Tokenizer`], byte-level BPE from
-//! `tokenizer.json` or GGUF metadata, with [`StreamDecoder`] for one token at a time), the chat
+//! `tokenizer.json` or GGUF metadata, SentencePiece BPE from GGUF metadata, with
+//! [`StreamDecoder`] for one token at a time), the chat
 //! template ([`ChatTemplate`], minijinja) and the stop ids ([`StopIds`]).
 //!
 //! ```no_run
@@ -22,8 +23,10 @@
 
 pub mod chat;
 pub mod generate;
+mod gguf_vocab;
 mod pretokenizer;
 pub mod runner;
+pub mod spm;
 pub mod stop;
 mod stream;
 pub mod text;

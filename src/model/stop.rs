@@ -8,7 +8,9 @@
 //! A GGUF file names `tokenizer.ggml.eos_token_id`, and may name `eot_token_id` and
 //! `eom_token_id`; as llama.cpp does, the control tokens whose text is a known end-of-turn or
 //! end-of-text marker (`<|im_end|>`, `<|eot_id|>`, `<|eom_id|>`, `<|end|>`, `<end_of_turn>`,
-//! `<|endoftext|>`, `<|end_of_text|>`, `<EOT>`, `<|end▁of▁sentence|>`) stop generation too.
+//! `<|endoftext|>`, `<|end_of_text|>`, `<EOT>`, `<|end▁of▁sentence|>`) stop generation too, and
+//! so does the tokenizer's EOS (the same id, or llama.cpp's default `</s>` of a SentencePiece
+//! vocabulary that names none).
 //! SmolLM2's GGUF has `eos_token_id` 2 (`<|im_end|>`, its end of turn) and no `eot_token_id`;
 //! its `<|endoftext|>` (0) is added by the marker rule, so its set is {0, 2}.
 
@@ -139,6 +141,8 @@ impl StopIds {
                 }
             }
         }
+        // A SentencePiece vocabulary without the key has llama.cpp's default EOS (2).
+        stop.ids.extend(tokenizer.eos_token_id());
         for marker in END_MARKERS {
             if let Some(id) = tokenizer.token_to_id(marker).filter(|&id| tokenizer.is_special(id)) {
                 stop.insert(id);

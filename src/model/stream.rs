@@ -9,25 +9,39 @@ use super::tokenizer::Tokenizer;
 /// often two or three tokens); those bytes are held back until the character is complete, so
 /// every returned string is whole characters. Bytes that can never form a character are
 /// replaced by U+FFFD as soon as that is certain, so that the concatenation of everything
-/// returned, plus [`StreamDecoder::finish`], equals [`Tokenizer::decode`] of the same ids.
+/// returned, plus [`StreamDecoder::finish`], equals [`Tokenizer::decode`] of the same ids. For
+/// a SentencePiece vocabulary that drops the leading space of a decode (the dummy prefix), the
+/// first bytes the stream takes lose their leading space too: a reply streamed on its own
+/// starts like its decode, `"Paris"` rather than `" Paris"`.
 #[derive(Debug)]
 pub struct StreamDecoder<'t> {
     tokenizer: &'t Tokenizer,
     pending: Vec<u8>,
     skip_special_tokens: bool,
+    /// No bytes taken yet, and the tokenizer drops one leading space.
+    strip_next_space: bool,
 }
 
 impl Tokenizer {
     /// A decoder that takes one id at a time (see [`StreamDecoder`]).
     pub fn stream(&self, skip_special_tokens: bool) -> StreamDecoder<'_> {
-        StreamDecoder { tokenizer: self, pending: Vec::new(), skip_special_tokens }
+        StreamDecoder {
+            tokenizer: self,
+            pending: Vec::new(),
+            skip_special_tokens,
+            strip_next_space: self.strips_leading_space(),
+        }
     }
 }
 
 impl StreamDecoder<'_> {
     /// Adds token `id`; returns the newly completed text (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String> {
-        if let Some(piece) = self.tokenizer.piece(id, self.skip_special_tokens, "StreamDecoder::push")? {
+        if let Some(mut piece) = self.tokenizer.piece(id, self.skip_special_tokens, "StreamDecoder::push")? {
+            if self.strip_next_space && !piece.is_empty() {
+                self.strip_next_space = false;
+                piece = piece.strip_prefix(b" ").unwrap_or(piece);
+            }
             self.pending.extend_from_slice(piece);
         }
         let mut out = String::new();

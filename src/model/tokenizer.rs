@@ -1,72 +1,64 @@
-//! Byte-level BPE tokenizers (GPT-2, Llama 3, Llama 4, SmolLM, Qwen), from a Hugging Face
-//! `tokenizer.json` or from a GGUF file's metadata, encoded by the `tokenizers` crate and
-//! decoded byte-exactly, all at once ([`Tokenizer::decode`]) or one token at a time
-//! ([`StreamDecoder`](super::StreamDecoder)).
+//! Tokenizers from a Hugging Face `tokenizer.json` or from a GGUF file's metadata, encoded by
+//! the `tokenizers` crate and decoded byte-exactly, all at once ([`Tokenizer::decode`]) or one
+//! token at a time ([`StreamDecoder`](super::StreamDecoder)): byte-level BPE (GPT-2, Llama 3,
+//! Llama 4, SmolLM, Qwen) and, from GGUF, SentencePiece BPE (Llama 2, Mistral, TinyLlama; see
+//! [`spm`](super::spm)).
 //!
 //! # From GGUF metadata
 //!
 //! llama.cpp stores the vocabulary in the file: `tokenizer.ggml.model` (`gpt2` is byte-level
-//! BPE), `tokenizer.ggml.tokens` (id order), `tokenizer.ggml.token_type` (1 normal, 3 control,
-//! 4 user-defined, ...), `tokenizer.ggml.merges` (`"left right"`, rank order),
-//! `tokenizer.ggml.pre` (which split regexes come before BPE), the special ids
-//! (`bos_token_id`, `eos_token_id`, `padding_token_id`, ...) and `add_bos_token`. The Hugging
-//! Face pipeline built from it is what the original `tokenizer.json` says: the pre-tokenizer
-//! names' regexes as isolated splits (the table of [`GGUF_PRE_TOKENIZERS`], the same names and
-//! regexes llama.cpp's `llama-vocab.cpp` uses, in their original `tokenizer.json` form), a
-//! byte-level mapping, BPE over the merges (ignoring the merges when the whole piece is a token,
-//! for `llama-bpe`), and the control and user-defined tokens as added tokens, so that chat markers
-//! such as `<|im_start|>` in a text encode to their single id.
+//! BPE, `llama` SentencePiece), `tokenizer.ggml.tokens` (id order), `tokenizer.ggml.token_type`
+//! (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte), `tokenizer.ggml.merges`
+//! (`"left right"`, rank order), `tokenizer.ggml.pre` (which split regexes come before BPE),
+//! the special ids (`bos_token_id`, `eos_token_id`, `padding_token_id`, ...) and
+//! `add_bos_token`. For `gpt2`, the Hugging Face pipeline built from it is what the original
+//! `tokenizer.json` says: the pre-tokenizer names' regexes as isolated splits (the table of
+//! [`GGUF_PRE_TOKENIZERS`], the same names and regexes llama.cpp's `llama-vocab.cpp` uses, in
+//! their original `tokenizer.json` form), a byte-level mapping, BPE over the merges (ignoring
+//! the merges when the whole piece is a token, for `llama-bpe`), and the control and
+//! user-defined tokens as added tokens, so that chat markers such as `<|im_start|>` in a text
+//! encode to their single id. For `llama`, see [`spm`](super::spm).
 //!
 //! The metadata is untrusted: every list length is bounded ([`MAX_VOCAB`], [`MAX_MERGES`],
 //! [`MAX_TOKEN_BYTES`]), every special id must lie in the vocabulary, and a merge that names a
 //! token outside the vocabulary (or whose result is not a token), a duplicate token, a
 //! `token_type` list of another length or an unknown type is refused by name as an
-//! [`Error::Config`] whose field is the GGUF key. Unknown `tokenizer.ggml.pre` names and the
-//! SentencePiece (`llama`) model are [`Error::Unsupported`], never a silent fallback.
+//! [`Error::Config`] whose field is the GGUF key. Unknown `tokenizer.ggml.pre` names (for
+//! `gpt2`) and other models (`bert`, `t5`, `rwkv`, ...) are [`Error::Unsupported`], never a
+//! silent fallback.
 //!
 //! # Decoding
 //!
-//! Every id has its bytes, computed once: a normal token's characters mapped back through
-//! GPT-2's byte-to-unicode table (as the Hugging Face `ByteLevel` decoder does), an added or
-//! control token's text as it is. [`Tokenizer::decode`] joins them and replaces invalid UTF-8
-//! with U+FFFD; [`StreamDecoder`](super::StreamDecoder) takes one id at a time and returns only completed characters,
-//! holding back the bytes of a character split across tokens until its last byte arrives.
+//! Every id has its bytes, computed once: a byte-level token's characters mapped back through
+//! GPT-2's byte-to-unicode table (as the Hugging Face `ByteLevel` decoder does), a SentencePiece
+//! token's text with `▁` as a space or its `<0xNN>` byte, an added or control token's text as
+//! it is. [`Tokenizer::decode`] joins them (dropping one leading space for SentencePiece, the
+//! dummy prefix) and replaces invalid UTF-8 with U+FFFD; [`StreamDecoder`](super::StreamDecoder)
+//! takes one id at a time and returns only completed characters, holding back the bytes of a
+//! character split across tokens until its last byte arrives.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::path::Path;
 
-use tokenizers::models::bpe::{BPE, Merges, Vocab};
+use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, DecoderWrapper, ModelWrapper, PreTokenizerWrapper, SplitDelimiterBehavior};
 
+use super::gguf_vocab::{
+    MERGES, Parts, check_added_ids, config, hf_err, meta_bool, meta_id, meta_str, read_merges, read_vocab, token_type,
+};
 use crate::block::files::open_regular;
 use crate::block::gguf::{GgufFile, GgufValue};
 use crate::error::{Error, Result};
 
+pub use super::gguf_vocab::{MAX_MERGES, MAX_TOKEN_BYTES, MAX_VOCAB};
 pub use super::pretokenizer::{GGUF_PRE_TOKENIZERS, GgufPreTokenizer, gguf_pre_tokenizer};
 
-/// Most tokens a vocabulary may have (the largest in use are about 262k).
-pub const MAX_VOCAB: usize = 1 << 21;
-/// Most merges a BPE vocabulary may have (Llama 3 has 280k for 128k tokens).
-pub const MAX_MERGES: usize = 1 << 22;
-/// Longest token text accepted, in bytes of its stored (byte-level) form.
-pub const MAX_TOKEN_BYTES: usize = 4096;
 /// Largest `tokenizer.json` read, in bytes (Llama 3's is 9 MB).
 pub const MAX_TOKENIZER_JSON_BYTES: u64 = 256 << 20;
-
-/// llama.cpp's token types (`tokenizer.ggml.token_type`).
-mod token_type {
-    pub const UNDEFINED: i64 = 0;
-    pub const NORMAL: i64 = 1;
-    pub const UNKNOWN: i64 = 2;
-    pub const CONTROL: i64 = 3;
-    pub const USER_DEFINED: i64 = 4;
-    pub const UNUSED: i64 = 5;
-    pub const BYTE: i64 = 6;
-}
 
 /// GPT-2's byte-to-unicode table: printable Latin-1 bytes stand for themselves, the others for
 /// U+0100 onwards in byte order.
@@ -134,7 +126,7 @@ pub(crate) fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// A byte-level BPE tokenizer with byte-exact decoding.
+/// A tokenizer with byte-exact decoding (byte-level BPE, or SentencePiece BPE from GGUF).
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// `inner` with special tokens in the text encoded as plain text, made on first use.
@@ -146,9 +138,14 @@ pub struct Tokenizer {
     /// Prepended by [`Tokenizer::encode`] with `add_special_tokens` (GGUF `add_bos_token`); a
     /// `tokenizer.json` adds its own through its post-processor instead.
     prepend_bos: Option<u32>,
+    /// Appended by [`Tokenizer::encode`] with `add_special_tokens` (GGUF `add_eos_token`, read
+    /// for SentencePiece vocabularies).
+    append_eos: Option<u32>,
     bos: Option<u32>,
     eos: Option<u32>,
     pad: Option<u32>,
+    /// Decoding drops one leading space (SentencePiece's dummy prefix, `add_space_prefix`).
+    strip_leading_space: bool,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -159,67 +156,88 @@ impl std::fmt::Debug for Tokenizer {
             .field("eos", &self.eos)
             .field("pad", &self.pad)
             .field("prepend_bos", &self.prepend_bos.is_some())
+            .field("append_eos", &self.append_eos.is_some())
+            .field("strip_leading_space", &self.strip_leading_space)
             .finish()
     }
 }
 
-/// Metadata field helpers: each failure names the GGUF key.
-fn config(field: &str, why: impl Into<String>) -> Error {
-    Error::Config { field: field.to_string(), why: why.into() }
-}
+/// The byte-level BPE (`gpt2`) vocabulary of GGUF metadata (see the [module docs](self)).
+fn byte_level_from_gguf(meta: &BTreeMap<String, GgufValue>) -> Result<Parts> {
+    const PRE: &str = "tokenizer.ggml.pre";
+    let pre_name = meta_str(meta, PRE)?
+        .ok_or_else(|| config(PRE, "missing (llama.cpp then guesses a degraded default; name the pre-tokenizer)"))?;
+    let pre = gguf_pre_tokenizer(pre_name).ok_or_else(|| {
+        let known: Vec<&str> = GGUF_PRE_TOKENIZERS.iter().flat_map(|p| p.names.iter().copied()).collect();
+        Error::Unsupported { what: format!("GGUF {PRE} `{pre_name}` (known: {})", known.join(", ")) }
+    })?;
 
-fn meta_str<'a>(meta: &'a BTreeMap<String, GgufValue>, key: &str) -> Result<Option<&'a str>> {
-    match meta.get(key) {
-        None => Ok(None),
-        Some(v) => v.as_str().map(Some).ok_or_else(|| config(key, format!("expected a string, found {}", kind(v)))),
+    let vocab = read_vocab(meta)?;
+    let n = vocab.len();
+    let merges = read_merges(meta, &vocab)?.ok_or_else(|| config(MERGES, "missing"))?;
+
+    let bos = meta_id(meta, "tokenizer.ggml.bos_token_id", n)?;
+    let eos = meta_id(meta, "tokenizer.ggml.eos_token_id", n)?;
+    let pad = meta_id(meta, "tokenizer.ggml.padding_token_id", n)?;
+    for key in ["tokenizer.ggml.unknown_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        meta_id(meta, key, n)?;
     }
-}
-
-fn meta_array<'a>(meta: &'a BTreeMap<String, GgufValue>, key: &str, max: usize) -> Result<Option<&'a [GgufValue]>> {
-    match meta.get(key) {
-        None => Ok(None),
-        Some(GgufValue::Array(items)) => {
-            if items.len() > max {
-                return Err(config(key, format!("{} entries exceed the {max} accepted", items.len())));
-            }
-            Ok(Some(items))
+    let add_bos = meta_bool(meta, "tokenizer.ggml.add_bos_token")?.unwrap_or(pre.add_bos);
+    let prepend_bos = match (add_bos, bos) {
+        (true, Some(id)) => Some(id),
+        (true, None) => {
+            return Err(config("tokenizer.ggml.bos_token_id", "missing, but add_bos_token asks for a BOS token"));
         }
-        Some(v) => Err(config(key, format!("expected an array, found {}", kind(v)))),
-    }
-}
+        (false, _) => None,
+    };
 
-fn meta_bool(meta: &BTreeMap<String, GgufValue>, key: &str) -> Result<Option<bool>> {
-    match meta.get(key) {
-        None => Ok(None),
-        Some(GgufValue::Bool(b)) => Ok(Some(*b)),
-        Some(v) => Err(config(key, format!("expected a boolean, found {}", kind(v)))),
+    let model = BPE::builder()
+        .vocab_and_merges(
+            vocab.texts.iter().enumerate().map(|(id, t)| (t.to_string(), id as u32)).collect::<Vocab>(),
+            merges,
+        )
+        .ignore_merges(pre.ignore_merges)
+        .build()
+        .map_err(|e| hf_err(MERGES, e))?;
+    let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(pre.regexes.len() + 1);
+    for re in pre.regexes {
+        let split = Split::new(SplitPattern::Regex((*re).to_string()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(|e| hf_err(PRE, e))?;
+        steps.push(split.into());
     }
-}
+    steps.push(ByteLevel::new(false, true, false).into());
+    let mut inner = tokenizers::Tokenizer::new(model);
+    inner.with_pre_tokenizer(Some(Sequence::new(steps)));
+    inner.with_decoder(Some(tokenizers::decoders::byte_level::ByteLevel::default()));
 
-/// An optional token id, which must lie in a vocabulary of `n` tokens.
-fn meta_id(meta: &BTreeMap<String, GgufValue>, key: &str, n: usize) -> Result<Option<u32>> {
-    match meta.get(key) {
-        None => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(id) if id < n as u64 => Ok(Some(id as u32)),
-            Some(id) => Err(config(key, format!("token id {id} is outside the vocabulary of {n} tokens"))),
-            None => Err(config(key, format!("expected a token id, found {}", kind(v)))),
-        },
+    let is_added = |ty: i64| ty == token_type::CONTROL || ty == token_type::USER_DEFINED;
+    let added: Vec<AddedToken> = vocab
+        .texts
+        .iter()
+        .zip(&vocab.types)
+        .filter(|&(_, &ty)| is_added(ty))
+        .map(|(t, &ty)| AddedToken::from(t.to_string(), ty == token_type::CONTROL).normalized(false))
+        .collect();
+    inner.add_special_tokens(&added);
+
+    let inverse = inverse_byte_chars();
+    let mut pieces = Vec::with_capacity(n);
+    let mut special = Vec::with_capacity(n);
+    for (text, &ty) in vocab.texts.iter().zip(&vocab.types) {
+        let (bytes, is_special) = match ty {
+            token_type::NORMAL | token_type::BYTE => (byte_level_bytes(text, &inverse), false),
+            token_type::USER_DEFINED => (text.as_bytes().into(), false),
+            // Control, unknown, unused and undefined tokens: their text, skipped as special.
+            token_type::CONTROL | token_type::UNKNOWN | token_type::UNUSED | token_type::UNDEFINED => {
+                (text.as_bytes().into(), true)
+            }
+            _ => (text.as_bytes().into(), true),
+        };
+        pieces.push(bytes);
+        special.push(is_special);
     }
-}
-
-fn kind(v: &GgufValue) -> &'static str {
-    match v {
-        GgufValue::U64(_) | GgufValue::I64(_) => "an integer",
-        GgufValue::F64(_) => "a float",
-        GgufValue::Bool(_) => "a boolean",
-        GgufValue::Str(_) => "a string",
-        GgufValue::Array(_) => "an array",
-    }
-}
-
-fn hf_err(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Config { field: what.to_string(), why: e.to_string() }
+    check_added_ids(&inner, &vocab, is_added)?;
+    Ok(Parts { inner, pieces, special, prepend_bos, append_eos: None, bos, eos, pad, strip_leading_space: false })
 }
 
 impl Tokenizer {
@@ -228,189 +246,36 @@ impl Tokenizer {
         Self::from_gguf_metadata(file.metadata())
     }
 
-    /// The tokenizer described by GGUF metadata `meta` (the `tokenizer.ggml.*` keys).
+    /// The tokenizer described by GGUF metadata `meta` (the `tokenizer.ggml.*` keys):
+    /// byte-level BPE for `tokenizer.ggml.model` = `gpt2`, SentencePiece for `llama`.
     pub fn from_gguf_metadata(meta: &BTreeMap<String, GgufValue>) -> Result<Tokenizer> {
         const MODEL: &str = "tokenizer.ggml.model";
-        const PRE: &str = "tokenizer.ggml.pre";
-        const TOKENS: &str = "tokenizer.ggml.tokens";
-        const TYPES: &str = "tokenizer.ggml.token_type";
-        const MERGES: &str = "tokenizer.ggml.merges";
-
-        match meta_str(meta, MODEL)? {
-            Some("gpt2") => {}
-            Some("llama") => {
+        let parts = match meta_str(meta, MODEL)? {
+            Some("gpt2") => byte_level_from_gguf(meta)?,
+            Some("llama") => super::spm::from_gguf_metadata(meta)?,
+            Some(other) => {
                 return Err(Error::Unsupported {
                     what: format!(
-                        "GGUF {MODEL} `llama` (SentencePiece: tokens with scores); only byte-level BPE (`gpt2`) \
+                        "GGUF {MODEL} `{other}`; only byte-level BPE (`gpt2`) and SentencePiece (`llama`) \
                          vocabularies are supported"
                     ),
                 });
             }
-            Some(other) => {
-                return Err(Error::Unsupported {
-                    what: format!("GGUF {MODEL} `{other}`; only byte-level BPE (`gpt2`) vocabularies are supported"),
-                });
-            }
             None => return Err(config(MODEL, "missing")),
-        }
-        let pre_name = meta_str(meta, PRE)?.ok_or_else(|| {
-            config(PRE, "missing (llama.cpp then guesses a degraded default; name the pre-tokenizer)")
-        })?;
-        let pre = gguf_pre_tokenizer(pre_name).ok_or_else(|| {
-            let known: Vec<&str> = GGUF_PRE_TOKENIZERS.iter().flat_map(|p| p.names.iter().copied()).collect();
-            Error::Unsupported { what: format!("GGUF {PRE} `{pre_name}` (known: {})", known.join(", ")) }
-        })?;
-
-        let tokens = meta_array(meta, TOKENS, MAX_VOCAB)?.ok_or_else(|| config(TOKENS, "missing"))?;
-        if tokens.is_empty() {
-            return Err(config(TOKENS, "the vocabulary is empty"));
-        }
-        let n = tokens.len();
-        let mut texts: Vec<&str> = Vec::with_capacity(n);
-        let mut vocab: HashMap<&str, u32> = HashMap::with_capacity(n);
-        for (id, t) in tokens.iter().enumerate() {
-            let text =
-                t.as_str().ok_or_else(|| config(TOKENS, format!("token {id} is {}, expected a string", kind(t))))?;
-            if text.is_empty() {
-                return Err(config(TOKENS, format!("token {id} is empty")));
-            }
-            if text.len() > MAX_TOKEN_BYTES {
-                return Err(config(TOKENS, format!("token {id} has {} bytes (at most {MAX_TOKEN_BYTES})", text.len())));
-            }
-            if let Some(first) = vocab.insert(text, id as u32) {
-                return Err(config(TOKENS, format!("tokens {first} and {id} are both `{text}`")));
-            }
-            texts.push(text);
-        }
-
-        let types: Vec<i64> = match meta_array(meta, TYPES, MAX_VOCAB)? {
-            None => vec![token_type::NORMAL; n],
-            Some(items) => {
-                if items.len() != n {
-                    return Err(config(TYPES, format!("{} entries for {n} tokens", items.len())));
-                }
-                let mut types = Vec::with_capacity(n);
-                for (id, v) in items.iter().enumerate() {
-                    let ty = match v {
-                        GgufValue::I64(t) => *t,
-                        GgufValue::U64(t) => i64::try_from(*t).unwrap_or(i64::MAX),
-                        other => return Err(config(TYPES, format!("token {id}'s type is {}", kind(other)))),
-                    };
-                    if !(token_type::UNDEFINED..=token_type::BYTE).contains(&ty) {
-                        return Err(config(TYPES, format!("token {id} has unknown type {ty} (0..=6)")));
-                    }
-                    types.push(ty);
-                }
-                types
-            }
         };
-
-        let merge_items = meta_array(meta, MERGES, MAX_MERGES)?.ok_or_else(|| config(MERGES, "missing"))?;
-        let mut merges: Merges = Vec::with_capacity(merge_items.len());
-        let mut seen: HashSet<(&str, &str)> = HashSet::with_capacity(merge_items.len());
-        for (i, m) in merge_items.iter().enumerate() {
-            let text =
-                m.as_str().ok_or_else(|| config(MERGES, format!("merge {i} is {}, expected a string", kind(m))))?;
-            // As llama.cpp: the separator is the first space after the first character.
-            let first_len = text.chars().next().map_or(0, char::len_utf8);
-            let (left, right) = match text[first_len..].find(' ') {
-                Some(at) => (&text[..first_len + at], &text[first_len + at + 1..]),
-                None => {
-                    return Err(config(MERGES, format!("merge {i} `{text}` is not two tokens separated by a space")));
-                }
-            };
-            if right.is_empty() {
-                return Err(config(MERGES, format!("merge {i} `{text}` is not two tokens separated by a space")));
-            }
-            for part in [left, right] {
-                if !vocab.contains_key(part) {
-                    return Err(config(
-                        MERGES,
-                        format!("merge {i} `{text}` names `{part}`, which is not in the vocabulary"),
-                    ));
-                }
-            }
-            let merged = format!("{left}{right}");
-            if !vocab.contains_key(merged.as_str()) {
-                return Err(config(
-                    MERGES,
-                    format!("merge {i} `{text}` makes `{merged}`, which is not in the vocabulary"),
-                ));
-            }
-            // A repeated merge keeps its first rank, as llama.cpp's rank table does.
-            if seen.insert((left, right)) {
-                merges.push((left.to_string(), right.to_string()));
-            }
-        }
-
-        let bos = meta_id(meta, "tokenizer.ggml.bos_token_id", n)?;
-        let eos = meta_id(meta, "tokenizer.ggml.eos_token_id", n)?;
-        let pad = meta_id(meta, "tokenizer.ggml.padding_token_id", n)?;
-        for key in ["tokenizer.ggml.unknown_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
-            meta_id(meta, key, n)?;
-        }
-        let add_bos = meta_bool(meta, "tokenizer.ggml.add_bos_token")?.unwrap_or(pre.add_bos);
-        let prepend_bos = match (add_bos, bos) {
-            (true, Some(id)) => Some(id),
-            (true, None) => {
-                return Err(config("tokenizer.ggml.bos_token_id", "missing, but add_bos_token asks for a BOS token"));
-            }
-            (false, _) => None,
-        };
-
-        let model = BPE::builder()
-            .vocab_and_merges(
-                texts.iter().enumerate().map(|(id, t)| (t.to_string(), id as u32)).collect::<Vocab>(),
-                merges,
-            )
-            .ignore_merges(pre.ignore_merges)
-            .build()
-            .map_err(|e| hf_err(MERGES, e))?;
-        let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(pre.regexes.len() + 1);
-        for re in pre.regexes {
-            let split = Split::new(SplitPattern::Regex((*re).to_string()), SplitDelimiterBehavior::Isolated, false)
-                .map_err(|e| hf_err(PRE, e))?;
-            steps.push(split.into());
-        }
-        steps.push(ByteLevel::new(false, true, false).into());
-        let mut inner = tokenizers::Tokenizer::new(model);
-        inner.with_pre_tokenizer(Some(Sequence::new(steps)));
-        inner.with_decoder(Some(tokenizers::decoders::byte_level::ByteLevel::default()));
-
-        let added: Vec<AddedToken> = texts
-            .iter()
-            .zip(&types)
-            .filter(|&(_, &ty)| ty == token_type::CONTROL || ty == token_type::USER_DEFINED)
-            .map(|(t, &ty)| AddedToken::from(t.to_string(), ty == token_type::CONTROL).normalized(false))
-            .collect();
-        inner.add_special_tokens(&added);
-
-        let inverse = inverse_byte_chars();
-        let mut pieces = Vec::with_capacity(n);
-        let mut special = Vec::with_capacity(n);
-        for (text, &ty) in texts.iter().zip(&types) {
-            let (bytes, is_special) = match ty {
-                token_type::NORMAL | token_type::BYTE => (byte_level_bytes(text, &inverse), false),
-                token_type::USER_DEFINED => (text.as_bytes().into(), false),
-                // Control, unknown, unused and undefined tokens: their text, skipped as special.
-                token_type::CONTROL | token_type::UNKNOWN | token_type::UNUSED | token_type::UNDEFINED => {
-                    (text.as_bytes().into(), true)
-                }
-                _ => (text.as_bytes().into(), true),
-            };
-            pieces.push(bytes);
-            special.push(is_special);
-        }
-        let tok = Tokenizer { inner, literal: Default::default(), pieces, special, prepend_bos, bos, eos, pad };
-        // Every added token must have kept its own id (a duplicate would have been refused).
-        for (id, (text, &ty)) in texts.iter().zip(&types).enumerate() {
-            if (ty == token_type::CONTROL || ty == token_type::USER_DEFINED)
-                && tok.inner.token_to_id(text) != Some(id as u32)
-            {
-                return Err(config(TOKENS, format!("token {id} `{text}` did not keep its id as an added token")));
-            }
-        }
-        Ok(tok)
+        let Parts { inner, pieces, special, prepend_bos, append_eos, bos, eos, pad, strip_leading_space } = parts;
+        Ok(Tokenizer {
+            inner,
+            literal: Default::default(),
+            pieces,
+            special,
+            prepend_bos,
+            append_eos,
+            bos,
+            eos,
+            pad,
+            strip_leading_space,
+        })
     }
 
     /// The tokenizer of a Hugging Face checkpoint directory: `tokenizer.json`, with the BOS and
@@ -491,16 +356,19 @@ impl Tokenizer {
             pieces,
             special,
             prepend_bos: None,
+            append_eos: None,
             bos: None,
             eos: None,
             pad: None,
+            strip_leading_space: false,
         })
     }
 
     /// Token ids of `text`. Control and added tokens written in the text (`<|im_start|>`)
     /// become their ids, as in Hugging Face and llama.cpp, so text from an untrusted user
     /// can contain chat markers. `add_special_tokens`: prepend the BOS token where the
-    /// vocabulary asks for one (GGUF `add_bos_token`, or a `tokenizer.json` post-processor);
+    /// vocabulary asks for one (GGUF `add_bos_token`, or a `tokenizer.json` post-processor)
+    /// and append the EOS token where it asks for that (GGUF `add_eos_token`, SentencePiece);
     /// pass `false` for a chat-rendered prompt whose template already wrote it.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
         self.encode_with(&self.inner, text, add_special_tokens, "Tokenizer::encode")
@@ -537,11 +405,16 @@ impl Tokenizer {
             ids.extend(self.prepend_bos);
         }
         ids.extend_from_slice(enc.get_ids());
+        if add_special_tokens {
+            ids.extend(self.append_eos);
+        }
         Ok(ids)
     }
 
     /// The text of `ids`: their bytes joined, invalid UTF-8 replaced by U+FFFD. With
-    /// `skip_special_tokens`, control tokens are left out. An id outside the vocabulary is an
+    /// `skip_special_tokens`, control tokens are left out. A SentencePiece vocabulary with
+    /// `add_space_prefix` drops one leading space of the joined bytes (the dummy prefix, as
+    /// Hugging Face's `Strip` decoder does). An id outside the vocabulary is an
     /// [`Error::InvalidArgument`].
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         let mut bytes = Vec::new();
@@ -550,7 +423,16 @@ impl Tokenizer {
                 bytes.extend_from_slice(piece);
             }
         }
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        let text = match bytes.split_first() {
+            Some((b' ', rest)) if self.strip_leading_space => rest,
+            _ => &bytes[..],
+        };
+        Ok(String::from_utf8_lossy(text).into_owned())
+    }
+
+    /// Whether decoding drops one leading space (see [`Tokenizer::decode`]).
+    pub fn strips_leading_space(&self) -> bool {
+        self.strip_leading_space
     }
 
     pub(super) fn piece(&self, id: u32, skip_special: bool, op: &'static str) -> Result<Option<&[u8]>> {
@@ -606,6 +488,12 @@ impl Tokenizer {
     /// (GGUF `add_bos_token`; a `tokenizer.json` does it through its post-processor).
     pub fn prepends_bos(&self) -> bool {
         self.prepend_bos.is_some()
+    }
+
+    /// Whether [`Tokenizer::encode`] with `add_special_tokens` appends the EOS token (GGUF
+    /// `add_eos_token` of a SentencePiece vocabulary).
+    pub fn appends_eos(&self) -> bool {
+        self.append_eos.is_some()
     }
 
     /// The `tokenizers` crate's tokenizer inside (for offsets, batches, truncation).
