@@ -82,7 +82,8 @@ impl Model {
         let norm = up(&host.norm)?;
         let lm_head = host.lm_head.as_ref().map(up).transpose()?;
         let cache = KvCache::for_layers_with(device, dtype, &specs, &KvCacheConfig::new(plan.slots, plan.max_len))?;
-        let ws = LayerWorkspace::plan(device, dtype, &specs, plan.max_tokens, &cache)?;
+        let mut ws = LayerWorkspace::plan(device, dtype, &specs, plan.max_tokens, &cache)?;
+        ws.plan_packed(&layers.iter().collect::<Vec<_>>())?;
         let t = plan.max_tokens;
         Ok(Model {
             device: device.clone(),

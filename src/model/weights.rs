@@ -23,6 +23,7 @@ use crate::block::gguf::{GgufFile, GgufValue};
 use crate::block::{Checkpoint, HostLayerWeights, HostTensor};
 use crate::dtype::{DType, round_to};
 use crate::error::{Error, Result};
+use crate::spec::quant::PackedWeight;
 
 /// Largest vocabulary a model may have (token ids are i32; Llama 3 has 128 256, Gemma 262 144).
 pub const MAX_VOCAB: usize = 1 << 20;
@@ -52,6 +53,41 @@ impl HostModel {
     /// Elements per token of the hidden states.
     pub fn hidden(&self) -> usize {
         self.embed.shape.get(1).copied().unwrap_or(0)
+    }
+    /// Whether any projection is kept packed (see [`HostLayerWeights::packed`]).
+    pub fn is_packed(&self) -> bool {
+        self.layers.iter().any(|(_, w)| !w.packed.is_empty())
+    }
+    /// Drops the packed forms: every projection then runs dense, its dequantized values
+    /// rounded to `dtype` (the run dtype), as a dense checkpoint's would be.
+    pub fn dequantize_packed(&mut self, dtype: DType) {
+        for (spec, w) in &mut self.layers {
+            let names: Vec<String> = std::mem::take(&mut w.packed).into_keys().collect();
+            for (name, t) in w.projections_mut(spec) {
+                if names.iter().any(|n| *n == name) {
+                    t.data.iter_mut().for_each(|v| *v = round_to(dtype, f64::from(*v)) as f32);
+                }
+            }
+        }
+    }
+    /// Quantizes every projection of the dense layers (q, k, v, o, gate, up, down) to NF4 in
+    /// blocks of `block` (bitsandbytes' `quantize_4bit`, see
+    /// [`PackedWeight::quantize_nf4`]); the dense tensors then hold the dequantized values.
+    /// Projections already packed are left as they are.
+    pub fn quantize_nf4(&mut self, block: usize) -> Result<()> {
+        for (spec, w) in &mut self.layers {
+            let mut packed = std::mem::take(&mut w.packed);
+            for (name, t) in w.projections_mut(spec) {
+                if packed.contains_key(&name) {
+                    continue;
+                }
+                let p = PackedWeight::quantize_nf4(t.shape[0], t.shape[1], block, &t.data)?;
+                t.data = p.dequantize();
+                packed.insert(name, p);
+            }
+            w.packed = packed;
+        }
+        Ok(())
     }
     /// The LM head: its own weight, or the embedding when tied.
     pub fn lm_head(&self) -> &HostTensor {
@@ -146,20 +182,53 @@ impl HostModel {
             let data = file.dequantize(name)?.into_iter().map(|v| round_to(dtype, f64::from(v)) as f32).collect();
             HostTensor::new(shape, data)
         };
+        // A projection stored in a packed type stays packed; its dense tensor holds the exact
+        // dequantized values (what the packed kernels multiply by).
+        let fetch_packed = |name: &str, shape: &[usize]| -> Result<Option<PackedWeight>> {
+            let t = file.tensor(name)?;
+            if t.dtype.quant_format().is_none() || t.shape != shape {
+                return Ok(None);
+            }
+            file.packed(name).map(Some)
+        };
         let layers = (0..config.num_layers())
             .map(|i| {
                 let spec = config.layer(i)?;
-                let w = HostLayerWeights::from_source(&spec, |name, shape| {
+                let mut packed = std::collections::BTreeMap::new();
+                let mut w = HostLayerWeights::from_source(&spec, |name, shape| {
                     let gguf = gguf_layer_name(name)
                         .ok_or_else(|| Error::Checkpoint { tensor: name.into(), why: "has no GGUF name".into() })?;
-                    let mut t = fetch(&format!("blk.{i}.{gguf}"), shape)?;
-                    match name {
-                        "self_attn.q_proj.weight" | "self_attn.q_proj.bias" => unpermute(&mut t, spec.q_heads),
-                        "self_attn.k_proj.weight" | "self_attn.k_proj.bias" => unpermute(&mut t, spec.kv_heads),
-                        _ => {}
-                    }
+                    let gguf = format!("blk.{i}.{gguf}");
+                    let order = match name {
+                        "self_attn.q_proj.weight" | "self_attn.q_proj.bias" => {
+                            Some(unpermute_order(shape[0], spec.q_heads))
+                        }
+                        "self_attn.k_proj.weight" | "self_attn.k_proj.bias" => {
+                            Some(unpermute_order(shape[0], spec.kv_heads))
+                        }
+                        _ => None,
+                    };
+                    let p = if shape.len() == 2 { fetch_packed(&gguf, shape)? } else { None };
+                    let t = match p {
+                        Some(mut p) => {
+                            if let Some(order) = &order {
+                                p = p.permute_rows(order)?;
+                            }
+                            let t = HostTensor::new(shape, p.dequantize())?;
+                            packed.insert(name.to_string(), p);
+                            t
+                        }
+                        None => {
+                            let t = fetch(&gguf, shape)?;
+                            match &order {
+                                Some(order) => permute_rows(&t, order)?,
+                                None => t,
+                            }
+                        }
+                    };
                     Ok(t)
                 })?;
+                w.packed = packed;
                 Ok((spec, w))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -203,23 +272,29 @@ fn gguf_layer_name(hf: &str) -> Option<String> {
     Some(format!("{base}.{kind}"))
 }
 
-/// Restores Hugging Face's row order in each of `heads` heads of a q or k projection (weight
-/// `[heads * head_dim, in]` or bias `[heads * head_dim]`): row `2 b + a` of a head goes back to
-/// row `a * head_dim / 2 + b`.
-fn unpermute(t: &mut HostTensor, heads: usize) {
-    let rows = t.shape.first().copied().unwrap_or(0);
-    let cols: usize = t.shape.iter().skip(1).product();
+/// The row order that restores Hugging Face's layout in each of `heads` heads of a q or k
+/// projection of `rows` rows: row `a * head_dim / 2 + b` of a head comes from row `2 b + a`
+/// (result row `i` is source row `order[i]`).
+fn unpermute_order(rows: usize, heads: usize) -> Vec<usize> {
     let head_dim = rows / heads.max(1);
     let half = head_dim / 2;
-    let src = t.data.clone();
+    let mut order: Vec<usize> = (0..rows).collect();
     for h in 0..heads {
         for a in 0..2 {
             for b in 0..half {
-                let (to, from) = (h * head_dim + a * half + b, h * head_dim + 2 * b + a);
-                t.data[to * cols..(to + 1) * cols].copy_from_slice(&src[from * cols..(from + 1) * cols]);
+                order[h * head_dim + a * half + b] = h * head_dim + 2 * b + a;
             }
         }
     }
+    order
+}
+
+/// `t` (a weight `[rows, in]` or a bias `[rows]`) with its rows reordered: row `i` is row
+/// `order[i]` of `t`.
+fn permute_rows(t: &HostTensor, order: &[usize]) -> Result<HostTensor> {
+    let cols: usize = t.shape.iter().skip(1).product();
+    let data = order.iter().flat_map(|&r| t.data[r * cols..(r + 1) * cols].iter().copied()).collect();
+    HostTensor::new(&t.shape, data)
 }
 
 /// The `config.json` equivalent of a GGUF file's `llama.*` metadata.

@@ -161,6 +161,24 @@ impl HostLayerWeights {
 }
 
 impl HostLayerWeights {
+    /// The linear projections a packed format may hold (q, k, v, o and, for a dense
+    /// feed-forward, gate, up and down), by Hugging Face name, writable.
+    pub fn projections_mut(&mut self, spec: &LayerSpec) -> Vec<(String, &mut HostTensor)> {
+        let mut v: Vec<(String, &mut HostTensor)> = vec![
+            ("self_attn.q_proj.weight".into(), &mut self.q_proj),
+            ("self_attn.k_proj.weight".into(), &mut self.k_proj),
+            ("self_attn.v_proj.weight".into(), &mut self.v_proj),
+            ("self_attn.o_proj.weight".into(), &mut self.o_proj),
+        ];
+        let mlp = ffn_prefix(spec);
+        if let HostFfn::Dense { gate, up, down, .. } = &mut self.ffn {
+            v.push((format!("{mlp}.gate_proj.weight"), gate));
+            v.push((format!("{mlp}.up_proj.weight"), up));
+            v.push((format!("{mlp}.down_proj.weight"), down));
+        }
+        v
+    }
+
     /// Every tensor under its Hugging Face name, relative to the layer prefix
     /// (`model.layers.N.`), in the order a checkpoint lists them.
     pub fn named(&self, spec: &LayerSpec) -> Vec<(String, &HostTensor)> {
