@@ -11,6 +11,12 @@
 // contraction into an fma), so a chunk dequantizes to exactly the f32 values llama.cpp's
 // `dequantize_row_*` and bitsandbytes' `dequantize_4bit` produce.
 //
+// Both kernels multiply by the weight rounded to the activation dtype T: the GEMV rounds each
+// dequantized value in registers, the dense GEMM of prefill reads the values the dequantize kernel
+// stored as T. So decode and prefill compute with the same weights (for f32, the exact dequantized
+// values), as a dequantize-then-multiply kernel does (Marlin and llama.cpp's dequantize to half
+// before their tensor-core products too).
+//
 // GEMV (qgemv_<format>_<dtype>): y[m, c] (+)= sum_j x[m, j] * w[c, j] for m < rows.
 //   Grid mapping: one warp per output feature c (LLK_QGEMV_WARPS warps per block, grid.x blocks
 //   over n). Lane l takes chunks l, l + 32, l + 64, ... of W's row c: each lane's weight loads
@@ -129,6 +135,7 @@ __device__ void qgemv_kernel(const QLinearParams& p) {
   for (int64_t c = lane; c < chunks; c += 32) {
     float w[kChunk];
     dequant_chunk<F>(p, col, c, w);
+    llk::round_to<T>(w);  // the weight as the activation dtype holds it (see the header)
 #pragma unroll
     for (int m = 0; m < kMaxRows; ++m) {
       if (m >= rows) break;

@@ -247,7 +247,7 @@ fn the_real_model_runs_packed_and_matches_its_dequantized_run() {
     let packed = HostModel::from_gguf(&path, DType::F32).unwrap();
     assert!(packed.is_packed(), "the Q4_1 projections should stay packed");
     let mut dense = packed.clone();
-    dense.dequantize_packed(DType::F32);
+    dense.dequantize_packed();
     assert!(!dense.is_packed());
     let prompt: Vec<u32> = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47].repeat(2);
     let (pi, pl) = greedy_run(&d, &packed, DType::F32, &prompt, 3);
@@ -265,10 +265,10 @@ fn the_real_model_runs_packed_and_matches_its_dequantized_run() {
 #[test]
 fn a_dense_model_quantized_to_nf4_at_load_runs_packed() {
     let d = Device::emulated();
-    let mut host = HostModel::random(&two_layers(), 300, true, DType::F32, 11).unwrap();
-    host.quantize_nf4(64).unwrap();
-    assert!(host.is_packed());
     for dtype in [DType::F32, DType::BF16] {
+        let mut host = HostModel::random(&two_layers(), 300, true, dtype, 11).unwrap();
+        host.quantize_nf4(64, dtype).unwrap();
+        assert!(host.is_packed());
         let steps = vec![(0..20).map(|i| (i * 13 % 300) as u32).collect(), vec![11], vec![12]];
         let r = check_model(&d, &host, dtype, &steps).unwrap();
         assert!(r.pass, "{dtype}:\n{}", r.describe(dtype));

@@ -393,3 +393,24 @@ fn embedding_copies_rows_with_128_bit_accesses() {
         assert!(loads.iter().filter(|o| !o.contains(".128")).count() <= 1, "{name}: {loads:?}");
     }
 }
+
+#[test]
+fn packed_gemv_streams_weights_with_128_bit_loads_and_no_local_memory() {
+    // Every qgemv kernel reads its packed values with 128-bit read-only loads (LDG.E.128.CONSTANT:
+    // one per chunk, two for Q8_0), Q6_K its high bits with one 64-bit load, and nothing spills
+    // to local memory; the dequantize kernels store 128-bit vectors.
+    let funcs = per_function(&sass("qlinear"));
+    let gemv: Vec<_> = funcs.iter().filter(|(n, _)| n.starts_with("qgemv_")).collect();
+    assert_eq!(gemv.len(), 18, "{:?}", gemv.iter().map(|f| &f.0).collect::<Vec<_>>());
+    for (name, ops) in gemv {
+        assert!(ops.iter().any(|o| o == "LDG.E.128.CONSTANT"), "{name}: no 128-bit read-only weight load");
+        assert!(!ops.iter().any(|o| o.starts_with("LDL") || o.starts_with("STL")), "{name}: local memory");
+        if name.contains("q6_k") {
+            assert!(ops.iter().any(|o| o == "LDG.E.64.CONSTANT"), "{name}: no 64-bit load of the high bits");
+        }
+    }
+    for (name, ops) in funcs.iter().filter(|(n, _)| n.starts_with("qdequant_")) {
+        assert!(ops.iter().any(|o| o == "STG.E.128"), "{name}: no 128-bit store");
+        assert!(!ops.iter().any(|o| o.starts_with("LDL") || o.starts_with("STL")), "{name}: local memory");
+    }
+}

@@ -3,17 +3,19 @@
 //! ```text
 //! llama-kernels verify [--target cuda|emulated] [--quick|--full]
 //!                      [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]]
-//!                      [--model GGUF_OR_DIR]
+//!                      [--model GGUF_OR_DIR [--weights stored|dense|nf4]]
 //! llama-kernels generate --model GGUF_OR_DIR --prompt TEXT [--chat] [--max-new-tokens N]
 //!                        [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
-//!                        [--dtype f32|bf16|f16] [--target cuda|emulated]
+//!                        [--dtype f32|bf16|f16] [--target cuda|emulated] [--weights stored|dense|nf4]
 //! llama-kernels info
 //! ```
 //!
 //! `generate` loads a model with its tokenizer, chat template and stop ids, and streams the reply
 //! to stdout (`--chat`: the prompt as one user turn of the chat template; temperature 0, the
 //! default, is greedy; the dtype defaults to f32 for GGUF files and bf16 for checkpoint
-//! directories); stderr gets the prompt and generated token counts, the time to first token and
+//! directories; `--weights` picks how the projections run: `stored`, the default, keeps a GGUF
+//! file's quantized projections packed, `dense` dequantizes them at load, `nf4` quantizes a dense
+//! checkpoint at load); stderr gets the prompt and generated token counts, the time to first token and
 //! the decode speed.
 //!
 //! `verify` runs decoder layers (built-in Llama 3 and Llama 4 configs with seeded random
@@ -34,9 +36,10 @@ use std::process::ExitCode;
 use llama_kernels::backend;
 use llama_kernels::dev::verify::block as verify_block;
 use llama_kernels::dev::{inspect, verify};
+use llama_kernels::model::WeightFormat;
 use llama_kernels::{DType, Device, Target};
 
-const USAGE: &str = "usage: llama-kernels generate --model PATH --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--dtype f32|bf16|f16] [--target cuda|emulated]\n       llama-kernels verify [--target cuda|emulated] [--quick|--full] [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]] [--model GGUF_OR_DIR]\n       llama-kernels info [--perf]";
+const USAGE: &str = "usage: llama-kernels generate --model PATH --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--dtype f32|bf16|f16] [--target cuda|emulated] [--weights stored|dense|nf4]\n       llama-kernels verify [--target cuda|emulated] [--quick|--full] [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]] [--model GGUF_OR_DIR [--weights stored|dense|nf4]]\n       llama-kernels info [--perf]";
 
 fn pick_device(target: Option<&str>) -> Result<Device, String> {
     match target {
@@ -54,13 +57,25 @@ const CHAT_PROMPT: &str = "What is the capital of France?";
 
 const MODEL_PROMPT: [u32; 10] = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47];
 
+/// `--weights`: how the projections run.
+fn weight_format(value: Option<&str>) -> Result<WeightFormat, String> {
+    match value {
+        None | Some("stored") => Ok(WeightFormat::AsStored),
+        Some("dense") => Ok(WeightFormat::Dense),
+        Some("nf4") => Ok(WeightFormat::Nf4),
+        Some(other) => Err(format!("unknown --weights `{other}` (stored, dense, nf4)")),
+    }
+}
+
 /// The whole model of a GGUF file or checkpoint directory against the f64 reference.
 fn check_model_file(
     device: &Device,
     path: &std::path::Path,
     dtype: DType,
+    weights: WeightFormat,
 ) -> llama_kernels::Result<verify::model::ModelReport> {
-    let host = llama_kernels::model::HostModel::open(path, dtype)?;
+    let mut host = llama_kernels::model::HostModel::open(path, dtype)?;
+    host.set_weight_format(weights, dtype)?;
     let vocab = host.vocab() as u32;
     // Ids of another vocabulary are folded into this one (the check needs valid ids, not text).
     let prompt: Vec<u32> = MODEL_PROMPT.iter().map(|&t| t % vocab).collect();
@@ -91,8 +106,10 @@ fn generate(flag_value: &dyn Fn(&str) -> Option<String>, chat: bool) -> Result<(
         Some("f16") => DType::F16,
         Some(other) => return Err(format!("unknown dtype `{other}` (f32, bf16, f16)")),
     };
+    let weights = weight_format(flag_value("--weights").as_deref())?;
     let device = pick_device(flag_value("--target").as_deref())?;
-    let mut tm = llama_kernels::model::TextModel::open(&device, &path, dtype, 4096, 256).map_err(|e| e.to_string())?;
+    let mut tm = llama_kernels::model::TextModel::open_with(&device, &path, dtype, (4096, 256), weights)
+        .map_err(|e| e.to_string())?;
     let ids = tm.prompt_ids(&prompt, chat).map_err(|e| e.to_string())?;
     if ids.len() + max_new > 4096 {
         return Err(format!("{} prompt tokens + {max_new} new exceed the 4096-token plan", ids.len()));
@@ -198,11 +215,19 @@ model: not checked ({why})"
                 };
                 println!(
                     "
-model: {} ({dtype}), {} prompt tokens then 2 decode steps",
+model: {} ({dtype}, weights {}), {} prompt tokens then 2 decode steps",
                     path.display(),
+                    flag_value("--weights").unwrap_or("stored"),
                     MODEL_PROMPT.len()
                 );
-                match check_model_file(&device, &path, dtype) {
+                let weights = match weight_format(flag_value("--weights")) {
+                    Ok(w) => w,
+                    Err(e) => {
+                        eprintln!("verify: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                match check_model_file(&device, &path, dtype, weights) {
                     Ok(report) => {
                         print!("{}", report.describe(dtype));
                         if !report.pass {

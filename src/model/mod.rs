@@ -40,4 +40,4 @@ pub use stop::StopIds;
 pub use stream::StreamDecoder;
 pub use text::{TextModel, default_dtype};
 pub use tokenizer::Tokenizer;
-pub use weights::{HostModel, MAX_VOCAB};
+pub use weights::{HostModel, MAX_VOCAB, WeightFormat};

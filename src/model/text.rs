@@ -17,7 +17,7 @@ use super::generate::{GenerateOptions, Generation, SamplingConfig};
 use super::runner::{Model, ModelPlan};
 use super::stop::StopIds;
 use super::tokenizer::Tokenizer;
-use super::weights::HostModel;
+use super::weights::{HostModel, WeightFormat};
 
 /// The run dtype for the model at `path` when none is asked for (see the module docs).
 pub fn default_dtype(path: &Path) -> DType {
@@ -41,6 +41,18 @@ impl TextModel {
     /// Loads a GGUF file or a checkpoint directory in `dtype` for sequences of up to `max_len`
     /// tokens (prompt and reply), prefilled `max_tokens` at a time.
     pub fn open(device: &Device, path: &Path, dtype: DType, max_len: usize, max_tokens: usize) -> Result<TextModel> {
+        TextModel::open_with(device, path, dtype, (max_len, max_tokens), WeightFormat::AsStored)
+    }
+
+    /// [`TextModel::open`] with the projections run as `weights` says; `(max_len, max_tokens)`
+    /// as there.
+    pub fn open_with(
+        device: &Device,
+        path: &Path,
+        dtype: DType,
+        (max_len, max_tokens): (usize, usize),
+        weights: WeightFormat,
+    ) -> Result<TextModel> {
         let (host, tokenizer, template, stop) = if path.is_dir() {
             let tokenizer = Tokenizer::from_hf_dir(path)?;
             // No template is fine (a base model); a broken one is an error.
@@ -58,6 +70,8 @@ impl TextModel {
             drop(file);
             (HostModel::from_gguf(path, dtype)?, tokenizer, template, stop)
         };
+        let mut host = host;
+        host.set_weight_format(weights, dtype)?;
         let plan = ModelPlan { slots: 1, max_len, max_tokens };
         Ok(TextModel { model: Model::new(device, &host, dtype, plan)?, tokenizer, template, stop })
     }

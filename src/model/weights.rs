@@ -28,6 +28,19 @@ use crate::spec::quant::PackedWeight;
 /// Largest vocabulary a model may have (token ids are i32; Llama 3 has 128 256, Gemma 262 144).
 pub const MAX_VOCAB: usize = 1 << 20;
 
+/// How a model's projections run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WeightFormat {
+    /// As the file stores them: a GGUF file's quantized projections packed, a checkpoint's dense.
+    #[default]
+    AsStored,
+    /// Every projection dense in the run dtype (a GGUF file's dequantized at load).
+    Dense,
+    /// Every projection packed in NF4 (blocks of 64): a dense checkpoint quantized at load;
+    /// projections already packed stay as they are.
+    Nf4,
+}
+
 /// A whole model's host weights.
 #[derive(Clone, Debug)]
 pub struct HostModel {
@@ -54,40 +67,32 @@ impl HostModel {
     pub fn hidden(&self) -> usize {
         self.embed.shape.get(1).copied().unwrap_or(0)
     }
+    /// Applies `format` (see [`WeightFormat`]) to a model loaded in run dtype `dtype`.
+    pub fn set_weight_format(&mut self, format: WeightFormat, dtype: DType) -> Result<()> {
+        match format {
+            WeightFormat::AsStored => Ok(()),
+            WeightFormat::Dense => {
+                self.dequantize_packed();
+                Ok(())
+            }
+            WeightFormat::Nf4 => self.quantize_nf4(64, dtype),
+        }
+    }
     /// Whether any projection is kept packed (see [`HostLayerWeights::packed`]).
     pub fn is_packed(&self) -> bool {
         self.layers.iter().any(|(_, w)| !w.packed.is_empty())
     }
-    /// Drops the packed forms: every projection then runs dense, its dequantized values
-    /// rounded to `dtype` (the run dtype), as a dense checkpoint's would be.
-    pub fn dequantize_packed(&mut self, dtype: DType) {
-        for (spec, w) in &mut self.layers {
-            let names: Vec<String> = std::mem::take(&mut w.packed).into_keys().collect();
-            for (name, t) in w.projections_mut(spec) {
-                if names.iter().any(|n| *n == name) {
-                    t.data.iter_mut().for_each(|v| *v = round_to(dtype, f64::from(*v)) as f32);
-                }
-            }
-        }
+    /// Drops the packed forms: every projection then runs dense (with the same values: the
+    /// dense tensors hold the dequantized weights rounded to the run dtype).
+    pub fn dequantize_packed(&mut self) {
+        self.layers.iter_mut().for_each(|(_, w)| w.packed.clear());
     }
     /// Quantizes every projection of the dense layers (q, k, v, o, gate, up, down) to NF4 in
-    /// blocks of `block` (bitsandbytes' `quantize_4bit`, see
-    /// [`PackedWeight::quantize_nf4`]); the dense tensors then hold the dequantized values.
+    /// blocks of `block` (bitsandbytes' `quantize_4bit`, see [`PackedWeight::quantize_nf4`]);
+    /// the dense tensors then hold the dequantized values rounded to `dtype`, the run dtype.
     /// Projections already packed are left as they are.
-    pub fn quantize_nf4(&mut self, block: usize) -> Result<()> {
-        for (spec, w) in &mut self.layers {
-            let mut packed = std::mem::take(&mut w.packed);
-            for (name, t) in w.projections_mut(spec) {
-                if packed.contains_key(&name) {
-                    continue;
-                }
-                let p = PackedWeight::quantize_nf4(t.shape[0], t.shape[1], block, &t.data)?;
-                t.data = p.dequantize();
-                packed.insert(name, p);
-            }
-            w.packed = packed;
-        }
-        Ok(())
+    pub fn quantize_nf4(&mut self, block: usize, dtype: DType) -> Result<()> {
+        self.layers.iter_mut().try_for_each(|(spec, w)| w.quantize_nf4(spec, block, dtype))
     }
     /// The LM head: its own weight, or the embedding when tied.
     pub fn lm_head(&self) -> &HostTensor {
@@ -182,8 +187,8 @@ impl HostModel {
             let data = file.dequantize(name)?.into_iter().map(|v| round_to(dtype, f64::from(v)) as f32).collect();
             HostTensor::new(shape, data)
         };
-        // A projection stored in a packed type stays packed; its dense tensor holds the exact
-        // dequantized values (what the packed kernels multiply by).
+        // A projection stored in a packed type stays packed; its dense tensor holds the
+        // dequantized values rounded to `dtype` (what the packed kernels multiply by).
         let fetch_packed = |name: &str, shape: &[usize]| -> Result<Option<PackedWeight>> {
             let t = file.tensor(name)?;
             if t.dtype.quant_format().is_none() || t.shape != shape {
@@ -214,7 +219,8 @@ impl HostModel {
                             if let Some(order) = &order {
                                 p = p.permute_rows(order)?;
                             }
-                            let t = HostTensor::new(shape, p.dequantize())?;
+                            let data = p.dequantize().into_iter().map(|v| round_to(dtype, f64::from(v)) as f32);
+                            let t = HostTensor::new(shape, data.collect())?;
                             packed.insert(name.to_string(), p);
                             t
                         }

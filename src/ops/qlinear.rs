@@ -28,10 +28,13 @@
 //!   what makes a 4-bit decode faster than a 16-bit one.
 //! - **More rows (prefill)**: bands of weight rows are dequantized into a [`QScratch`] of the
 //!   activation dtype and multiplied by the dense GEMM of [`linear`](super::linear) (cuBLAS on
-//!   CUDA), one band after another into column ranges of `y`. The weight is then rounded once to
-//!   the activation dtype before the product, as any dequantize-then-GEMM does; the GEMV uses
-//!   the f32 values. A fused dequantize-in-the-GEMM kernel (`mma.sync` on tiles dequantized in
-//!   shared memory) is not written yet.
+//!   CUDA), one band after another into column ranges of `y`. A fused dequantize-in-the-GEMM
+//!   kernel (`mma.sync` on tiles dequantized in shared memory) is not written yet.
+//!
+//! Both paths multiply by the same weight: each dequantized value rounded to the activation dtype
+//! (exact for f32), products and sums in f32, one rounding of the output. The reference is
+//! therefore [`reference::linear`](crate::reference::linear) over
+//! `round_to(dtype, PackedWeight::dequantize())`.
 //!
 //! Shapes: `x` is `[..., in]` (leading dimensions collapse into rows; any row stride), `y` is
 //! `[..., out]` with the same leading dimensions (any row stride), one float dtype for both

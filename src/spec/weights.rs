@@ -161,6 +161,25 @@ impl HostLayerWeights {
 }
 
 impl HostLayerWeights {
+    /// Quantizes every projection not yet packed (see [`Self::projections_mut`]) to NF4 in
+    /// blocks of `block`, as bitsandbytes' `quantize_4bit` does
+    /// ([`crate::spec::quant::PackedWeight::quantize_nf4`]); the dense tensors then hold the
+    /// dequantized values rounded to `dtype` (the run dtype), so the reference computes with what
+    /// the device multiplies by.
+    pub fn quantize_nf4(&mut self, spec: &LayerSpec, block: usize, dtype: crate::dtype::DType) -> Result<()> {
+        let mut packed = std::mem::take(&mut self.packed);
+        for (name, t) in self.projections_mut(spec) {
+            if packed.contains_key(&name) {
+                continue;
+            }
+            let p = crate::spec::quant::PackedWeight::quantize_nf4(t.shape[0], t.shape[1], block, &t.data)?;
+            t.data = p.dequantize().into_iter().map(|v| crate::dtype::round_to(dtype, f64::from(v)) as f32).collect();
+            packed.insert(name, p);
+        }
+        self.packed = packed;
+        Ok(())
+    }
+
     /// The linear projections a packed format may hold (q, k, v, o and, for a dense
     /// feed-forward, gate, up and down), by Hugging Face name, writable.
     pub fn projections_mut(&mut self, spec: &LayerSpec) -> Vec<(String, &mut HostTensor)> {

@@ -165,6 +165,7 @@ pub fn check_layer(
     let layer = DecoderLayer::new(device, dtype, spec, host)?;
     let mut cache = KvCache::for_layers(device, dtype, &[spec], SLOTS, max_len)?;
     let mut ws = LayerWorkspace::plan(device, dtype, &[spec], max_tokens, &cache)?;
+    ws.plan_packed(&[&layer])?;
     let rl = rb::RefLayer::new(spec, host)?;
     let moe_weights = MoeRefWeights::new(&spec, host);
     let (mut e2e_cache, mut mirror) = (rb::RefCache::new(SLOTS), rb::RefCache::new(SLOTS));
@@ -384,20 +385,23 @@ impl MoeRefWeights {
     }
 }
 
-/// The built-in layers `verify` checks: `(model config, layer index, dtype)`.
-pub fn builtin_layers(quick: bool) -> Vec<(&'static str, usize, DType)> {
+/// The built-in layers `verify` checks: `(model config, layer index, dtype, NF4)`; with NF4 the
+/// layer's projections are quantized at load (blocks of 64) and run packed.
+pub fn builtin_layers(quick: bool) -> Vec<(&'static str, usize, DType, bool)> {
     let mut v = vec![
-        (LLAMA3_SMALL, 0, DType::BF16),
-        (LLAMA3_SMALL, 0, DType::F32),
-        (LLAMA4_SMALL, 0, DType::BF16),
-        (LLAMA4_SMALL, 1, DType::BF16),
-        (LLAMA4_SMALL, 2, DType::BF16),
-        (LLAMA4_SMALL, 3, DType::BF16),
+        (LLAMA3_SMALL, 0, DType::BF16, false),
+        (LLAMA3_SMALL, 0, DType::F32, false),
+        (LLAMA3_SMALL, 0, DType::BF16, true),
+        (LLAMA4_SMALL, 0, DType::BF16, false),
+        (LLAMA4_SMALL, 1, DType::BF16, false),
+        (LLAMA4_SMALL, 2, DType::BF16, false),
+        (LLAMA4_SMALL, 3, DType::BF16, false),
     ];
     if !quick {
-        v.push((LLAMA3_SMALL, 0, DType::F16));
-        v.push((LLAMA4_SMALL, 0, DType::F32));
-        v.push((LLAMA4_SMALL, 2, DType::F16));
+        v.push((LLAMA3_SMALL, 0, DType::F16, false));
+        v.push((LLAMA3_SMALL, 0, DType::F32, true));
+        v.push((LLAMA4_SMALL, 0, DType::F32, false));
+        v.push((LLAMA4_SMALL, 2, DType::F16, false));
     }
     v
 }
@@ -407,13 +411,23 @@ pub fn run_blocks(device: &Device, quick: bool) -> Vec<BlockOutcome> {
     let steps = schedule(3);
     builtin_layers(quick)
         .into_iter()
-        .map(|(json, index, dtype)| {
-            let what =
-                format!("built-in {} layer {index} {dtype}", if json == LLAMA3_SMALL { "llama3" } else { "llama4" });
+        .map(|(json, index, dtype, nf4)| {
+            let what = format!(
+                "built-in {} layer {index} {dtype}{}",
+                if json == LLAMA3_SMALL { "llama3" } else { "llama4" },
+                if nf4 { " nf4" } else { "" }
+            );
             let run = || -> Result<Vec<StageRow>> {
                 let spec = ModelConfig::from_json(json)?.layer(index)?;
-                let host = HostLayerWeights::random(&spec, dtype, 0x5eed);
-                check_layer(device, dtype, spec, &host, &steps, 7)
+                let mut host = HostLayerWeights::random(&spec, dtype, 0x5eed);
+                if nf4 {
+                    host.quantize_nf4(&spec, 64, dtype)?;
+                }
+                let mut rows = check_layer(device, dtype, spec, &host, &steps, 7)?;
+                if nf4 {
+                    rows.iter_mut().for_each(|r| r.layer.push_str(", NF4 projections (packed, blocks of 64)"));
+                }
+                Ok(rows)
             };
             run().map_err(|e| (what, e))
         })
