@@ -24,6 +24,7 @@ use super::files::open_regular;
 use super::weights::{HostLayerWeights, HostTensor};
 use crate::dtype::{DType, round_to};
 use crate::error::{Error, Result};
+use crate::spec::quant::PackedWeight;
 
 const INDEX: &str = "model.safetensors.index.json";
 
@@ -58,6 +59,25 @@ impl Mapped {
             why: format!("not a valid safetensors file: {e}"),
         })?;
         Ok(Mapped { data_start: 8 + header, map, meta })
+    }
+}
+
+/// A tensor's bytes as stored, with its safetensors dtype and shape ([`Checkpoint::raw`]).
+pub(crate) struct RawTensor {
+    map: Arc<Mapped>,
+    /// The tensor's bytes within the mapping (checked against its length).
+    range: std::ops::Range<usize>,
+    /// The stored dtype.
+    pub(crate) dtype: Dtype,
+    /// The stored shape.
+    pub(crate) shape: Vec<usize>,
+}
+
+impl RawTensor {
+    /// The tensor's bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // The range was checked against the mapping when this was made; never empty otherwise.
+        self.map.map.get(self.range.clone()).unwrap_or(&[])
     }
 }
 
@@ -213,6 +233,42 @@ impl Checkpoint {
             return Err(err(format!("element {i} is not finite after conversion to {dtype}")));
         }
         Ok(HostTensor { shape: shape.to_vec(), data })
+    }
+
+    /// Tensor `name` as stored: its safetensors dtype, shape and bytes (borrowed from the
+    /// mapping), for formats read byte for byte (bitsandbytes' packed weights, [`super::bnb`]).
+    /// The byte range is checked against the file and against the dtype and shape.
+    pub(crate) fn raw(&self, name: &str) -> Result<RawTensor> {
+        let m = self.file(name)?;
+        let err = |why: String| Error::Checkpoint { tensor: name.to_string(), why };
+        let info = m.meta.info(name).ok_or_else(|| err("listed in the index but not in its file".into()))?;
+        let (start, end) = info.data_offsets;
+        let (a, b) = (m.data_start.checked_add(start), m.data_start.checked_add(end));
+        let range = match (a, b) {
+            (Some(a), Some(b)) if a <= b && b <= m.map.len() => a..b,
+            _ => return Err(err(format!("data range {start}..{end} lies outside its file"))),
+        };
+        let bits = info
+            .shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .and_then(|n| n.checked_mul(info.dtype.bitsize()));
+        if bits != range.len().checked_mul(8) {
+            return Err(err(format!("{} data bytes for shape {:?} of {:?}", range.len(), info.shape, info.dtype)));
+        }
+        let (dtype, shape) = (info.dtype, info.shape.clone());
+        Ok(RawTensor { map: m, range, dtype, shape })
+    }
+
+    /// Weight `name` (a full name: `model.layers.0.self_attn.q_proj.weight`) kept packed, when the
+    /// checkpoint stores it quantized: a bitsandbytes NF4 weight (with or without double
+    /// quantization) is recognized by its `{name}.quant_state.bitsandbytes__nf4` companion, checked
+    /// and repacked into the kernels' layout ([`super::bnb::load_nf4`]). `Ok(None)` when `name` has
+    /// no quantization companions (a dense tensor, read with [`Checkpoint::tensor`], or an absent
+    /// one). A bitsandbytes FP4 weight is [`Error::Unsupported`]; anything malformed is an
+    /// [`Error::Checkpoint`] naming the tensor.
+    pub fn packed(&self, name: &str) -> Result<Option<PackedWeight>> {
+        Ok(super::bnb::load_nf4(self, name)?.map(|w| w.packed))
     }
 
     fn slice<'m>(&self, m: &'m Mapped, start: usize, end: usize) -> Option<&'m [u8]> {

@@ -27,6 +27,8 @@
 //!   [`LayerSpec`] per layer.
 //! * [`checkpoint`]: safetensors weights by Hugging Face name, memory-mapped, one file or
 //!   sharded, converted once to the run dtype.
+//! * [`bnb`]: bitsandbytes NF4 weights in those checkpoints, kept packed
+//!   ([`Checkpoint::packed`]).
 //! * [`weights`]: host weights (HF layouts) and device weights (q/k/v and gate/up fused).
 //! * [`layer`]: the forward (dense and MoE feed-forwards), its planned workspace and the paged KV
 //!   cache.
@@ -54,6 +56,7 @@
 //! * Residual adds: HF rounds the block output and then the sum; the composer fuses the
 //!   feed-forward residual into the down projection (cuBLAS `beta = 1`): one rounding.
 
+pub mod bnb;
 pub mod checkpoint;
 pub mod config;
 pub mod files;

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod layer;
 pub mod moe;
 pub mod quant;
+pub mod quant_nf4;
 pub mod rope;
 pub mod sampling;
 pub mod weights;

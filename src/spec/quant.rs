@@ -29,7 +29,7 @@
 //! `q * d + m`; Q4_K `(d * sc) * q - (dmin * mn)` per 32-element sub-block; Q6_K
 //! `(d * sc) * (q - 32)` per 16-element group; NF4 `code[q] * absmax`. A double-quantized NF4
 //! absmax (bitsandbytes' `nested_absmax`) is resolved to its f32 value at packing, with the same
-//! operations bitsandbytes uses.
+//! operations bitsandbytes uses ([`resolve_nested_absmax`](super::quant_nf4::resolve_nested_absmax)).
 
 use crate::error::{Error, Result};
 use crate::ffi::params::{LLK_QUANT_CHUNK, LlkQuantFormat};
