@@ -312,8 +312,29 @@ impl Checkpoint {
         }
         let spec = self.config.layer(index)?;
         let prefix = self.layer_prefix(index)?;
-        let w =
-            HostLayerWeights::from_source(&spec, |name, shape| self.tensor(&format!("{prefix}{name}"), shape, dtype))?;
+        // bitsandbytes NF4 projections stay packed; their dense tensors hold the dequantized
+        // values rounded to `dtype` (what the packed kernels multiply by).
+        let mut packed = std::collections::BTreeMap::new();
+        let mut w = HostLayerWeights::from_source(&spec, |name, shape| {
+            let full = format!("{prefix}{name}");
+            match self.packed(&full)? {
+                Some(p) if [p.layout.rows, p.layout.cols] == shape => {
+                    let data = p.dequantize().into_iter().map(|v| crate::dtype::round_to(dtype, f64::from(v)) as f32);
+                    let t = HostTensor::new(shape, data.collect())?;
+                    packed.insert(name.to_string(), p);
+                    Ok(t)
+                }
+                Some(p) => Err(Error::Checkpoint {
+                    tensor: full,
+                    why: format!(
+                        "NF4 shape [{}, {}] disagrees with the config ({shape:?})",
+                        p.layout.rows, p.layout.cols
+                    ),
+                }),
+                None => self.tensor(&full, shape, dtype),
+            }
+        })?;
+        w.packed = packed;
         Ok((spec, w))
     }
 }
