@@ -274,3 +274,43 @@ fn a_dense_model_quantized_to_nf4_at_load_runs_packed() {
         assert!(r.pass, "{dtype}:\n{}", r.describe(dtype));
     }
 }
+
+#[test]
+fn batched_generation_gives_each_sequence_the_tokens_it_gets_alone() {
+    use llama_kernels::model::{BatchRequest, GenerateOptions, SamplingConfig};
+    let d = Device::emulated();
+    let host = HostModel::random(&two_layers(), 300, true, DType::BF16, 21).unwrap();
+    // A budget of 8 tokens per step splits and packs the three prompts over several steps.
+    let plan = ModelPlan { slots: 4, max_len: 32, max_tokens: 8 };
+    let opts =
+        |max_new_tokens, sampling, seed| GenerateOptions { max_new_tokens, stop: Default::default(), sampling, seed };
+    let hot = SamplingConfig { temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0 };
+    let nucleus = SamplingConfig { temperature: 0.9, top_k: 40, top_p: 0.9, min_p: 0.02 };
+    let prompts: [Vec<u32>; 3] = [vec![5, 6, 7, 8, 9], vec![100, 3, 299, 42, 42, 7, 1], vec![250, 2, 11]];
+    let requests = [
+        BatchRequest { slot: 2, prompt: &prompts[0], options: opts(5, SamplingConfig::GREEDY, 0) },
+        BatchRequest { slot: 0, prompt: &prompts[1], options: opts(3, hot, 7) },
+        BatchRequest { slot: 3, prompt: &prompts[2], options: opts(6, nucleus, 9) },
+    ];
+    let mut m = Model::new(&d, &host, DType::BF16, plan).unwrap();
+    let mut streamed: Vec<Vec<u32>> = vec![Vec::new(); 3];
+    let batched = m.generate_batch(&requests, &mut |i, id| {
+        streamed[i].push(id);
+        true
+    });
+    let batched = batched.unwrap();
+    for (i, q) in requests.iter().enumerate() {
+        let mut alone = Model::new(&d, &host, DType::BF16, plan).unwrap();
+        let g = alone.generate(0, q.prompt, &q.options, &mut |_| true).unwrap();
+        assert_eq!(batched[i].tokens, g.tokens, "request {i}");
+        assert_eq!(batched[i].reason, g.reason, "request {i}");
+        assert_eq!(streamed[i], g.tokens, "request {i}: streamed ids");
+        assert_eq!(m.len(q.slot), 0, "request {i}: slot not freed");
+    }
+    assert_eq!(batched.iter().map(|g| g.tokens.len()).collect::<Vec<_>>(), [5, 3, 6]);
+    // Bad batches: a slot twice, an empty prompt.
+    let dup = [requests[0].clone(), BatchRequest { slot: 2, ..requests[1].clone() }];
+    assert!(matches!(m.generate_batch(&dup, &mut |_, _| true), Err(Error::InvalidArgument { name: "slot", .. })));
+    let empty = [BatchRequest { prompt: &[], ..requests[0].clone() }];
+    assert!(matches!(m.generate_batch(&empty, &mut |_, _| true), Err(Error::InvalidArgument { name: "prompt", .. })));
+}

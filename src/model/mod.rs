@@ -21,6 +21,7 @@
 //! # }
 //! ```
 
+pub mod batch;
 pub mod chat;
 pub mod generate;
 mod gguf_vocab;
@@ -33,6 +34,7 @@ pub mod text;
 pub mod tokenizer;
 pub mod weights;
 
+pub use batch::BatchRequest;
 pub use chat::{ChatTemplate, Message};
 pub use generate::{GenerateOptions, Generation, SamplingConfig, StopReason};
 pub use runner::{Logits, Model, ModelPlan};
