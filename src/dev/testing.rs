@@ -276,7 +276,7 @@ impl crate::model::HostModel {
         let norm = HostTensor::uniform(&mut rng, &[hidden], 0.5, 1.5, dtype);
         let lm_head =
             (!tied).then(|| HostTensor::random(&mut rng, &[vocab, hidden], 1.0 / (hidden as f64).sqrt(), dtype));
-        Ok(Self { config, layers, embed, norm, lm_head, eps })
+        Ok(Self { config, layers, embed, norm, lm_head, eps, lm_head_packed: None })
     }
 }
 

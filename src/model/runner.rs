@@ -9,10 +9,11 @@
 //! slot; [`Model::clear`] frees a slot's pages for the next sequence.
 
 use crate::backend::Device;
-use crate::block::{DecoderLayer, KvCache, KvCacheConfig, LayerSpec, LayerWorkspace};
+use crate::block::{DecoderLayer, KvCache, KvCacheConfig, LayerSpec, LayerWorkspace, Proj};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{ErrorFlag, embedding, linear, rms_norm};
+use crate::ops::qlinear::{QScratch, QWeight};
+use crate::ops::{ErrorFlag, embedding, rms_norm};
 use crate::tensor::Tensor;
 
 use super::weights::HostModel;
@@ -50,7 +51,10 @@ pub struct Model {
     layers: Vec<DecoderLayer>,
     embed: Tensor,
     norm: Tensor,
-    lm_head: Option<Tensor>,
+    /// The LM head: its own weight, the embedding (tied), or packed.
+    head: Proj,
+    /// The prefill band of a packed head (more than 16 rows of logits).
+    head_scratch: Option<QScratch>,
     cache: KvCache,
     ws: LayerWorkspace,
     pub(super) errors: ErrorFlag,
@@ -80,7 +84,15 @@ impl Model {
         let up = |t: &crate::block::HostTensor| crate::block::weights::upload(device, dtype, &t.data, &t.shape);
         let embed = up(&host.embed)?;
         let norm = up(&host.norm)?;
-        let lm_head = host.lm_head.as_ref().map(up).transpose()?;
+        let head = match (&host.lm_head_packed, &host.lm_head) {
+            (Some(p), _) => Proj::Packed(vec![QWeight::new(device, p)?]),
+            (None, Some(h)) => Proj::Dense(up(h)?),
+            (None, None) => Proj::Dense(embed.clone()),
+        };
+        let head_scratch = match &head {
+            Proj::Packed(w) => Some(QScratch::new(device, dtype, &w.iter().collect::<Vec<_>>())?),
+            Proj::Dense(_) => None,
+        };
         let cache = KvCache::for_layers_with(device, dtype, &specs, &KvCacheConfig::new(plan.slots, plan.max_len))?;
         let mut ws = LayerWorkspace::plan(device, dtype, &specs, plan.max_tokens, &cache)?;
         ws.plan_packed(&layers.iter().collect::<Vec<_>>())?;
@@ -95,7 +107,8 @@ impl Model {
             layers,
             embed,
             norm,
-            lm_head,
+            head,
+            head_scratch,
             cache,
             ws,
             errors: ErrorFlag::new(device)?,
@@ -196,7 +209,7 @@ impl Model {
         let normed = self.normed.narrow(0, 0, n)?;
         rms_norm(&rows, &self.norm, self.eps, &normed)?;
         let logits = self.logits.narrow(0, 0, n)?;
-        linear(&normed, self.lm_head.as_ref().unwrap_or(&self.embed), None, &logits)?;
+        self.head.forward(&normed, None, &logits, false, self.head_scratch.as_ref())?;
         self.cache.commit(&step)?;
         Ok(logits)
     }

@@ -56,6 +56,10 @@ pub struct HostModel {
     pub lm_head: Option<HostTensor>,
     /// Epsilon of the final norm (the config's `rms_norm_eps`).
     pub eps: f32,
+    /// The LM head kept packed (a GGUF `output.weight`, or the tied `token_embd.weight`, of a
+    /// packed type); [`HostModel::lm_head`] holds its dequantized values. The embedding lookup
+    /// reads the dense table.
+    pub lm_head_packed: Option<PackedWeight>,
 }
 
 impl HostModel {
@@ -80,12 +84,13 @@ impl HostModel {
     }
     /// Whether any projection is kept packed (see [`HostLayerWeights::packed`]).
     pub fn is_packed(&self) -> bool {
-        self.layers.iter().any(|(_, w)| !w.packed.is_empty())
+        self.lm_head_packed.is_some() || self.layers.iter().any(|(_, w)| !w.packed.is_empty())
     }
     /// Drops the packed forms: every projection then runs dense (with the same values: the
     /// dense tensors hold the dequantized weights rounded to the run dtype).
     pub fn dequantize_packed(&mut self) {
         self.layers.iter_mut().for_each(|(_, w)| w.packed.clear());
+        self.lm_head_packed = None;
     }
     /// Quantizes every projection of the dense layers (q, k, v, o, gate, up, down) to NF4 in
     /// blocks of `block` (bitsandbytes' `quantize_4bit`, see [`PackedWeight::quantize_nf4`]);
@@ -114,6 +119,14 @@ impl HostModel {
         }
         if self.norm.shape != [hidden] {
             return Err(Error::Checkpoint { tensor: "norm".into(), why: format!("shape {:?}", self.norm.shape) });
+        }
+        if let Some(p) = &self.lm_head_packed {
+            if [p.layout.rows, p.layout.cols] != [vocab, hidden] {
+                return Err(Error::Checkpoint {
+                    tensor: "lm_head".into(),
+                    why: format!("packed [{}, {}], expected [{vocab}, {hidden}]", p.layout.rows, p.layout.cols),
+                });
+            }
         }
         if let Some(h) = &self.lm_head {
             if h.shape != [vocab, hidden] {
@@ -160,7 +173,7 @@ impl HostModel {
             Some(ckpt.tensor(&head_name, &[vocab, hidden], dtype)?)
         };
         let eps = spec.rms_norm_eps;
-        HostModel { config, layers, embed, norm, lm_head, eps }.checked()
+        HostModel { config, layers, embed, norm, lm_head, eps, lm_head_packed: None }.checked()
     }
 
     /// A GGUF file of llama.cpp's `llama` architecture, dequantized and converted to `dtype`
@@ -247,8 +260,10 @@ impl HostModel {
         let norm = fetch("output_norm.weight", &[hidden])?;
         let lm_head =
             if file.tensor("output.weight").is_ok() { Some(fetch("output.weight", &[vocab, hidden])?) } else { None };
+        let head_name = if lm_head.is_some() { "output.weight" } else { "token_embd.weight" };
+        let lm_head_packed = fetch_packed(head_name, &[vocab, hidden])?;
         let eps = layers.first().map_or(1e-5, |(s, _)| s.rms_norm_eps);
-        HostModel { config, layers, embed, norm, lm_head, eps }.checked()
+        HostModel { config, layers, embed, norm, lm_head, eps, lm_head_packed }.checked()
     }
 }
 
