@@ -540,7 +540,7 @@ typedef enum LlkQuantFormat {
 #define LLK_QDEQUANT_THREADS 256
 
 typedef struct QLinearParams {
-  uint64_t x;          // [rows, k] activations, rows x_row_stride elements apart (GEMV only)
+  uint64_t x;          // [rows, k] activations, rows x_row_stride elements apart, 16-byte aligned (GEMV only)
   uint64_t y;          // [rows, n] output (GEMV) or [n_band, k] dense weights (dequantize)
   uint64_t qs;         // the packed planes of W (see src/spec/quant.rs); qh is 0 unless Q6_K
   uint64_t qh;
@@ -558,7 +558,6 @@ typedef struct QLinearParams {
   float code[16];      // NF4's code book (bitsandbytes' NF4 table or the checkpoint's quant_map)
   LlkQuantFormat format;
   int32_t accumulate;  // GEMV: 1 = y += x W^T (one rounding of the sum), 0 = y = x W^T
-  int32_t x_vec16;     // GEMV: 1 = x rows are 16-byte aligned (vector loads), 0 = scalar loads
 } QLinearParams;
 
 // ---------------------------------------------------------------------------- Self-tests

@@ -23,7 +23,9 @@
 //   are 16 bytes and a warp's are 512 contiguous bytes. A chunk is dequantized once into 32
 //   registers and used for every activation row (x is read through L1/L2: it is small and every
 //   warp of the grid reads it). Each lane accumulates in f32 with fmaf in element order; the warp
-//   then sums its lanes by a fixed butterfly, so the result does not depend on scheduling.
+//   then sums its lanes by a fixed butterfly, so the result does not depend on scheduling. x is
+//   read in 16-byte vectors: the host sends activations whose rows are not 16-byte aligned down
+//   the dequantize-and-GEMM path instead.
 //   Bytes: the packed weights once (qs + qh + meta), x once per block from L2, y once.
 //
 // Dequantize (qdequant_<format>_<dtype>): rows [row_first, row_first + n) of W into a dense
@@ -144,12 +146,7 @@ __device__ void qgemv_kernel(const QLinearParams& p) {
 #pragma unroll
       for (int v = 0; v < kChunk / V; ++v) {
         float xv[V];
-        if (p.x_vec16) {
-          llk::load_f32<T, V>(xr + v * V, xv);
-        } else {
-#pragma unroll
-          for (int i = 0; i < V; ++i) xv[i] = llk::to_f32(xr[v * V + i]);
-        }
+        llk::load_f32<T, V>(xr + v * V, xv);  // 16-byte aligned: the host checked
 #pragma unroll
         for (int i = 0; i < V; ++i) acc[m] = fmaf(w[v * V + i], xv[i], acc[m]);
       }

@@ -28,7 +28,7 @@ fn every_row_count_from_1_to_17_and_larger_matches_the_reference() {
     for format in QuantFormat::ALL {
         for rows in (1..=17).chain([33, 70]) {
             let dtype = [DType::BF16, DType::F16, DType::F32][rows % 3];
-            let case = QLinearCase { format, dtype, rows, n: 21, k: 256, pad: rows % 2, accumulate: rows % 4 == 1 };
+            let case = QLinearCase { format, dtype, rows, n: 21, k: 256, pad: 8 * (rows % 2), accumulate: rows % 4 == 1 };
             let r = qlinear_case(&device, case).unwrap();
             assert!(r.pass, "{case:?}: {}", r.describe());
         }
@@ -40,8 +40,9 @@ fn every_dtype_and_odd_widths_match_the_reference() {
     for device in common::devices() {
         for format in QuantFormat::ALL {
             for dtype in DType::FLOATS {
-                for (rows, n, k) in [(1, 67, 768), (4, 5, 512), (19, 67, 256)] {
-                    let case = QLinearCase { format, dtype, rows, n, k, pad: 5, accumulate: false };
+                // pad 5 leaves rows misaligned (the dequantize-and-GEMM fallback), pad 8 aligned.
+                for (rows, n, k, pad) in [(1, 67, 768, 8), (4, 5, 512, 5), (2, 9, 256, 5), (19, 67, 256, 0)] {
+                    let case = QLinearCase { format, dtype, rows, n, k, pad, accumulate: false };
                     let r = qlinear_case(&device, case).unwrap();
                     assert!(r.pass, "{case:?}: {}", r.describe());
                 }
@@ -54,7 +55,7 @@ fn every_dtype_and_odd_widths_match_the_reference() {
 fn schedules_agree_bit_for_bit() {
     for format in [QuantFormat::Q4_K, QuantFormat::Q6_K, QuantFormat::NF4] {
         for rows in [3, 18] {
-            let case = QLinearCase { format, dtype: DType::BF16, rows, n: 9, k: 512, pad: 1, accumulate: true };
+            let case = QLinearCase { format, dtype: DType::BF16, rows, n: 9, k: 512, pad: 8, accumulate: true };
             common::assert_schedules_agree(&format!("{case:?}"), |d| qlinear_case(d, case));
         }
     }
@@ -114,7 +115,13 @@ fn bad_inputs_are_named_errors() {
     assert!(matches!(qlinear(&x, &w, &y32, None), Err(Error::DTypeMismatch { .. })));
     let ids = Tensor::zeros(&d, DType::I32, &[2, 64]).unwrap();
     assert!(matches!(qlinear(&ids, &w, &y, None), Err(Error::UnsupportedDType { .. })));
-    // More rows than the GEMV takes need a scratch of the activation dtype.
+    // Misaligned rows (the GEMV reads 16-byte vectors) and more rows than the GEMV takes need a
+    // scratch of the activation dtype.
+    let wide = Tensor::zeros(&d, DType::BF16, &[2, 65]).unwrap();
+    let misaligned = wide.narrow(1, 1, 64).unwrap();
+    assert!(matches!(qlinear(&misaligned, &w, &y, None), Err(Error::InvalidArgument { name: "scratch", .. })));
+    let s = QScratch::new(&d, DType::BF16, &[&w]).unwrap();
+    qlinear(&misaligned, &w, &y, Some(&s)).unwrap();
     let (x20, y20) =
         (Tensor::zeros(&d, DType::BF16, &[20, 64]).unwrap(), Tensor::zeros(&d, DType::BF16, &[20, 8]).unwrap());
     assert!(matches!(qlinear(&x20, &w, &y20, None), Err(Error::InvalidArgument { name: "scratch", .. })));

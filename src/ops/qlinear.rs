@@ -22,11 +22,13 @@
 //!
 //! # Two paths, chosen by the number of rows
 //!
-//! - **Decode, 1 to [`MAX_GEMV_ROWS`] rows**: one GEMV kernel streams the packed weight once
+//! - **Decode, 1 to [`MAX_GEMV_ROWS`] rows** whose rows start on 16-byte boundaries (any
+//!   row stride that keeps them there: the model's own buffers always do): one GEMV kernel
+//!   streams the packed weight once
 //!   (16-byte loads), dequantizes each 32-element chunk in registers and accumulates every row
 //!   in f32; the bytes read are the packed bytes ([`QuantLayout::bits_per_weight`]), which is
 //!   what makes a 4-bit decode faster than a 16-bit one.
-//! - **More rows (prefill)**: bands of weight rows are dequantized into a [`QScratch`] of the
+//! - **More rows (prefill), or misaligned rows**: bands of weight rows are dequantized into a [`QScratch`] of the
 //!   activation dtype and multiplied by the dense GEMM of [`linear`](super::linear) (cuBLAS on
 //!   CUDA), one band after another into column ranges of `y`. A fused dequantize-in-the-GEMM
 //!   kernel (`mma.sync` on tiles dequantized in shared memory) is not written yet.
@@ -180,7 +182,6 @@ fn weight_params(w: &QWeight, base: u64) -> Result<QLinearParams> {
         code: w.code,
         format: l.format.ffi(),
         accumulate: 0,
-        x_vec16: 0,
     })
 }
 
@@ -221,16 +222,15 @@ fn run(
     if xr.rows == 0 || d_out == 0 {
         return Ok(());
     }
-    if xr.rows <= MAX_GEMV_ROWS {
+    let aligned = xr.addr % 16 == 0 && xr.row_stride % dtype.vec16() == 0;
+    if xr.rows <= MAX_GEMV_ROWS && aligned {
         let mut p = weight_params(w, wb)?;
-        let v = dtype.vec16();
         p.x = xr.addr;
         p.y = yr.addr;
         p.rows = to_i64(op, "rows", xr.rows)?;
         p.x_row_stride = to_i64(op, "x row stride", xr.row_stride)?;
         p.y_row_stride = to_i64(op, "y row stride", yr.row_stride)?;
         p.accumulate = i32::from(accumulate);
-        p.x_vec16 = i32::from(xr.addr % 16 == 0 && xr.row_stride % v == 0);
         let warps = LLK_QGEMV_WARPS as usize;
         let dims = LaunchDims {
             grid: (grid_x(op, d_out.div_ceil(warps))?, 1, 1),
@@ -245,7 +245,11 @@ fn run(
             op,
             "scratch",
             "None",
-            format!("{} rows need a QScratch (the GEMV takes at most {MAX_GEMV_ROWS})", xr.rows),
+            if aligned {
+                format!("{} rows need a QScratch (the GEMV takes at most {MAX_GEMV_ROWS})", xr.rows)
+            } else {
+                "x rows that are not 16-byte aligned need a QScratch (the GEMV reads 16-byte vectors)".to_string()
+            },
         )
     })?;
     check_dtype(op, "scratch", scratch.band.dtype(), dtype)?;

@@ -105,7 +105,7 @@ pub fn qlinear_case(device: &Device, case: QLinearCase) -> Result<CaseResult> {
         dtype,
         shape: format!(
             "{rows}x{k} @ {n}x{k} ({}){}",
-            if rows > MAX_GEMV_ROWS { "dequant+gemm" } else { "gemv" },
+            if rows <= MAX_GEMV_ROWS && (k + pad) % dtype.vec16() == 0 { "gemv" } else { "dequant+gemm" },
             if pad > 0 { " strided" } else { "" }
         ),
         pass: comparison.pass && gaps,
@@ -141,14 +141,16 @@ pub fn qdequant_case(device: &Device, format: QuantFormat, n: usize, k: usize) -
 }
 
 /// The cases `verify` runs: per format and dtype a decode GEMV (Llama 3 8B's hidden size when
-/// not `quick`), a strided accumulating GEMV of an odd width, and a prefill product.
+/// not `quick`), a strided accumulating GEMV of an odd width, decode rows that are not 16-byte
+/// aligned (the fallback), and a prefill product.
 pub fn qlinear_cases(quick: bool) -> Vec<QLinearCase> {
     let (n, k) = if quick { (75, 512) } else { (1024, 4096) };
     let mut v = Vec::new();
     for format in QuantFormat::ALL {
         for dtype in DType::FLOATS {
             v.push(QLinearCase { format, dtype, rows: 1, n, k, pad: 0, accumulate: false });
-            v.push(QLinearCase { format, dtype, rows: 7, n: 37, k: 256, pad: 3, accumulate: true });
+            v.push(QLinearCase { format, dtype, rows: 7, n: 37, k: 256, pad: 8, accumulate: true });
+            v.push(QLinearCase { format, dtype, rows: 3, n: 37, k: 256, pad: 3, accumulate: false });
             v.push(QLinearCase { format, dtype, rows: 20, n: 45, k: 512, pad: 0, accumulate: false });
         }
     }
