@@ -95,6 +95,8 @@ pub struct Spec {
     pub vec: usize,
     pub stores_per_elem: usize,
     pub bytes_per_elem: f64,
+    /// Memory-bound kernels: elements of the reference launch (16k tokens), for the launch term.
+    pub launch_elems: f64,
     /// Matrix kernels: the family's source, whose lines between `// perf-model: cold {` and
     /// `// perf-model: cold }` are paths the reference shape does not run (masked boundary tiles,
     /// paged K/V); the hot-path mix leaves out the instructions compiled from them.
@@ -113,6 +115,7 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
+        launch_elems: 16384.0 * 4096.0,
         cold_source: None,
     },
     Spec {
@@ -125,54 +128,59 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 2,
         bytes_per_elem: 8.0,
+        launch_elems: 16384.0 * 4096.0,
         cold_source: None,
     },
     Spec {
         module: "rope",
         kernel: "rope_half_split_vec_bf16",
-        shape: "head_dim 128, 32 q + 8 kv heads (Llama 3, no qk-norm)",
+        shape: "head_dim 128, 32 q + 8 kv heads (Llama 3, no qk-norm), 16k tokens",
         region: Region::LastLoop,
         threads: 320,
         dyn_smem: 0,
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
+        launch_elems: 16384.0 * 40.0 * 128.0,
         cold_source: None,
     },
     Spec {
         module: "rope",
         kernel: "rope_interleaved_vec_bf16",
-        shape: "head_dim 128, 40 q + 8 kv heads (Llama 4, no qk-norm)",
+        shape: "head_dim 128, 40 q + 8 kv heads (Llama 4, no qk-norm), 16k tokens",
         region: Region::LastLoop,
         threads: 256,
         dyn_smem: 0,
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
+        launch_elems: 16384.0 * 48.0 * 128.0,
         cold_source: None,
     },
     Spec {
         module: "rope",
         kernel: "rope_interleaved_norm_vec_bf16",
-        shape: "head_dim 128, 40 q + 8 kv heads (Llama 4 RoPE layer, qk-norm)",
+        shape: "head_dim 128, 40 q + 8 kv heads (Llama 4 RoPE layer, qk-norm), 16k tokens",
         region: Region::LastLoop,
         threads: 256,
         dyn_smem: 0,
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
+        launch_elems: 16384.0 * 48.0 * 128.0,
         cold_source: None,
     },
     Spec {
         module: "swiglu",
         kernel: "swiglu_vec_bf16",
-        shape: "ffn 14336, packed gate|up",
+        shape: "ffn 14336, packed gate|up, 16k tokens",
         region: Region::LastLoop,
         threads: 256,
         dyn_smem: 0,
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 6.0,
+        launch_elems: 16384.0 * 14336.0,
         cold_source: None,
     },
     Spec {
@@ -185,6 +193,7 @@ pub const SPECS: &[Spec] = &[
         vec: 0,
         stores_per_elem: 0,
         bytes_per_elem: 0.0,
+        launch_elems: 0.0,
         cold_source: Some(include_str!("../../../kernels/attention.cu")),
     },
 ];
@@ -420,7 +429,7 @@ impl LoopCounts {
 /// fully when their phases are independent and one of them is in its GEMM phase, not at all when
 /// they run in lockstep (identical blocks started together, symmetric contention). The model's
 /// figure is the lockstep one: the calibration chose it, since independent phases over-predict
-/// every FA2 figure by 13-16% at the tensor clock; that choice is the one thing fitted.
+/// every FA2 figure by 9-16% at the tensor clock; that choice is the one thing fitted.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MatrixModel {
     pub warps_per_smsp: f64,
@@ -654,12 +663,21 @@ fn predict_memory(spec: &Spec, mix: &Mix, warps_per_sm: u32, lif: usize, clk: f6
     } else {
         "bandwidth"
     };
-    let fraction = (t_mem / t_issue.max(t_mem)) * cover;
+    let steady = (t_mem / t_issue.max(t_mem)) * cover;
+    // The launch latency over the reference launch (uncalibrated: no memory-bound peer yet; the
+    // copy bandwidth was measured on buffers large enough to hide it, and the inputs exceed L2).
+    let run = spec.launch_elems * t_mem / steady.max(1e-9);
+    let launch = if run > 0.0 { run / (run + h200::LAUNCH_US * 1e-6) } else { 1.0 };
+    let fraction = steady * launch;
     (
         bound,
         format!(
-            "{:.0}% of copy bandwidth (memory {:.2} ps/elem, issue {:.2} ps/elem, latency cover {:.1}x)",
+            "{:.0}% of copy bandwidth ({:.0}% in steady state, {:.0} us launch of {:.0} us; memory {:.2} ps/elem, issue \
+             {:.2} ps/elem, latency cover {:.1}x)",
             100.0 * fraction,
+            100.0 * steady,
+            h200::LAUNCH_US,
+            1e6 * run,
             t_mem * 1e12,
             t_issue * 1e12,
             in_flight / needed
@@ -675,8 +693,9 @@ pub fn report() -> String {
         "Static performance report (sm_90 SASS, H200 resource model) -- a MODEL, not a measurement.\n\
          Model: 132 SMs at 1.83 GHz, 4 issue/clk/SM, copy 4.3 TB/s, shared memory 128 B/clk/SM,\n\
          mma.sync at 63% of the 990 TFLOP/s dense bf16 peak. Memory-bound kernels, first order: the\n\
-         slowest limit wins, with no loss from imperfect overlap (no launch, tail or L2 terms), so real\n\
-         kernels land at or below these figures. Matrix kernels: the hot path is the loop without the\n\
+         slowest limit wins, with no loss from imperfect overlap, then a 4 us launch latency over a\n\
+         16k-token launch (uncalibrated; no tail or L2 term: the inputs exceed L2), so real kernels\n\
+         land at or below these figures. Matrix kernels: the hot path is the loop without the\n\
          source lines marked cold (masking of tiles that cross a boundary, paged K/V), which an\n\
          interior tile of the shape does not run; the whole loop, every path, is printed above it.\n\
          Matrix kernels, second order (calibrated on FlashAttention-2, table at the end): the\n\
@@ -795,15 +814,21 @@ pub fn calibration_text() -> String {
         })
         .collect::<Vec<_>>()
         .join("; ");
+    // The clock at which independent phases would match each figure (the model scales with it).
+    let clocks: Vec<f64> =
+        rows.iter().map(|r| h200::TENSOR_CLOCK_GHZ * r.published_tflops / r.predicted_independent_tflops).collect();
+    let (lo, hi) = clocks.iter().fold((f64::INFINITY, 0.0f64), |(a, b), &c| (a.min(c), b.max(c)));
     s += "  TFLOP/s as the benchmarks count them; \"independent\": the same model with the SMSP's warps\n\
           \x20 in independent phases, hiding part of each other's chain (an upper bound).\n\
           What the evidence cannot separate: one published figure per launch fixes the product of the\n\
           clock and the loop's efficiency, not each. At 1.36 GHz the figures sit at the lockstep bound,\n\
-          the model's worst case for hiding; independent phases would match them only at about\n\
-          1.18 GHz; a higher sustained clock (an mma.sync loop may draw less power than wgmma) would need\n\
-          a loss the model does not have (an mma.sync rate below the 63% assumed, HMMA operand conflicts\n\
-          with the softmax's FP32 work). The causal/non-causal ratio does not depend on that product\n\
-          (the light-first row blocks leave a tail): ";
+          the model's worst case for hiding; independent phases would match them only at ";
+    s += &format!("{lo:.2}-{hi:.2} GHz");
+    s += ";\n\
+          a higher sustained clock (an mma.sync loop may draw less power than wgmma) would need a loss\n\
+          the model does not have (an mma.sync rate below the 63% assumed, HMMA operand conflicts with\n\
+          the softmax's FP32 work). The causal/non-causal ratio does not depend on that product (the\n\
+          light-first row blocks leave a tail): ";
     s += &shape;
     s += ".\n\
           Left out: L2 and HBM traffic of K/V (reread once per row block, hidden at these shapes), the\n\
