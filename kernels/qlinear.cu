@@ -105,14 +105,14 @@ __device__ __forceinline__ void dequant_chunk(const QLinearParams& p, int64_t ro
       const uint8_t* e = meta + blk * 18;
       const uint2 hi = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const uint8_t*>(p.qh) +
                                                            row * p.qh_row_bytes + chunk * 8));
-      const uint32_t hw[2] = {hi.x, hi.y};
+      const uint64_t hbits = (uint64_t(hi.y) << 32) | hi.x;
       const int group = int((first % 256) / 16);  // the chunk's first 16-element scale group
       const float d = f16_at(e + 16);
       const float s0 = __fmul_rn(d, float(int8_t(e[group]))), s1 = __fmul_rn(d, float(int8_t(e[group + 1])));
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
         const int b = i % 8, shift = 2 * (i / 8);
-        const int top = int((hw[b / 4] >> (8 * (b % 4) + shift)) & 3u);
+        const int top = int((hbits >> (8 * b + shift)) & 3u);
         w[i] = __fmul_rn(i < 16 ? s0 : s1, float((q[i] | (top << 4)) - 32));
       }
     } else {  // LLK_QUANT_NF4

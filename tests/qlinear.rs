@@ -28,7 +28,8 @@ fn every_row_count_from_1_to_17_and_larger_matches_the_reference() {
     for format in QuantFormat::ALL {
         for rows in (1..=17).chain([33, 70]) {
             let dtype = [DType::BF16, DType::F16, DType::F32][rows % 3];
-            let case = QLinearCase { format, dtype, rows, n: 21, k: 256, pad: 8 * (rows % 2), accumulate: rows % 4 == 1 };
+            let case =
+                QLinearCase { format, dtype, rows, n: 21, k: 256, pad: 8 * (rows % 2), accumulate: rows % 4 == 1 };
             let r = qlinear_case(&device, case).unwrap();
             assert!(r.pass, "{case:?}: {}", r.describe());
         }

@@ -317,3 +317,18 @@ pub fn load_nf4(ckpt: &Checkpoint, name: &str) -> Result<Option<Nf4Weight>> {
         .map_err(|e| bad(name, e.to_string()))?;
     Ok(Some(Nf4Weight { packed, state }))
 }
+
+// Defined here rather than in checkpoint.rs, so that the checkpoint module does not import this
+// one (which reads the checkpoint's raw tensors).
+impl Checkpoint {
+    /// Weight `name` (a full name: `model.layers.0.self_attn.q_proj.weight`) kept packed, when the
+    /// checkpoint stores it quantized: a bitsandbytes NF4 weight (with or without double
+    /// quantization) is recognized by its `{name}.quant_state.bitsandbytes__nf4` companion, checked
+    /// and repacked into the kernels' layout ([`load_nf4`]). `Ok(None)` when `name` has
+    /// no quantization companions (a dense tensor, read with [`Checkpoint::tensor`], or an absent
+    /// one). A bitsandbytes FP4 weight is [`Error::Unsupported`]; anything malformed is an
+    /// [`Error::Checkpoint`] naming the tensor.
+    pub fn packed(&self, name: &str) -> Result<Option<PackedWeight>> {
+        Ok(load_nf4(self, name)?.map(|w| w.packed))
+    }
+}

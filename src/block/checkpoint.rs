@@ -236,7 +236,7 @@ impl Checkpoint {
     }
 
     /// Tensor `name` as stored: its safetensors dtype, shape and bytes (borrowed from the
-    /// mapping), for formats read byte for byte (bitsandbytes' packed weights, [`super::bnb`]).
+    /// mapping), for formats read byte for byte (bitsandbytes' packed weights, `block::bnb`).
     /// The byte range is checked against the file and against the dtype and shape.
     pub(crate) fn raw(&self, name: &str) -> Result<RawTensor> {
         let m = self.file(name)?;
@@ -258,17 +258,6 @@ impl Checkpoint {
         }
         let (dtype, shape) = (info.dtype, info.shape.clone());
         Ok(RawTensor { map: m, range, dtype, shape })
-    }
-
-    /// Weight `name` (a full name: `model.layers.0.self_attn.q_proj.weight`) kept packed, when the
-    /// checkpoint stores it quantized: a bitsandbytes NF4 weight (with or without double
-    /// quantization) is recognized by its `{name}.quant_state.bitsandbytes__nf4` companion, checked
-    /// and repacked into the kernels' layout ([`super::bnb::load_nf4`]). `Ok(None)` when `name` has
-    /// no quantization companions (a dense tensor, read with [`Checkpoint::tensor`], or an absent
-    /// one). A bitsandbytes FP4 weight is [`Error::Unsupported`]; anything malformed is an
-    /// [`Error::Checkpoint`] naming the tensor.
-    pub fn packed(&self, name: &str) -> Result<Option<PackedWeight>> {
-        Ok(super::bnb::load_nf4(self, name)?.map(|w| w.packed))
     }
 
     fn slice<'m>(&self, m: &'m Mapped, start: usize, end: usize) -> Option<&'m [u8]> {

@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use half::{bf16, f16};
+
 use crate::backend::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -16,8 +18,6 @@ use crate::ops::qlinear::{self, QScratch, QWeight};
 use crate::spec::quant::PackedWeight;
 use crate::spec::weights::HostTensor;
 use crate::tensor::Tensor;
-
-use super::weights::upload;
 
 /// A projection's weight (see the module docs).
 #[derive(Clone, Debug)]
@@ -119,5 +119,20 @@ impl Proj {
                 Ok(())
             }
         }
+    }
+}
+
+/// Uploads f32 values (already rounded to `dtype`) as a `dtype` tensor.
+pub(crate) fn upload(device: &Device, dtype: DType, data: &[f32], shape: &[usize]) -> Result<Tensor> {
+    match dtype {
+        DType::F32 => Tensor::from_slice(device, data, shape),
+        DType::F16 => Tensor::from_slice(device, &data.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>(), shape),
+        DType::BF16 => Tensor::from_slice(device, &data.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), shape),
+        other => Err(Error::UnsupportedDType {
+            op: "LayerWeights",
+            what: "run dtype",
+            dtype: other,
+            supported: "f32, f16, bf16",
+        }),
     }
 }

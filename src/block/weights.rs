@@ -17,7 +17,7 @@ use crate::spec::layer::LayerSpec;
 pub use crate::spec::weights::{HostFfn, HostLayerWeights, HostTensor, check_shapes, expected_shapes};
 use crate::tensor::Tensor;
 
-use super::proj::Proj;
+use super::proj::{Proj, upload};
 
 /// The feed-forward weights of one layer on the device.
 #[derive(Clone, Debug)]
@@ -58,21 +58,6 @@ pub struct LayerWeights {
     pub post_norm: Tensor,
     /// The feed-forward's weights.
     pub ffn: FfnWeights,
-}
-
-/// Uploads f32 values (already rounded to `dtype`) as a `dtype` tensor.
-pub(crate) fn upload(device: &Device, dtype: DType, data: &[f32], shape: &[usize]) -> Result<Tensor> {
-    match dtype {
-        DType::F32 => Tensor::from_slice(device, data, shape),
-        DType::F16 => Tensor::from_slice(device, &data.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>(), shape),
-        DType::BF16 => Tensor::from_slice(device, &data.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), shape),
-        other => Err(Error::UnsupportedDType {
-            op: "LayerWeights",
-            what: "run dtype",
-            dtype: other,
-            supported: "f32, f16, bf16",
-        }),
-    }
 }
 
 fn concat(parts: &[&HostTensor]) -> Vec<f32> {

@@ -81,7 +81,7 @@ impl Model {
         let layers =
             host.layers.iter().map(|(s, w)| DecoderLayer::new(device, dtype, *s, w)).collect::<Result<Vec<_>>>()?;
         let (vocab, hidden) = (host.vocab(), host.hidden());
-        let up = |t: &crate::block::HostTensor| crate::block::weights::upload(device, dtype, &t.data, &t.shape);
+        let up = |t: &crate::block::HostTensor| crate::block::proj::upload(device, dtype, &t.data, &t.shape);
         let embed = up(&host.embed)?;
         let norm = up(&host.norm)?;
         let head = match (&host.lm_head_packed, &host.lm_head) {
