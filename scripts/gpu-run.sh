@@ -11,6 +11,16 @@
 # step still runs or says why it skips: the tests run their emulated cases (their CUDA cases say
 # that they skip), the benches say that there is nothing to measure, and the steps that need a GPU
 # are skipped. The last line counts the steps run, skipped and failed.
+#
+# A part of it, to fit a device budget (the whole script takes longer than one device call):
+#   LLK_GPU_STEPS="tests sanitizer verify benches torch"   the sections to run (default: all)
+#   LLK_GPU_BENCHES="qlinear model"                        the benches, in this order (default:
+#                                                          every staged bench, by name); torch
+#                                                          then compares only their sections
+# e.g. run(command="LLK_GPU_STEPS='benches torch' LLK_GPU_BENCHES='qlinear model' bash target/gpu-stage/gpu-run.sh", ...)
+# Each bench's wall time is printed after it. benches/model.rs times the real SmolLM2 GGUF when
+# LLK_MODEL names it or it lies in .cache/models/ (it is 98 MB, over what one device call
+# carries), else SmolLM2's shapes with random weights.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-/tmp/llk-out}"
@@ -19,6 +29,8 @@ mkdir -p "$out"
 log="$out/gpu-run.txt"
 exec > >(tee "$log") 2>&1
 
+steps="${LLK_GPU_STEPS:-tests sanitizer verify benches torch}"
+want() { [[ " $steps " == *" $1 "* ]]; }
 ran=0 skipped=0 failed=0
 step_ok() { ran=$((ran + 1)); }
 step_failed() { ran=$((ran + 1)); failed=$((failed + 1)); echo "FAILED: $1"; }
@@ -81,17 +93,23 @@ if [[ -n "$libs" ]] && ! ls ${libs//:/\/libcublas.so.13 }/libcublas.so.13 >/dev/
 fi
 
 echo; echo "== tests (CUDA runs automatically next to the emulated target)"
-if [[ $gpu == 1 ]]; then threads=(--test-threads=1); else
-  threads=(); echo "no GPU: emulated cases only (each CUDA case says that it skips)"
+if ! want tests; then
+  step_skip "tests: not in LLK_GPU_STEPS"
+else
+  if [[ $gpu == 1 ]]; then threads=(--test-threads=1); else
+    threads=(); echo "no GPU: emulated cases only (each CUDA case says that it skips)"
+  fi
+  for t in "$stage"/bin/test-*; do
+    echo "-- $(basename "$t")"
+    if "$t" "${threads[@]}"; then step_ok; else step_failed "$(basename "$t")"; fi
+  done
 fi
-for t in "$stage"/bin/test-*; do
-  echo "-- $(basename "$t")"
-  if "$t" "${threads[@]}"; then step_ok; else step_failed "$(basename "$t")"; fi
-done
 
 echo; echo "== compute-sanitizer (memcheck, racecheck, synccheck) on every op (verify --quick)"
 san_whl=$(ls "$here"/nvidia_cuda_sanitizer_api-*.whl 2>/dev/null | head -n 1)
-if [[ $gpu == 0 ]]; then
+if ! want sanitizer; then
+  step_skip "compute-sanitizer: not in LLK_GPU_STEPS"
+elif [[ $gpu == 0 ]]; then
   step_skip "compute-sanitizer: needs a GPU"
 elif [[ -z "$san_whl" ]]; then
   step_skip "compute-sanitizer: not available (the stage has no sanitizer wheel)"
@@ -114,30 +132,63 @@ fi
 echo; echo "== verify"
 if "$stage/bin/llama-kernels" info; then step_ok; else step_failed "llama-kernels info"; fi
 # The static model next to the driver's occupancy of the same kernels (two attention blocks per SM?).
-if "$stage/bin/llama-kernels" info --perf; then step_ok; else step_failed "llama-kernels info --perf"; fi
-if [[ $gpu == 1 ]]; then
-  if "$stage/bin/llama-kernels" verify --target cuda --full; then step_ok; else step_failed "verify --target cuda --full"; fi
+if ! want verify; then
+  step_skip "info --perf and verify: not in LLK_GPU_STEPS"
 else
-  echo "no GPU: verify --target emulated --quick instead of verify --target cuda --full"
-  if "$stage/bin/llama-kernels" verify --target emulated --quick; then step_ok; else step_failed "verify --target emulated"; fi
+  if "$stage/bin/llama-kernels" info --perf; then step_ok; else step_failed "llama-kernels info --perf"; fi
+  if [[ $gpu == 1 ]]; then
+    if "$stage/bin/llama-kernels" verify --target cuda --full; then step_ok; else step_failed "verify --target cuda --full"; fi
+  else
+    echo "no GPU: verify --target emulated --quick instead of verify --target cuda --full"
+    if "$stage/bin/llama-kernels" verify --target emulated --quick; then step_ok; else step_failed "verify --target emulated"; fi
+  fi
 fi
 
 echo; echo "== benches"
-for b in "$stage"/bin/bench-*; do
+# The real SmolLM2 GGUF for benches/model.rs, if it came along (else it times random weights).
+if [[ -z "${LLK_MODEL:-}" ]]; then
+  for m in "$PWD/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" "$here/SmolLM2-135M-Instruct.Q4_1.gguf"; do
+    if [[ -f $m ]]; then export LLK_MODEL="$m"; echo "LLK_MODEL=$m"; break; fi
+  done
+fi
+if [[ -n "${LLK_GPU_BENCHES:-}" ]]; then
+  benches=()
+  for name in $LLK_GPU_BENCHES; do benches+=("$stage/bin/bench-$name"); done
+else
+  benches=("$stage"/bin/bench-*)
+fi
+if ! want benches; then
+  step_skip "benches: not in LLK_GPU_STEPS"
+  benches=()
+fi
+for b in "${benches[@]}"; do
   echo "-- $(basename "$b")"
+  if [[ ! -x $b ]]; then step_failed "$(basename "$b") is not staged"; continue; fi
+  t0=$SECONDS
   # --noplot: no gnuplot there; criterion's statistics and our summary tables are printed.
   # Without a GPU each bench says that it has nothing to measure.
   if "$b" --bench --noplot 2>&1 | tee "$out/$(basename "$b").txt"; then step_ok; else step_failed "$(basename "$b")"; fi
+  echo "-- $(basename "$b"): $((SECONDS - t0)) s"
 done
 
 echo; echo "== PyTorch on the same shapes, and our/their ratios"
-if ! $py -c 'import torch' >/dev/null 2>&1; then
+# torch_compare.py's sections: those of the benches run (all when LLK_GPU_BENCHES is unset).
+sections=(rms_norm rope swiglu attention decode moe layer qlinear)
+only=()
+if [[ -n "${LLK_GPU_BENCHES:-}" ]]; then
+  for s in "${sections[@]}"; do [[ " $LLK_GPU_BENCHES " == *" $s "* ]] && only+=("$s"); done
+fi
+if ! want torch; then
+  step_skip "torch_compare.py: not in LLK_GPU_STEPS"
+elif [[ -n "${LLK_GPU_BENCHES:-}" && ${#only[@]} -eq 0 ]]; then
+  step_skip "torch_compare.py: no section for the benches run ($LLK_GPU_BENCHES)"
+elif ! $py -c 'import torch' >/dev/null 2>&1; then
   step_skip "torch_compare.py: PyTorch is not installed here"
 elif [[ $gpu == 0 ]]; then
   echo "no GPU: torch_compare.py --cpu-smoke (checks the script; its times mean nothing)"
-  if $py "$stage/torch_compare.py" --cpu-smoke; then step_ok; else step_failed "torch_compare.py --cpu-smoke"; fi
+  if $py "$stage/torch_compare.py" --cpu-smoke ${only[@]+--only "${only[@]}"}; then step_ok; else step_failed "torch_compare.py --cpu-smoke"; fi
 else
-  if $py "$stage/torch_compare.py" --ours "$out"/bench-*.txt; then step_ok; else step_failed "torch_compare.py"; fi
+  if $py "$stage/torch_compare.py" ${only[@]+--only "${only[@]}"} --ours "$out"/bench-*.txt; then step_ok; else step_failed "torch_compare.py"; fi
 fi
 
 summary "$([[ $gpu == 0 ]] && echo " (no GPU: a dry run)")"

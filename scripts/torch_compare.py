@@ -11,9 +11,10 @@ are measured here with CUDA events (mean over many launches after a warm-up), th
 ratio above 1 means we are faster. torch.compile is timed only on the large shapes that the speed
 targets name, and skipped (with a note) when it fails or exceeds its time budget.
 
-Sections (--only): rms_norm, rope, swiglu, attention, decode, moe, and layer (Hugging Face
+Sections (--only): rms_norm, rope, swiglu, attention, decode, moe, layer (Hugging Face
 transformers' LlamaDecoderLayer / Llama4TextDecoderLayer; skipped with a note where transformers
-is not installed).
+is not installed), and qlinear (F.linear in bf16 on benches/qlinear.rs's shapes, next to our
+cuBLAS row and each packed format's row).
 """
 import argparse
 import inspect
@@ -593,6 +594,67 @@ def layer_section(torch, compiler):
     return rows
 
 
+def cuda_time_cold_us(torch, fn, iters=20):
+    """Mean time of one call of `fn`, each call timed alone after a 256 MiB device copy that
+    evicts the L2, as benches/common times working sets that would fit in it."""
+    if SMOKE:
+        return cuda_time_us(torch, fn)
+    a = torch.empty(128 * 1024 * 1024, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+    fn()
+    torch.cuda.synchronize()
+    events = []
+    for _ in range(iters):
+        b.copy_(a)
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        events.append((start, stop))
+    torch.cuda.synchronize()
+    del a, b
+    return sum(s.elapsed_time(e) for s, e in events) * 1000.0 / iters
+
+
+# benches/common's L2_FLUSH_BELOW_BYTES: working sets below it are timed cold.
+L2_FLUSH_BELOW_BYTES = 120e6
+QLINEAR_FORMATS = ["q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "nf4"]
+
+
+def qlinear_section(torch, compiler):
+    """torch.nn.functional.linear in bf16 (cuBLAS through PyTorch) on benches/qlinear.rs's Llama 3
+    8B projection shapes. Each time is listed under our dense row (`linear bf16 b<batch> <out>x<in>
+    <name>`, our cuBLAS call: a ratio near 1 says the two harnesses agree) and under each packed
+    format's row (`qlinear-<format> ...`: the ratio is the packed kernel's speedup over PyTorch's
+    bf16 product). Timed cold (after an L2 flush) where the working set would fit in the L2, as
+    ours are."""
+    F = torch.nn.functional
+    rows = []
+    shapes = [("q_o_proj", 4096, 4096), ("gate_up_proj", 14336, 4096), ("down_proj", 4096, 14336), ("lm_head", 128256, 4096)]
+    for label, out, inp in shapes:
+        o, i = (256, 128) if SMOKE else (out, inp)
+        w = torch.randn(o, i, device=DEVICE, dtype=torch.bfloat16) * i ** -0.5
+        for b in [1, 4, 16, 64, 512]:
+            if skip(b):
+                continue
+            x = torch.randn(b, i, device=DEVICE, dtype=torch.bfloat16)
+            working_set = 2 * (o * i + b * (o + i))
+            if working_set < L2_FLUSH_BELOW_BYTES:
+                t = cuda_time_cold_us(torch, lambda: F.linear(x, w))
+            else:
+                t = cuda_time_us(torch, lambda: F.linear(x, w), iters=20)
+            shape = f"b{b} {out}x{inp} {label}"
+            rows.append((f"linear bf16 {shape}", {"torch F.linear": t}))
+            for f in QLINEAR_FORMATS:
+                rows.append((f"qlinear-{f} bf16 {shape}", {"torch F.linear bf16": t}))
+            del x
+        del w
+        if not SMOKE:
+            torch.cuda.empty_cache()
+    return rows
+
+
 SECTIONS = {
     "rms_norm": rms_norm_section,
     "rope": rope_section,
@@ -601,6 +663,7 @@ SECTIONS = {
     "decode": decode_section,
     "moe": moe_section,
     "layer": layer_section,
+    "qlinear": qlinear_section,
 }
 ROW = re.compile(r"^(\S+ (?:bf16|f16|f32) \S+(?: \S+)*?)\s{2,}([0-9.]+)\s")
 # benches/layer.rs's summary rows ("<model> prefill 512   <us/layer> <tokens/s> ..."), which carry

@@ -110,3 +110,58 @@ pub fn print_flops_table(title: &str, rows: &[Row]) {
         println!("{:<56} {:>10.1} {:>10.1}", r.name, r.us, r.flops / (r.us * 1e-6) / 1e12);
     }
 }
+
+/// Fills `data` in parallel (every core), in chunks of `unit * k` elements (whole rows when
+/// `unit` is a row), calling `f(rng, chunk)` with a generator seeded by `seed` and the chunk's
+/// index: the same values on any number of cores. For weights too large to draw one value at a
+/// time (a 128256 x 4096 LM head) within a few seconds.
+pub fn par_fill<T: Send>(
+    data: &mut [T],
+    unit: usize,
+    seed: u64,
+    f: impl Fn(&mut llama_kernels::dev::testing::Rng, &mut [T]) + Sync,
+) {
+    let unit = unit.max(1);
+    let chunk = unit * (1usize << 20).div_ceil(unit);
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(1, 64);
+    let mut groups: Vec<Vec<(usize, &mut [T])>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, c) in data.chunks_mut(chunk).enumerate() {
+        groups[i % threads].push((i, c));
+    }
+    std::thread::scope(|s| {
+        for group in groups {
+            let f = &f;
+            s.spawn(move || {
+                for (i, c) in group {
+                    let mut rng = llama_kernels::dev::testing::Rng::new(
+                        seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                    );
+                    f(&mut rng, c);
+                }
+            });
+        }
+    });
+}
+
+/// Random bytes, eight per draw.
+pub fn random_bytes(rng: &mut llama_kernels::dev::testing::Rng, out: &mut [u8]) {
+    let mut words = out.chunks_exact_mut(8);
+    for w in &mut words {
+        w.copy_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    let rest = words.into_remainder();
+    let last = rng.next_u64().to_le_bytes();
+    let n = rest.len();
+    rest.copy_from_slice(&last[..n]);
+}
+
+/// Values uniform in [-a, a) with a = sqrt(3) std (standard deviation `std`), in parallel.
+pub fn par_uniform(data: &mut [f32], std: f64, seed: u64) {
+    let a = (3f64.sqrt() * std) as f32;
+    par_fill(data, 1, seed, |rng, c| {
+        for v in c.iter_mut() {
+            // 24 random bits -> [-1, 1).
+            *v = a * ((rng.next_u64() >> 40) as f32 * (2.0 / (1u64 << 24) as f32) - 1.0);
+        }
+    });
+}
