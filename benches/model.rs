@@ -3,10 +3,11 @@
 //! Models:
 //! - **SmolLM2-135M-Instruct**, the real GGUF (`.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf`,
 //!   or the file `LLK_MODEL` names): 30 layers, hidden 576, 9 q / 3 kv heads, vocab 49152, tied
-//!   head. The loader dequantizes the GGUF to the run dtype, so it runs dense bf16. When the file
-//!   is absent (the GPU machine gets only what the device tool carries, 64 MiB, and the file is
-//!   98 MB), the same shapes with random weights are timed instead, and the rows say so: the
-//!   same kernels on the same shapes, so the same times up to the values.
+//!   head. The loader keeps its Q4_1 projections and Q8_0 LM head packed (`ops::qlinear`), with
+//!   bf16 activations. When the file is absent (the GPU machine gets only what the device tool
+//!   carries, 64 MiB, and the file is 98 MB), the same shapes with random dense bf16 weights are
+//!   timed instead, and the rows say so: the same shapes, but dense projections, so not the
+//!   packed model's times.
 //! - **Llama 3 8B shapes** with random weights (hidden 4096, 32 q / 8 kv heads, head_dim 128,
 //!   intermediate 14336, vocab 128256, untied head): the first `LLK_BENCH_LLAMA_LAYERS` layers
 //!   (default 2; 32 needs about 32 GB of host memory and a minute of set-up), then an
@@ -110,6 +111,7 @@ fn random_host(config_json: &str, vocab: usize, tied: bool, seed: u64) -> Result
         norm: ones(hidden),
         lm_head: (!tied).then(|| t(&[vocab, hidden], s(hidden), seed ^ 0x4ead)),
         eps,
+        lm_head_packed: None,
     })
 }
 

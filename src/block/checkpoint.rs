@@ -24,7 +24,6 @@ use super::files::open_regular;
 use super::weights::{HostLayerWeights, HostTensor};
 use crate::dtype::{DType, round_to};
 use crate::error::{Error, Result};
-use crate::spec::quant::PackedWeight;
 
 const INDEX: &str = "model.safetensors.index.json";
 

@@ -6,8 +6,6 @@
 //! Host values are stored as f32 but are already rounded to the run dtype (bf16 and f16 values
 //! are exact in f32), so the device copy and the reference see exactly the same numbers.
 
-use half::{bf16, f16};
-
 use crate::backend::Device;
 use crate::block::moe_ffn::{GateUpTensors, MoeFfnWeights, SharedExpertTensors};
 use crate::dtype::DType;
