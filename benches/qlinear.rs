@@ -172,13 +172,7 @@ Generators on {rows}x{cols} (the LM head is {:.0}x larger):",
                 rng.normal_vec(rows * cols, 1.0 / 64.0, DType::F32).iter().map(|&v| v as f32).collect();
             PackedWeight::quantize_nf4(rows, cols, 64, &data)
         } else {
-            let block_bytes = match format {
-                QuantFormat::Q8_0 => 34,
-                QuantFormat::Q4_0 => 18,
-                QuantFormat::Q4_1 => 20,
-                QuantFormat::Q4_K => 144,
-                _ => 210,
-            };
+            let block_bytes = format.gguf_block_bytes().unwrap_or(0);
             let raw: Vec<u8> =
                 (0..rows * cols / format.default_block() * block_bytes).map(|_| rng.below(256) as u8).collect();
             PackedWeight::from_gguf_blocks(format, rows, cols, &raw)

@@ -307,8 +307,7 @@ impl Checkpoint {
             let full = format!("{prefix}{name}");
             match self.packed(&full)? {
                 Some(p) if [p.layout.rows, p.layout.cols] == shape => {
-                    let data = p.dequantize().into_iter().map(|v| crate::dtype::round_to(dtype, f64::from(v)) as f32);
-                    let t = HostTensor::new(shape, data.collect())?;
+                    let t = HostTensor::new(shape, p.dequantize_to(dtype))?;
                     packed.insert(name.to_string(), p);
                     Ok(t)
                 }

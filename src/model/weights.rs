@@ -232,8 +232,7 @@ impl HostModel {
                             if let Some(order) = &order {
                                 p = p.permute_rows(order)?;
                             }
-                            let data = p.dequantize().into_iter().map(|v| round_to(dtype, f64::from(v)) as f32);
-                            let t = HostTensor::new(shape, data.collect())?;
+                            let t = HostTensor::new(shape, p.dequantize_to(dtype))?;
                             packed.insert(name.to_string(), p);
                             t
                         }

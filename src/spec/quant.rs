@@ -114,6 +114,18 @@ impl QuantFormat {
             QuantFormat::Q6_K => 18,
         }
     }
+    /// Bytes of one block as a GGUF file stores it (ggml's `type_size`); `None` for NF4, which
+    /// is not a GGUF type.
+    pub const fn gguf_block_bytes(self) -> Option<usize> {
+        match self {
+            QuantFormat::Q8_0 => Some(34),
+            QuantFormat::Q4_0 => Some(18),
+            QuantFormat::Q4_1 => Some(20),
+            QuantFormat::Q4_K => Some(144),
+            QuantFormat::Q6_K => Some(210),
+            QuantFormat::NF4 => None,
+        }
+    }
     /// Bytes of one chunk in the `qs` plane.
     const fn qs_chunk_bytes(self) -> usize {
         if matches!(self, QuantFormat::Q8_0) { CHUNK } else { CHUNK / 2 }
@@ -251,17 +263,10 @@ impl PackedWeight {
     /// Repacks GGUF blocks (`rows` rows of `cols / block` blocks each, the bytes of a GGUF tensor
     /// of type `format`) into the layout. The values are unchanged: dequantizing gives llama.cpp's.
     pub fn from_gguf_blocks(format: QuantFormat, rows: usize, cols: usize, raw: &[u8]) -> Result<PackedWeight> {
-        if format == QuantFormat::NF4 {
-            return Err(Error::invalid("qlinear", "format", format, "is not a GGUF type"));
-        }
+        let block_bytes = format
+            .gguf_block_bytes()
+            .ok_or_else(|| Error::invalid("qlinear", "format", format, "is not a GGUF type"))?;
         let layout = QuantLayout::new(format, format.default_block(), rows, cols)?;
-        let block_bytes = match format {
-            QuantFormat::Q8_0 => 34,
-            QuantFormat::Q4_0 => 18,
-            QuantFormat::Q4_1 => 20,
-            QuantFormat::Q4_K => 144,
-            _ => 210,
-        };
         let per_row = cols / layout.block;
         if Some(raw.len()) != rows.checked_mul(per_row * block_bytes) {
             return Err(Error::invalid(
@@ -446,6 +451,12 @@ impl PackedWeight {
             }
         }
         w
+    }
+
+    /// The whole weight dequantized and rounded to `dtype` (what the kernels multiply by with
+    /// activations of that dtype), row-major `[rows, cols]`.
+    pub fn dequantize_to(&self, dtype: crate::dtype::DType) -> Vec<f32> {
+        self.dequantize().into_iter().map(|v| crate::dtype::round_to(dtype, f64::from(v)) as f32).collect()
     }
 
     /// The whole weight dequantized, row-major `[rows, cols]`.

@@ -173,7 +173,7 @@ impl HostLayerWeights {
                 continue;
             }
             let p = crate::spec::quant::PackedWeight::quantize_nf4(t.shape[0], t.shape[1], block, &t.data)?;
-            t.data = p.dequantize().into_iter().map(|v| crate::dtype::round_to(dtype, f64::from(v)) as f32).collect();
+            t.data = p.dequantize_to(dtype);
             packed.insert(name, p);
         }
         self.packed = packed;

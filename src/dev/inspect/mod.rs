@@ -3,6 +3,8 @@
 //! Used by `llama-kernels info` and by the tests that check, without a GPU, that every symbol the
 //! wrappers load exists and that no kernel spills registers.
 
+pub mod attention_model;
+pub mod h200;
 pub mod perf;
 pub mod sass;
 pub mod smem;

@@ -22,17 +22,10 @@ use crate::tensor::Tensor;
 pub fn random_packed(rng: &mut Rng, format: QuantFormat, rows: usize, cols: usize) -> Result<PackedWeight> {
     let scale = 1.0 / (16.0 * (cols as f64).sqrt());
     let f16_bytes = |rng: &mut Rng, s: f64| half::f16::from_f64((rng.uniform() * 0.9 + 0.1) * s).to_le_bytes();
-    let block_bytes = match format {
-        QuantFormat::NF4 => {
-            let data: Vec<f32> =
-                rng.normal_vec(rows * cols, 1.0 / (cols as f64).sqrt(), DType::F32).iter().map(|&v| v as f32).collect();
-            return PackedWeight::quantize_nf4(rows, cols, 64, &data);
-        }
-        QuantFormat::Q8_0 => 34,
-        QuantFormat::Q4_0 => 18,
-        QuantFormat::Q4_1 => 20,
-        QuantFormat::Q4_K => 144,
-        QuantFormat::Q6_K => 210,
+    let Some(block_bytes) = format.gguf_block_bytes() else {
+        let data: Vec<f32> =
+            rng.normal_vec(rows * cols, 1.0 / (cols as f64).sqrt(), DType::F32).iter().map(|&v| v as f32).collect();
+        return PackedWeight::quantize_nf4(rows, cols, 64, &data);
     };
     let blocks = rows * cols / format.default_block();
     let mut raw = Vec::with_capacity(blocks * block_bytes);
