@@ -64,11 +64,21 @@ pub const REGENERATE: &str = "scripts/setup.sh && scripts/regen-kernels.sh";
 
 /// nvcc's flags, before `-arch`.
 const NVCC_FLAGS: [&str; 4] = ["-ptx", "-O3", "-std=c++17", "-DNDEBUG"];
-/// The architecture whose PTX and cubin carry `-lineinfo`: the one the static performance report
-/// reads (its hot path comes from the line table) and the H200 runs under compute-sanitizer.
-/// The sm_80 copy goes without: the line tables would double the cubins, and the package has to
-/// stay under crates.io's 10 MB.
+/// The architecture whose PTX and cubins may carry `-lineinfo`: the one the static performance
+/// report reads.
 pub const LINEINFO_ARCH: &str = "sm_90";
+/// The families built with `-lineinfo` at [`LINEINFO_ARCH`]: those whose hot path the static
+/// performance report reads from the line table (a report `Spec` with a `cold_source`: without
+/// the table it cannot analyze the kernel, and `tests/perf_report.rs` fails). Line tables triple
+/// a cubin, and the package
+/// has to stay under crates.io's 10 MB, so the other families (and every sm_80 copy) go without;
+/// compute-sanitizer then names their kernels and offsets but not source lines.
+pub const LINEINFO_FAMILIES: [&str; 1] = ["attention"];
+
+/// Whether `family` is built with `-lineinfo` for `arch`.
+pub fn has_lineinfo(arch: &str, family: &str) -> bool {
+    arch == LINEINFO_ARCH && LINEINFO_FAMILIES.contains(&family)
+}
 /// ptxas's flags, before `-arch`.
 const PTXAS_FLAGS: [&str; 2] = ["-v", "-O3"];
 /// What happens between nvcc and ptxas (recorded in the manifest: a change makes the copy stale).
@@ -81,7 +91,7 @@ pub const NORMALIZATION: &str = "ptx .file paths -> kernels/... and cuda/include
 pub fn nvcc_args(arch: &str, family: &str, out_ptx: &str, pin_module_path: bool) -> Vec<String> {
     let src = format!("kernels/{family}.cu");
     let mut v: Vec<String> = NVCC_FLAGS.iter().map(|s| s.to_string()).collect();
-    if arch == LINEINFO_ARCH {
+    if has_lineinfo(arch, family) {
         v.push("-lineinfo".to_string());
     }
     v.push(format!("-arch={arch}"));
@@ -103,13 +113,15 @@ pub fn ptxas_args(arch: &str, ptx: &str, cubin: &str) -> Vec<String> {
     v
 }
 
-/// The manifest's `nvcc-command` value: one command per architecture.
+/// The manifest's `nvcc-command` value: one command per architecture, and the families that add
+/// `-lineinfo`.
 pub fn nvcc_command() -> String {
-    ARCHS
+    let mut parts: Vec<String> = ARCHS
         .iter()
         .map(|a| format!("{a}: nvcc {}", nvcc_args(a, "<family>", "<family>.ptx", true).join(" ")))
-        .collect::<Vec<_>>()
-        .join("; ")
+        .collect();
+    parts.push(format!("-lineinfo before -arch at {LINEINFO_ARCH} for: {}", LINEINFO_FAMILIES.join(", ")));
+    parts.join("; ")
 }
 
 /// The manifest's `ptxas-command` value.

@@ -536,16 +536,30 @@ typedef enum LlkQuantFormat {
 // takes; more rows go through the dequantize kernel and a dense GEMM.
 #define LLK_QGEMV_WARPS 4
 #define LLK_QGEMV_MAX_ROWS 16
+// The most warps that share one output feature of the GEMV (split-K inside a block: warp w of a
+// split of s takes chunks w % s, w % s + s, ... of every lane's stride; the partial sums are added
+// in warp order). The host picks the split from the shape alone (src/ops/qlinear.rs), so a
+// result does not depend on the device.
+#define LLK_QGEMV_MAX_SPLIT 4
 // Threads per block of the dequantize kernel (one chunk per thread).
 #define LLK_QDEQUANT_THREADS 256
+// The tensor-core GEMM of prefill (bf16, f16): blocks of LLK_QGEMM_BLOCK_M activation rows x
+// LLK_QGEMM_BLOCK_N weight rows, LLK_QGEMM_BLOCK_K deep per step; the activations in a
+// LLK_QGEMM_STAGES-stage cp.async ring, the weights dequantized into two buffers; all 16-bit.
+#define LLK_QGEMM_THREADS 128
+#define LLK_QGEMM_BLOCK_M 64
+#define LLK_QGEMM_BLOCK_N 128
+#define LLK_QGEMM_BLOCK_K 64
+#define LLK_QGEMM_STAGES 3
+#define LLK_QGEMM_SMEM_BYTES ((LLK_QGEMM_STAGES * LLK_QGEMM_BLOCK_M + 2 * LLK_QGEMM_BLOCK_N) * LLK_QGEMM_BLOCK_K * 2)
 
 typedef struct QLinearParams {
-  uint64_t x;          // [rows, k] activations, rows x_row_stride elements apart, 16-byte aligned (GEMV only)
-  uint64_t y;          // [rows, n] output (GEMV) or [n_band, k] dense weights (dequantize)
+  uint64_t x;          // [rows, k] activations, rows x_row_stride elements apart, 16-byte aligned (GEMV, GEMM)
+  uint64_t y;          // [rows, n] output (GEMV, GEMM) or [n_band, k] dense weights (dequantize)
   uint64_t qs;         // the packed planes of W (see src/spec/quant.rs); qh is 0 unless Q6_K
   uint64_t qh;
   uint64_t meta;
-  int64_t rows;        // activation rows (GEMV, 1..=LLK_QGEMV_MAX_ROWS)
+  int64_t rows;        // activation rows (GEMV: 1..=LLK_QGEMV_MAX_ROWS; GEMM: any)
   int64_t n;           // output features: rows of W (dequantize: the band's rows)
   int64_t k;           // input features, a multiple of the format's block
   int64_t block;       // the format's block (elements per meta entry)
@@ -557,7 +571,8 @@ typedef struct QLinearParams {
   int64_t meta_row_bytes;
   float code[16];      // NF4's code book (bitsandbytes' NF4 table or the checkpoint's quant_map)
   LlkQuantFormat format;
-  int32_t accumulate;  // GEMV: 1 = y += x W^T (one rounding of the sum), 0 = y = x W^T
+  int32_t accumulate;  // GEMV, GEMM: 1 = y += x W^T (one rounding of the sum), 0 = y = x W^T
+  int32_t split;       // GEMV: warps per output feature (1, 2 or 4 = LLK_QGEMV_MAX_SPLIT)
 } QLinearParams;
 
 // ---------------------------------------------------------------------------- Self-tests

@@ -1,14 +1,15 @@
 //! Linear layers over packed weights (`ops::qlinear`): the device dequantization of every
 //! format equals the specification bit for bit (and the specification equals llama.cpp's and the
-//! `gguf` package's, `tests/gguf.rs`), the GEMV and the prefill path match the f64 reference for
-//! every row count from 1 to 17 and a few larger, strided and accumulating, schedules agree bit
-//! for bit, and each bad input is a named error.
+//! `gguf` package's, `tests/gguf.rs`), every path (the GEMV, split along `in` or not, the
+//! tensor-core GEMM, the dequantize-and-GEMM fallback) matches the f64 reference for every row
+//! count from 1 to 17 and a few larger, with partial tiles, strided and accumulating, schedules
+//! agree bit for bit, and each bad input is a named error.
 
 mod common;
 
 use llama_kernels::dev::testing::Rng;
 use llama_kernels::dev::verify::{QLinearCase, qdequant_case, qlinear_case, random_packed};
-use llama_kernels::ops::qlinear::{QScratch, QWeight, qlinear, qlinear_add};
+use llama_kernels::ops::qlinear::{QPath, QScratch, QWeight, gemv_split, qlinear, qlinear_add};
 use llama_kernels::spec::quant::{NF4_CODE, PackedWeight, QuantFormat, QuantLayout};
 use llama_kernels::{DType, Device, Error, Tensor};
 
@@ -53,10 +54,49 @@ fn every_dtype_and_odd_widths_match_the_reference() {
 }
 
 #[test]
+fn the_tensor_core_gemm_handles_partial_tiles_k_tails_strides_and_accumulation() {
+    let device = Device::emulated();
+    for format in QuantFormat::ALL {
+        let k = if format.default_block() == 32 { 160 } else { 256 }; // 160: half a 64-deep step left over
+        for (i, (rows, n)) in [(17, 128), (64, 133), (65, 8), (130, 300)].into_iter().enumerate() {
+            let dtype = [DType::BF16, DType::F16][i % 2];
+            let (pad, accumulate) = [(0, false), (8, true), (16, false), (8, false)][i];
+            assert_eq!(QPath::choose(dtype, rows, true, [n, k]), QPath::Gemm);
+            let case = QLinearCase { format, dtype, rows, n, k, pad, accumulate };
+            let r = qlinear_case(&device, case).unwrap();
+            assert!(r.pass, "{case:?}: {}", r.describe());
+        }
+    }
+}
+
+#[test]
+fn split_k_gemv_matches_the_reference_and_depends_on_the_shape_only() {
+    // Llama 3 8B: the 4096-wide projections need no split, its 1024-wide k/v projections two
+    // warps per feature; a narrow weight with a long row four; a short row none.
+    assert_eq!(gemv_split(4096, 4096), 1);
+    assert_eq!(gemv_split(1024, 4096), 2);
+    assert_eq!(gemv_split(37, 8192), 4);
+    assert_eq!(gemv_split(37, 256), 1);
+    let device = Device::emulated();
+    for format in QuantFormat::ALL {
+        for (rows, n, k) in [(1, 5, 4096), (3, 9, 2048), (16, 6, 8192)] {
+            let dtype = [DType::BF16, DType::F16, DType::F32][rows % 3];
+            assert!(matches!(QPath::choose(dtype, rows, true, [n, k]), QPath::Gemv { split: 2.. }));
+            let case = QLinearCase { format, dtype, rows, n, k, pad: 8, accumulate: rows == 3 };
+            let r = qlinear_case(&device, case).unwrap();
+            assert!(r.pass, "{case:?}: {}", r.describe());
+        }
+    }
+}
+
+#[test]
 fn schedules_agree_bit_for_bit() {
     for format in [QuantFormat::Q4_K, QuantFormat::Q6_K, QuantFormat::NF4] {
-        for rows in [3, 18] {
-            let case = QLinearCase { format, dtype: DType::BF16, rows, n: 9, k: 512, pad: 8, accumulate: true };
+        // The GEMV, the split GEMV, the tensor-core GEMM (bf16) and the dequantize path (f32).
+        for (rows, n, k, dtype) in
+            [(3, 9, 512, DType::BF16), (2, 5, 4096, DType::BF16), (18, 9, 512, DType::BF16), (18, 9, 512, DType::F32)]
+        {
+            let case = QLinearCase { format, dtype, rows, n, k, pad: 8, accumulate: true };
             common::assert_schedules_agree(&format!("{case:?}"), |d| qlinear_case(d, case));
         }
     }
@@ -123,11 +163,16 @@ fn bad_inputs_are_named_errors() {
     assert!(matches!(qlinear(&misaligned, &w, &y, None), Err(Error::InvalidArgument { name: "scratch", .. })));
     let s = QScratch::new(&d, DType::BF16, &[&w]).unwrap();
     qlinear(&misaligned, &w, &y, Some(&s)).unwrap();
+    // 20 rows of bf16 take the tensor-core GEMM (no scratch); 20 rows of f32 the dequantize path.
     let (x20, y20) =
         (Tensor::zeros(&d, DType::BF16, &[20, 64]).unwrap(), Tensor::zeros(&d, DType::BF16, &[20, 8]).unwrap());
-    assert!(matches!(qlinear(&x20, &w, &y20, None), Err(Error::InvalidArgument { name: "scratch", .. })));
+    qlinear(&x20, &w, &y20, None).unwrap();
     let f32_scratch = QScratch::new(&d, DType::F32, &[&w]).unwrap();
-    assert!(matches!(qlinear(&x20, &w, &y20, Some(&f32_scratch)), Err(Error::DTypeMismatch { .. })));
+    assert!(matches!(qlinear(&misaligned, &w, &y, Some(&f32_scratch)), Err(Error::DTypeMismatch { .. })));
+    let (x20f, y20f) =
+        (Tensor::zeros(&d, DType::F32, &[20, 64]).unwrap(), Tensor::zeros(&d, DType::F32, &[20, 8]).unwrap());
+    assert!(matches!(qlinear(&x20f, &w, &y20f, None), Err(Error::InvalidArgument { name: "scratch", .. })));
+    qlinear(&x20f, &w, &y20f, Some(&f32_scratch)).unwrap();
     // y overlapping x.
     let buf = Tensor::zeros(&d, DType::BF16, &[2, 72]).unwrap();
     let (xv, yv) = (buf.narrow(1, 0, 64).unwrap(), buf.narrow(1, 60, 8).unwrap());

@@ -426,3 +426,24 @@ fn packed_gemv_streams_weights_with_128_bit_loads_and_no_local_memory() {
         assert!(!ops.iter().any(|o| o.starts_with("LDL") || o.starts_with("STL")), "{name}: local memory");
     }
 }
+
+#[test]
+fn packed_gemm_runs_on_tensor_cores_from_dequantized_shared_tiles() {
+    // Every qgemm kernel (bf16, f16; each format): mma.sync (HMMA.16816 of its dtype) fed by
+    // ldmatrix.x4 from shared memory, activations by 16-byte cp.async (LDGSTS), the packed
+    // weights by 128-bit read-only loads, the dequantized tile stored with 128-bit shared stores,
+    // and no local memory.
+    let funcs = per_function(&sass("qlinear"));
+    let gemm: Vec<_> = funcs.iter().filter(|(n, _)| n.starts_with("qgemm_")).collect();
+    assert_eq!(gemm.len(), 12, "{:?}", gemm.iter().map(|f| &f.0).collect::<Vec<_>>());
+    for (name, ops) in gemm {
+        let hmma = if name.ends_with("_bf16") { "HMMA.16816.F32.BF16" } else { "HMMA.16816.F32" };
+        let has = |op: &str| ops.iter().any(|o| o == op);
+        assert!(has(hmma), "{name}: no {hmma}");
+        assert!(has("LDSM.16.M88.4"), "{name}: no ldmatrix.x4");
+        assert!(ops.iter().any(|o| o.starts_with("LDGSTS") && o.ends_with(".128")), "{name}: no 16-byte cp.async");
+        assert!(has("LDG.E.128.CONSTANT"), "{name}: no 128-bit read-only weight load");
+        assert!(has("STS.128"), "{name}: no 128-bit shared store of the dequantized tile");
+        assert!(!ops.iter().any(|o| o.starts_with("LDL") || o.starts_with("STL")), "{name}: local memory");
+    }
+}

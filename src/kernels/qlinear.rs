@@ -5,11 +5,13 @@ use crate::backend::KernelRef;
 use crate::dtype::DType;
 use crate::spec::quant::QuantFormat;
 
-/// Which of the two kernels of a (format, activation dtype).
+/// Which kernel of a (format, activation dtype).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum QKernel {
     /// The decode GEMV (1 to `LLK_QGEMV_MAX_ROWS` rows).
     Gemv,
+    /// The tensor-core GEMM over weight tiles dequantized in shared memory (bf16, f16).
+    Gemm,
     /// A band of weight rows expanded to the activation dtype.
     Dequantize,
 }
@@ -20,6 +22,8 @@ macro_rules! rows {
             ((QKernel::Gemv, QuantFormat::$fmt, DType::F32), concat!("qgemv_", $name, "_f32")),
             ((QKernel::Gemv, QuantFormat::$fmt, DType::F16), concat!("qgemv_", $name, "_f16")),
             ((QKernel::Gemv, QuantFormat::$fmt, DType::BF16), concat!("qgemv_", $name, "_bf16")),
+            ((QKernel::Gemm, QuantFormat::$fmt, DType::F16), concat!("qgemm_", $name, "_f16")),
+            ((QKernel::Gemm, QuantFormat::$fmt, DType::BF16), concat!("qgemm_", $name, "_bf16")),
             ((QKernel::Dequantize, QuantFormat::$fmt, DType::F32), concat!("qdequant_", $name, "_f32")),
             ((QKernel::Dequantize, QuantFormat::$fmt, DType::F16), concat!("qdequant_", $name, "_f16")),
             ((QKernel::Dequantize, QuantFormat::$fmt, DType::BF16), concat!("qdequant_", $name, "_bf16")),

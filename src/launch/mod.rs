@@ -8,4 +8,4 @@ pub(crate) mod validate;
 
 pub(crate) use args::{Arg, KernelArgs};
 pub(crate) use layout::{Heads, Region, Rows};
-pub(crate) use validate::{check_disjoint, check_dtype, check_float, check_shape, grid_x, to_i64};
+pub(crate) use validate::{check_disjoint, check_dtype, check_float, check_shape, grid_x, grid_y, to_i64};

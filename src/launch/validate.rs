@@ -45,6 +45,14 @@ pub(crate) fn grid_x(op: &'static str, n: usize) -> Result<u32> {
         .ok_or_else(|| Error::invalid(op, "grid size", n, "exceeds 2^31-1 blocks"))
 }
 
+/// Grid dimension y (or z) for `n` blocks of `what`, checked against CUDA's limit of 65535.
+pub(crate) fn grid_y(op: &'static str, what: &'static str, n: usize) -> Result<u32> {
+    u32::try_from(n.max(1))
+        .ok()
+        .filter(|&g| g <= 65535)
+        .ok_or_else(|| Error::invalid(op, what, n, "needs more than 65535 blocks in grid.y"))
+}
+
 pub(crate) fn to_i64(op: &'static str, name: &'static str, v: usize) -> Result<i64> {
     i64::try_from(v).map_err(|_| Error::invalid(op, name, v, "does not fit in i64"))
 }

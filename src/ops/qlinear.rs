@@ -20,20 +20,23 @@
 //! # }
 //! ```
 //!
-//! # Two paths, chosen by the number of rows
+//! # Three paths ([`QPath`]), chosen by the number of rows and the dtype
 //!
 //! - **Decode, 1 to [`MAX_GEMV_ROWS`] rows** whose rows start on 16-byte boundaries (any
 //!   row stride that keeps them there: the model's own buffers always do): one GEMV kernel
-//!   streams the packed weight once
-//!   (16-byte loads), dequantizes each 32-element chunk in registers and accumulates every row
-//!   in f32; the bytes read are the packed bytes ([`QuantLayout::bits_per_weight`]), which is
-//!   what makes a 4-bit decode faster than a 16-bit one.
-//! - **More rows (prefill), or misaligned rows**: bands of weight rows are dequantized into a [`QScratch`] of the
-//!   activation dtype and multiplied by the dense GEMM of [`linear`](super::linear) (cuBLAS on
-//!   CUDA), one band after another into column ranges of `y`. A fused dequantize-in-the-GEMM
-//!   kernel (`mma.sync` on tiles dequantized in shared memory) is not written yet.
+//!   streams the packed weight once (16-byte loads), dequantizes each 32-element chunk in
+//!   registers and accumulates every row in f32; the bytes read are the packed bytes
+//!   ([`QuantLayout::bits_per_weight`]), which is what makes a 4-bit decode faster than a 16-bit
+//!   one. Weights with few output features are split along `in` over 2 or 4 warps per feature
+//!   ([`gemv_split`], from the shape alone, so a result does not depend on the device).
+//! - **Prefill (more rows), bf16 and f16, 16-byte aligned rows**: one tensor-core GEMM
+//!   (`mma.sync`) that dequantizes 128 x 64 weight tiles into shared memory, one step ahead of the
+//!   products: the packed weight is read, never a dense copy of it. No scratch.
+//! - **f32 prefill, or rows that are not 16-byte aligned**: bands of weight rows are dequantized
+//!   into a [`QScratch`] of the activation dtype and multiplied by the dense GEMM of
+//!   [`linear`](super::linear) (cuBLAS on CUDA), one band after another into column ranges of `y`.
 //!
-//! Both paths multiply by the same weight: each dequantized value rounded to the activation dtype
+//! Every path multiplies by the same weight: each dequantized value rounded to the activation dtype
 //! (exact for f32), products and sums in f32, one rounding of the output. The reference is
 //! therefore [`reference::linear`](crate::reference::linear) over
 //! `round_to(dtype, PackedWeight::dequantize())`.
@@ -45,10 +48,13 @@
 use crate::backend::{Device, LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ffi::params::{LLK_QDEQUANT_THREADS, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_WARPS, LLK_QUANT_CHUNK, QLinearParams};
+use crate::ffi::params::{
+    LLK_QDEQUANT_THREADS, LLK_QGEMM_BLOCK_M, LLK_QGEMM_BLOCK_N, LLK_QGEMM_SMEM_BYTES, LLK_QGEMM_THREADS,
+    LLK_QGEMV_MAX_ROWS, LLK_QGEMV_MAX_SPLIT, LLK_QGEMV_WARPS, LLK_QUANT_CHUNK, QLinearParams,
+};
 use crate::kernels::qlinear::{KERNELS, QKernel};
 use crate::launch::KernelArgs;
-use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
+use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, grid_y, to_i64};
 pub use crate::spec::quant::{PackedWeight, QuantFormat, QuantLayout};
 use crate::tensor::{Dims, Tensor, TensorView, TensorViewMut};
 
@@ -58,6 +64,66 @@ const OP: &str = "qlinear";
 
 /// The most activation rows the GEMV takes; more go through the dequantize-and-GEMM path.
 pub const MAX_GEMV_ROWS: usize = LLK_QGEMV_MAX_ROWS as usize;
+
+/// The GEMV splits a weight along `in` until its grid has this many warps (or each lane would
+/// keep fewer than two chunks): about 16 warps per SM on a 132-SM GPU, enough 16-byte loads in
+/// flight to cover DRAM latency.
+pub const GEMV_SPLIT_WARPS: usize = 2048;
+
+/// Warps per output feature of the GEMV for an `[out, in]` weight: 1, 2 or 4.
+pub fn gemv_split(out: usize, inp: usize) -> usize {
+    let chunks = inp / LLK_QUANT_CHUNK as usize;
+    let mut split = 1;
+    while split < LLK_QGEMV_MAX_SPLIT as usize && out * split < GEMV_SPLIT_WARPS && chunks >= 64 * split {
+        split *= 2;
+    }
+    split
+}
+
+/// The kernels a product runs (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QPath {
+    /// The decode GEMV.
+    Gemv {
+        /// Warps per output feature ([`gemv_split`]).
+        split: usize,
+    },
+    /// The tensor-core GEMM over weight tiles dequantized in shared memory.
+    Gemm,
+    /// Bands dequantized into a [`QScratch`], then the dense GEMM of [`linear`](super::linear).
+    DequantGemm,
+}
+
+impl QPath {
+    /// The path for `rows` activation rows of `dtype` through an `[out, in]` weight; `aligned`:
+    /// x starts on a 16-byte boundary and its row stride keeps every row there.
+    pub fn choose(dtype: DType, rows: usize, aligned: bool, [out, inp]: [usize; 2]) -> QPath {
+        if !aligned {
+            QPath::DequantGemm
+        } else if rows <= MAX_GEMV_ROWS {
+            QPath::Gemv { split: gemv_split(out, inp) }
+        } else if dtype == DType::F32 {
+            QPath::DequantGemm
+        } else {
+            QPath::Gemm
+        }
+    }
+    /// Whether the path needs a [`QScratch`].
+    pub fn needs_scratch(self) -> bool {
+        self == QPath::DequantGemm
+    }
+}
+
+impl std::fmt::Display for QPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QPath::Gemv { split: 1 } => write!(f, "gemv"),
+            QPath::Gemv { split } => write!(f, "gemv split-k {split}"),
+            QPath::Gemm => write!(f, "gemm mma.sync"),
+            QPath::DequantGemm => write!(f, "dequant+gemm"),
+        }
+    }
+}
 
 /// Elements of the dense band the prefill path dequantizes at a time (at most; a band is whole
 /// rows, at least 64 of them).
@@ -112,7 +178,8 @@ pub fn band_rows(layout: &QuantLayout) -> usize {
     (BAND_ELEMS / layout.cols.max(1)).max(64).min(layout.rows)
 }
 
-/// The dense band the prefill path dequantizes into, planned once for a set of weights.
+/// The dense band the [`QPath::DequantGemm`] path dequantizes into, planned once for a set of
+/// weights (f32 prefill, misaligned rows).
 #[derive(Debug)]
 pub struct QScratch {
     band: Tensor,
@@ -127,7 +194,8 @@ impl QScratch {
     }
 }
 
-/// `y = x Wᵀ`. `scratch` is needed when `x` has more than [`MAX_GEMV_ROWS`] rows.
+/// `y = x Wᵀ`. `scratch` is needed when the path is [`QPath::DequantGemm`] (f32 with more than
+/// [`MAX_GEMV_ROWS`] rows, or rows that are not 16-byte aligned).
 pub fn qlinear(x: &Tensor, w: &QWeight, y: &Tensor, scratch: Option<&QScratch>) -> Result<()> {
     qlinear_on(y.device(), &x.view(), w, &mut TensorViewMut::of_tensor(y), scratch)
 }
@@ -182,6 +250,7 @@ fn weight_params(w: &QWeight, base: u64) -> Result<QLinearParams> {
         code: w.code,
         format: l.format.ffi(),
         accumulate: 0,
+        split: 1,
     })
 }
 
@@ -223,7 +292,8 @@ fn run(
         return Ok(());
     }
     let aligned = xr.addr % 16 == 0 && xr.row_stride % dtype.vec16() == 0;
-    if xr.rows <= MAX_GEMV_ROWS && aligned {
+    let path = QPath::choose(dtype, xr.rows, aligned, [d_out, d_in]);
+    if !path.needs_scratch() {
         let mut p = weight_params(w, wb)?;
         p.x = xr.addr;
         p.y = yr.addr;
@@ -231,13 +301,20 @@ fn run(
         p.x_row_stride = to_i64(op, "x row stride", xr.row_stride)?;
         p.y_row_stride = to_i64(op, "y row stride", yr.row_stride)?;
         p.accumulate = i32::from(accumulate);
-        let warps = LLK_QGEMV_WARPS as usize;
-        let dims = LaunchDims {
-            grid: (grid_x(op, d_out.div_ceil(warps))?, 1, 1),
-            block: (warps as u32 * 32, 1, 1),
-            dyn_smem: 0,
+        let (kernel, dims) = if let QPath::Gemv { split } = path {
+            p.split = split as i32;
+            let per_block = LLK_QGEMV_WARPS as usize / split;
+            let block = (LLK_QGEMV_WARPS * 32, 1, 1);
+            (QKernel::Gemv, LaunchDims { grid: (grid_x(op, d_out.div_ceil(per_block))?, 1, 1), block, dyn_smem: 0 })
+        } else {
+            let grid = (
+                grid_x(op, xr.rows.div_ceil(LLK_QGEMM_BLOCK_M as usize))?,
+                grid_y(op, "out features", d_out.div_ceil(LLK_QGEMM_BLOCK_N as usize))?,
+                1,
+            );
+            (QKernel::Gemm, LaunchDims { grid, block: (LLK_QGEMM_THREADS, 1, 1), dyn_smem: LLK_QGEMM_SMEM_BYTES })
         };
-        return args.launch(KERNELS.find(op, "x", (QKernel::Gemv, w.layout.format, dtype), dtype)?, dims, &p);
+        return args.launch(KERNELS.find(op, "x", (kernel, w.layout.format, dtype), dtype)?, dims, &p);
     }
     drop(args);
     let scratch = scratch.ok_or_else(|| {
@@ -246,7 +323,7 @@ fn run(
             "scratch",
             "None",
             if aligned {
-                format!("{} rows need a QScratch (the GEMV takes at most {MAX_GEMV_ROWS})", xr.rows)
+                format!("{} f32 rows need a QScratch (the GEMV takes at most {MAX_GEMV_ROWS})", xr.rows)
             } else {
                 "x rows that are not 16-byte aligned need a QScratch (the GEMV reads 16-byte vectors)".to_string()
             },

@@ -1,5 +1,6 @@
-//! The packed linear layers' `verify` cases: each format and activation dtype through the GEMV
-//! (decode rows) and the dequantize-and-GEMM path (prefill rows), against the f64 reference
+//! The packed linear layers' `verify` cases: each format and activation dtype through every
+//! [`QPath`] (the GEMV, split or not, the tensor-core GEMM, the dequantize-and-GEMM fallback),
+//! against the f64 reference
 //! product over the dequantized weight ([`PackedWeight::dequantize`]); and the device
 //! dequantization against that specification, bit for bit.
 
@@ -11,7 +12,7 @@ use crate::backend::Device;
 use crate::dev::testing::{Rng, Tolerance, compare};
 use crate::dtype::{DType, round_to};
 use crate::error::Result;
-use crate::ops::qlinear::{MAX_GEMV_ROWS, QScratch, QWeight, dequantize, qlinear, qlinear_add};
+use crate::ops::qlinear::{QPath, QScratch, QWeight, dequantize, qlinear, qlinear_add};
 use crate::reference;
 use crate::spec::quant::{PackedWeight, QuantFormat};
 use crate::tensor::Tensor;
@@ -98,7 +99,7 @@ pub fn qlinear_case(device: &Device, case: QLinearCase) -> Result<CaseResult> {
         dtype,
         shape: format!(
             "{rows}x{k} @ {n}x{k} ({}){}",
-            if rows <= MAX_GEMV_ROWS && (k + pad) % dtype.vec16() == 0 { "gemv" } else { "dequant+gemm" },
+            QPath::choose(dtype, rows, (k + pad) % dtype.vec16() == 0, [n, k]),
             if pad > 0 { " strided" } else { "" }
         ),
         pass: comparison.pass && gaps,
@@ -133,18 +134,23 @@ pub fn qdequant_case(device: &Device, format: QuantFormat, n: usize, k: usize) -
     })
 }
 
-/// The cases `verify` runs: per format and dtype a decode GEMV (Llama 3 8B's hidden size when
-/// not `quick`), a strided accumulating GEMV of an odd width, decode rows that are not 16-byte
-/// aligned (the fallback), and a prefill product.
+/// The cases `verify` runs: per format and dtype a decode GEMV (Llama 3 8B's k/v projection,
+/// split along `in`, when not `quick`), a strided accumulating GEMV of an odd width, decode rows
+/// that are not 16-byte aligned (the fallback), and prefill products (the tensor-core GEMM for
+/// bf16 and f16: one with partial row and column blocks and a k tail of half a step, one strided
+/// and accumulating).
 pub fn qlinear_cases(quick: bool) -> Vec<QLinearCase> {
     let (n, k) = if quick { (75, 512) } else { (1024, 4096) };
     let mut v = Vec::new();
     for format in QuantFormat::ALL {
+        // In features: half a 64-deep GEMM step past a multiple of it where the block allows.
+        let k_tail = if format.default_block() == 32 { 544 } else { 768 };
         for dtype in DType::FLOATS {
             v.push(QLinearCase { format, dtype, rows: 1, n, k, pad: 0, accumulate: false });
             v.push(QLinearCase { format, dtype, rows: 7, n: 37, k: 256, pad: 8, accumulate: true });
             v.push(QLinearCase { format, dtype, rows: 3, n: 37, k: 256, pad: 3, accumulate: false });
-            v.push(QLinearCase { format, dtype, rows: 20, n: 45, k: 512, pad: 0, accumulate: false });
+            v.push(QLinearCase { format, dtype, rows: 70, n: 133, k: k_tail, pad: 0, accumulate: false });
+            v.push(QLinearCase { format, dtype, rows: 20, n: 45, k: 512, pad: 8, accumulate: true });
         }
     }
     v

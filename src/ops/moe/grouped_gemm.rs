@@ -11,7 +11,7 @@ use crate::ffi::params::{
 };
 use crate::kernels::moe::GEMM;
 use crate::launch::KernelArgs;
-use crate::launch::{Arg, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
+use crate::launch::{Arg, Rows, check_disjoint, check_dtype, check_float, grid_x, grid_y, to_i64};
 use crate::spec::moe::WeightLayout;
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
@@ -367,10 +367,7 @@ fn launch_dims(dtype: DType, block_m: usize, swiglu: bool, n: usize, blocks: usi
         }
     };
     let out_per_block = if swiglu { cols_per_block / 2 } else { cols_per_block };
-    let grid_y = u32::try_from(n.div_ceil(out_per_block))
-        .ok()
-        .filter(|&g| g <= 65535)
-        .ok_or_else(|| Error::invalid(OP, "n", n, "too many column blocks for grid.y (65535)"))?;
+    let grid_y = grid_y(OP, "n", n.div_ceil(out_per_block))?;
     let dims = LaunchDims { grid: (grid_x(OP, blocks)?, grid_y, 1), block: (threads, 1, 1), dyn_smem: smem };
     Ok(dims)
 }
