@@ -271,7 +271,7 @@ pub fn analyze(spec: &Spec) -> Result<KernelPerf, String> {
 /// The analyzed region of `code` (and, for a matrix kernel with marked cold paths, the whole loop
 /// beside its hot path).
 fn region_of<'a>(spec: &Spec, cubin: &[u8], code: &'a [Sass]) -> Result<(Vec<&'a Sass>, Option<Mix>), String> {
-    let loops = loops(&code);
+    let loops = loops(code);
     let in_loop = |a: u32| loops.iter().any(|&(s, e)| (s..=e).contains(&a));
     let region: Vec<&Sass> = match spec.region {
         Region::StraightLine => code.iter().filter(|i| !in_loop(i.addr)).collect(),
