@@ -2,7 +2,10 @@
 //! from its sm_90 SASS, so that a change that loses one fails CI without a GPU. The numbers are a
 //! model of an H200 (src/inspect/perf.rs), not a measurement.
 
-use llama_kernels::dev::inspect::perf::{SPECS, analyze, calibration, h200, peer_loop_counts, report};
+use llama_kernels::dev::inspect::perf::{
+    SPECS, analyze, calibration, h200, memory_calibration, peer_loop_counts, peer_memory_counts, report,
+};
+use llama_kernels::dev::inspect::perf_json::report_json_text;
 
 fn kernel(name: &str) -> llama_kernels::dev::inspect::perf::KernelPerf {
     let spec = SPECS.iter().find(|s| s.kernel == name).unwrap_or_else(|| panic!("no spec for {name}"));
@@ -122,6 +125,89 @@ fn our_prefill_prediction_is_below_the_mma_sync_rate_for_the_stated_reasons() {
     assert!(k.predicted.contains("of the mma.sync rate at that clock"), "{}", k.predicted);
 }
 
+#[test]
+fn the_memory_model_predicts_llmc_layernorm_within_15_percent() {
+    // llm.c's fp32 LayerNorm forward kernels 3 and 5 (dev/cuda/layernorm_forward.cu), compiled
+    // here; their counts and the H100 figures published with them in tests/fixtures/perf/.
+    let rows = memory_calibration().expect("memory calibration");
+    assert!(rows.len() >= 2, "{} memory calibration rows", rows.len());
+    for r in &rows {
+        assert!(
+            r.error.abs() <= 0.15,
+            "{} ({}): predicted {:.0} GB/s, published {:.0} ({:+.1}%)",
+            r.peer,
+            r.workload,
+            r.predicted.gbps,
+            r.published_gbps,
+            100.0 * r.error
+        );
+        // The harness's write-back only slows the launch, and every term is a positive time.
+        assert!(r.predicted_without_harness_gbps > r.predicted.gbps, "{}", r.peer);
+        let p = &r.predicted;
+        assert!(p.t_dram > 0.0 && p.t_latency > 0.0 && p.t_issue > 0.0 && p.t_launch > 0.0, "{p:?}");
+        assert!((p.seconds - p.t_launch - p.t_dram.max(p.t_latency).max(p.t_issue)).abs() < 1e-12, "{p:?}");
+    }
+}
+
+#[test]
+fn memory_bound_kernels_predict_a_fraction_of_copy_bandwidth_from_the_calibrated_model() {
+    for s in SPECS.iter().filter(|s| s.bytes_per_elem > 0.0) {
+        let k = kernel(s.kernel);
+        let m = k.memory.unwrap_or_else(|| panic!("{}: no memory prediction", s.kernel));
+        assert!(k.predicted_value > 0.0 && k.predicted_value <= 1.0, "{}: {}", s.kernel, k.predicted_value);
+        assert_eq!(k.predicted_value, m.fraction_of_copy, "{}", s.kernel);
+        // The launch latency is the one loss of a bandwidth-bound launch: steady state is above.
+        assert!(m.steady_fraction >= m.fraction_of_copy, "{}: {m:?}", s.kernel);
+        assert_eq!(k.predicted_unit, "fraction of copy bandwidth");
+    }
+}
+
+#[test]
+fn the_json_report_has_every_kernel_and_calibration_row_as_numbers() {
+    let v: serde_json::Value = serde_json::from_str(&report_json_text()).expect("the JSON report parses");
+    assert_eq!(v["measured"], serde_json::Value::Bool(false));
+    let kernels = v["kernels"].as_array().expect("kernels");
+    assert_eq!(kernels.len(), SPECS.len());
+    let finite = |x: &serde_json::Value, what: &str| {
+        let n = x.as_f64().unwrap_or_else(|| panic!("{what}: not a number: {x}"));
+        assert!(n.is_finite(), "{what}: {n}");
+        n
+    };
+    for s in SPECS {
+        let k = kernels.iter().find(|k| k["kernel"] == s.kernel).unwrap_or_else(|| panic!("{} missing", s.kernel));
+        assert!(k.get("error").is_none(), "{}: {}", s.kernel, k["error"]);
+        assert_eq!(k["module"], s.module);
+        assert_eq!(k["shape"], s.shape);
+        assert!(k["bound"].as_str().is_some_and(|b| !b.is_empty()), "{}", s.kernel);
+        let value = finite(&k["predicted"]["value"], s.kernel);
+        assert!(value > 0.0, "{}: {value}", s.kernel);
+        assert!(finite(&k["blocks_per_sm"], s.kernel) >= 1.0, "{}", s.kernel);
+        assert!(finite(&k["resources"]["registers"], s.kernel) > 0.0, "{}", s.kernel);
+        if s.bytes_per_elem > 0.0 {
+            assert_eq!(finite(&k["predicted_fraction_of_copy"], s.kernel), value);
+            assert!(value <= 1.0, "{}: {value}", s.kernel);
+            finite(&k["memory_model"]["latency_cover"], s.kernel);
+        } else {
+            assert_eq!(finite(&k["predicted_tflops"], s.kernel), value);
+            assert!(finite(&k["predicted_loop_tflops"], s.kernel) >= value, "{}", s.kernel);
+        }
+    }
+    let rows = v["calibration"].as_array().expect("calibration");
+    assert_eq!(v["calibration_errors"].as_array().map(Vec::len), Some(0), "{}", v["calibration_errors"]);
+    let kind = |k: &str| rows.iter().filter(|r| r["kind"] == k).count();
+    assert_eq!(kind("matrix"), calibration().expect("calibration").len());
+    assert_eq!(kind("memory"), memory_calibration().expect("memory calibration").len());
+    assert!(kind("matrix") >= 4 && kind("memory") >= 2, "{} rows", rows.len());
+    for r in rows {
+        let (published, predicted, error) =
+            (finite(&r["published"], "published"), finite(&r["predicted"], "predicted"), finite(&r["error"], "error"));
+        assert!(published > 0.0 && predicted > 0.0, "{r}");
+        assert!((error - (predicted - published) / published).abs() < 1e-9, "{r}");
+        assert!(error.abs() <= 0.15, "calibration off by {:+.1}%: {r}", 100.0 * error);
+        assert!(r["source"].as_str().is_some_and(|s| s.len() > 10) && r["peer"].is_string(), "{r}");
+    }
+}
+
 /// Regenerates the peer counts of tests/fixtures/perf/ from a cubin compiled outside the
 /// repository (the fixture's "how"): `LLK_PEER_CUBIN=fa2.cubin LLK_PEER_PTXAS=build.log cargo test
 /// --features dev --test perf_report -- --ignored regenerate_peer_counts --nocapture`.
@@ -147,6 +233,41 @@ fn regenerate_peer_counts() {
             c.shfl,
             c.bar,
             c.fp32
+        );
+    }
+}
+
+/// Regenerates the memory-bound peer's counts of tests/fixtures/perf/llmc_layernorm_forward_fp32_sm90.json
+/// from a cubin compiled outside the repository (the fixture's "how"): `LLK_PEER_CUBIN=ln.cubin
+/// LLK_PEER_PTXAS=ptxas.log LLK_PEER_ELEMENTS=3,24 cargo test --features dev --test perf_report --
+/// --ignored regenerate_memory_peer_counts --nocapture` (elements per thread of a row).
+#[test]
+#[ignore]
+fn regenerate_memory_peer_counts() {
+    let cubin = std::fs::read(std::env::var("LLK_PEER_CUBIN").expect("LLK_PEER_CUBIN")).expect("cubin");
+    let ptxas = std::fs::read_to_string(std::env::var("LLK_PEER_PTXAS").expect("LLK_PEER_PTXAS")).expect("ptxas log");
+    let elements: Vec<usize> = std::env::var("LLK_PEER_ELEMENTS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|e| e.trim().parse().ok())
+        .collect();
+    for r in llama_kernels::dev::inspect::parse_ptxas(&ptxas) {
+        let c = peer_memory_counts(&cubin, &r.name).expect("counts");
+        let per_thread: Vec<String> =
+            elements.iter().map(|&e| format!("{e} elements: {}", c.instructions_per_thread(e))).collect();
+        println!(
+            "{}: registers {}, smem {}, spill {}/{}; bytes_in_flight_per_thread {}; straight-line {}, loops (instructions, row loads) {:?}; LDG {:?}, STG {:?}; instructions per thread: {}",
+            r.name,
+            r.registers,
+            r.smem_bytes,
+            r.spill_stores,
+            r.spill_loads,
+            c.bytes_in_flight_per_thread,
+            c.straight_line,
+            c.loops,
+            c.mix.ldg,
+            c.mix.stg,
+            per_thread.join(", ")
         );
     }
 }

@@ -7,7 +7,7 @@
 //! llama-kernels generate --model GGUF_OR_DIR --prompt TEXT [--chat] [--max-new-tokens N]
 //!                        [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
 //!                        [--dtype f32|bf16|f16] [--target cuda|emulated] [--weights stored|dense|nf4]
-//! llama-kernels info
+//! llama-kernels info [--perf [--json]]
 //! ```
 //!
 //! `generate` loads a model with its tokenizer, chat template and stop ids, and streams the reply
@@ -27,7 +27,13 @@
 //! by KL divergence), then every op against its reference and prints the per-op table; it exits
 //! non-zero if any row fails. `info` prints the target, the device, the PTX
 //! architecture, where the device code came from (compiled by nvcc, or the prebuilt copy) and
-//! each kernel's registers and spills; `info --perf` prints the static performance report.
+//! each kernel's registers and spills; `info --perf` prints the static performance report, a model
+//! of the sm_90 SASS on an H200 (predictions, not measurements), and `info --perf --json` the same
+//! report as one JSON document: `kernels` (module, kernel, shape, bound, `predicted` {value, unit,
+//! text}, `predicted_fraction_of_copy` for memory-bound kernels or `predicted_tflops` for matrix
+//! ones, resources, blocks and warps per SM), `calibration` (each peer's published figure against
+//! the model: peer, kind, workload, unit, published, predicted, error, source) and
+//! `"measured": false`.
 //! A build with external device code (`LLK_DEVICE_CODE_LOCATION=external`) reads it from
 //! `$LLK_DEVICE_CODE_DIR`; `info` names that folder and fails, saying why, when it cannot be used.
 
@@ -39,7 +45,7 @@ use llama_kernels::dev::{inspect, verify};
 use llama_kernels::model::WeightFormat;
 use llama_kernels::{DType, Device, Target};
 
-const USAGE: &str = "usage: llama-kernels generate --model PATH --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--dtype f32|bf16|f16] [--target cuda|emulated] [--weights stored|dense|nf4]\n       llama-kernels verify [--target cuda|emulated] [--quick|--full] [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]] [--model GGUF_OR_DIR [--weights stored|dense|nf4]]\n       llama-kernels info [--perf]";
+const USAGE: &str = "usage: llama-kernels generate --model PATH --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--dtype f32|bf16|f16] [--target cuda|emulated] [--weights stored|dense|nf4]\n       llama-kernels verify [--target cuda|emulated] [--quick|--full] [--checkpoint DIR [--layers 0,3] [--dtype bf16|f16|f32]] [--model GGUF_OR_DIR [--weights stored|dense|nf4]]\n       llama-kernels info [--perf [--json]]";
 
 fn pick_device(target: Option<&str>) -> Result<Device, String> {
     match target {
@@ -279,6 +285,10 @@ model: {} ({dtype}, weights {}), {} prompt tokens then 2 decode steps",
                     ExitCode::FAILURE
                 }
             }
+        }
+        Some("info") if args.iter().any(|a| a == "--perf") && args.iter().any(|a| a == "--json") => {
+            println!("{}", inspect::perf_json::report_json_text());
+            ExitCode::SUCCESS
         }
         Some("info") if args.iter().any(|a| a == "--perf") => {
             print!("{}", inspect::perf::report());

@@ -5,7 +5,9 @@
 
 pub mod attention_model;
 pub mod h200;
+pub mod memory_model;
 pub mod perf;
+pub mod perf_json;
 pub mod sass;
 pub mod smem;
 

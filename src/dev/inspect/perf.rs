@@ -18,6 +18,11 @@ pub use super::attention_model::{
     LaunchPrediction, LoopCounts, MatrixModel, Workload, matrix_model, predict_launch, schedule_efficiency,
 };
 pub use super::h200;
+pub use super::memory_model::{
+    H100_SXM, H200, LLMC_FIXTURE, MemoryCalibration, MemoryGpu, MemoryLaunch, MemoryPrediction, PeerMemoryCounts,
+    memory_calibration, memory_calibration_text, peer_memory_counts, predict_memory_launch,
+};
+use super::memory_model::{memory_text, predict_memory};
 use super::sass::{Mix, Sass, cold_addresses, cold_ranges, disassemble, hot_path, loads_in_flight, loops};
 use super::{KernelResources, parse_ptxas};
 use crate::backend::kernel_modules;
@@ -45,10 +50,11 @@ pub struct Spec {
     pub threads: u32,
     pub dyn_smem: u32,
     /// Memory-bound kernels: elements per 128-bit vector, 128-bit stores per element, and the
-    /// bytes each element moves (reads plus writes).
+    /// bytes each element moves (reads plus writes), of which reads.
     pub vec: usize,
     pub stores_per_elem: usize,
     pub bytes_per_elem: f64,
+    pub read_bytes_per_elem: f64,
     /// Memory-bound kernels: elements of the reference launch (16k tokens), for the launch term.
     pub launch_elems: f64,
     /// Matrix kernels: the family's source, whose lines between `// perf-model: cold {` and
@@ -69,6 +75,7 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
+        read_bytes_per_elem: 2.0,
         launch_elems: 16384.0 * 4096.0,
         cold_source: None,
     },
@@ -82,6 +89,7 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 2,
         bytes_per_elem: 8.0,
+        read_bytes_per_elem: 4.0,
         launch_elems: 16384.0 * 4096.0,
         cold_source: None,
     },
@@ -95,6 +103,7 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
+        read_bytes_per_elem: 2.0,
         launch_elems: 16384.0 * 40.0 * 128.0,
         cold_source: None,
     },
@@ -108,6 +117,7 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
+        read_bytes_per_elem: 2.0,
         launch_elems: 16384.0 * 48.0 * 128.0,
         cold_source: None,
     },
@@ -121,6 +131,7 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
+        read_bytes_per_elem: 2.0,
         launch_elems: 16384.0 * 48.0 * 128.0,
         cold_source: None,
     },
@@ -134,6 +145,7 @@ pub const SPECS: &[Spec] = &[
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 6.0,
+        read_bytes_per_elem: 4.0,
         launch_elems: 16384.0 * 14336.0,
         cold_source: None,
     },
@@ -147,6 +159,7 @@ pub const SPECS: &[Spec] = &[
         vec: 0,
         stores_per_elem: 0,
         bytes_per_elem: 0.0,
+        read_bytes_per_elem: 0.0,
         launch_elems: 0.0,
         cold_source: Some(include_str!("../../../kernels/attention.cu")),
     },
@@ -175,9 +188,17 @@ pub struct KernelPerf {
     pub counts: Option<LoopCounts>,
     pub matrix: Option<MatrixModel>,
     pub prefill: Option<LaunchPrediction>,
+    /// Memory-bound: the launch model's prediction for the reference launch.
+    pub memory: Option<MemoryPrediction>,
     /// The predicted bound and the predicted fraction of its ceiling the kernel reaches.
     pub bound: &'static str,
     pub predicted: String,
+    /// The headline prediction as a number, in `predicted_unit`: the fraction of copy bandwidth
+    /// (memory-bound) or the TFLOP/s of the reference launch (matrix).
+    pub predicted_value: f64,
+    pub predicted_unit: &'static str,
+    /// Matrix: the main loop's TFLOP/s at the tensor clock.
+    pub predicted_loop_tflops: Option<f64>,
 }
 
 /// Blocks per SM from registers, threads and shared memory (sm_90 allocation rules: registers
@@ -208,21 +229,20 @@ pub fn analyze(spec: &Spec) -> Result<KernelPerf, String> {
     let blocks_per_sm = occupancy(resources.registers, spec.threads, smem);
     let warps_per_sm = blocks_per_sm * spec.threads.div_ceil(32);
     let lif = loads_in_flight(&code);
-    let clk = h200::CLOCK_GHZ * 1e9;
     let (mut elements, mut slots_per_elem, mut slots_per_hmma, mut smem_per_hmma) = (0.0, 0.0, 0.0, 0.0);
-    let (mut counts, mut matrix, mut prefill) = (None, None, None);
-    let (bound, predicted) = if let Region::MatrixLoop = spec.region {
+    let (mut counts, mut matrix, mut prefill, mut memory, mut loop_tflops) = (None, None, None, None, None);
+    let (bound, predicted, predicted_value, predicted_unit) = if let Region::MatrixLoop = spec.region {
         let c = LoopCounts::of(region.iter().copied());
         let model = matrix_model(&c, warps_per_sm);
         let launch = predict_launch(&model, &OUR_PREFILL, blocks_per_sm);
         (counts, matrix, prefill) = (Some(c), Some(model), Some(launch));
         let p = predict_matrix(&region, &mix, &model, &launch);
-        (slots_per_hmma, smem_per_hmma) = (p.2, p.3);
-        (p.0, p.1)
+        (slots_per_hmma, smem_per_hmma, loop_tflops) = (p.2, p.3, Some(p.4));
+        (p.0, p.1, p.5, "TFLOP/s")
     } else {
-        let p = predict_memory(spec, &mix, warps_per_sm, lif, clk);
-        (elements, slots_per_elem) = (p.2, p.3);
-        (p.0, p.1)
+        let (p, e, slots) = predict_memory(spec, &mix, warps_per_sm, &code);
+        (elements, slots_per_elem, memory) = (e, slots, Some(p));
+        (p.bound, memory_text(&p), p.fraction_of_copy, "fraction of copy bandwidth")
     };
     Ok(KernelPerf {
         spec: *spec,
@@ -239,15 +259,19 @@ pub fn analyze(spec: &Spec) -> Result<KernelPerf, String> {
         counts,
         matrix,
         prefill,
+        memory,
         bound,
         predicted,
+        predicted_value,
+        predicted_unit,
+        predicted_loop_tflops: loop_tflops,
     })
 }
 
 /// The analyzed region of `code` (and, for a matrix kernel with marked cold paths, the whole loop
 /// beside its hot path).
 fn region_of<'a>(spec: &Spec, cubin: &[u8], code: &'a [Sass]) -> Result<(Vec<&'a Sass>, Option<Mix>), String> {
-    let loops = loops(&code);
+    let loops = loops(code);
     let in_loop = |a: u32| loops.iter().any(|&(s, e)| (s..=e).contains(&a));
     let region: Vec<&Sass> = match spec.region {
         Region::StraightLine => code.iter().filter(|i| !in_loop(i.addr)).collect(),
@@ -275,13 +299,14 @@ fn region_of<'a>(spec: &Spec, cubin: &[u8], code: &'a [Sass]) -> Result<(Vec<&'a
 }
 
 /// The bound of a matrix kernel's hot loop: tensor, shared memory or issue, in clocks per HMMA.
-/// Returns (bound, prediction, issue slots per HMMA, shared-memory bytes per HMMA).
+/// Returns (bound, prediction, issue slots per HMMA, shared-memory bytes per HMMA, main-loop
+/// TFLOP/s, TFLOP/s of the reference launch).
 fn predict_matrix(
     region: &[&Sass],
     mix: &Mix,
     model: &MatrixModel,
     launch: &LaunchPrediction,
-) -> (&'static str, String, f64, f64) {
+) -> (&'static str, String, f64, f64, f64, f64) {
     let hmma = mix.hmma.max(1) as f64;
     let slots_per_hmma = mix.total as f64 / hmma;
     // ldmatrix.x4: 512 bytes per warp; cp.async 16 bytes per lane; LDS/STS 128 bytes per warp
@@ -335,6 +360,8 @@ fn predict_matrix(
         ),
         slots_per_hmma,
         smem_per_hmma,
+        smem_cap,
+        launch.tflops * (t_tensor / worst),
     )
 }
 
@@ -419,59 +446,17 @@ pub fn peer_loop_counts(cubin: &[u8], kernel: &str) -> Result<LoopCounts, String
     Ok(LoopCounts::of(region.iter().copied()))
 }
 
-/// The bound of a memory-bound kernel's region: bandwidth, issue or latency cover.
-/// Returns (bound, prediction, elements per region, issue slots per element).
-fn predict_memory(spec: &Spec, mix: &Mix, warps_per_sm: u32, lif: usize, clk: f64) -> (&'static str, String, f64, f64) {
-    let stores128 = *mix.stg.get(&128).unwrap_or(&0) as f64;
-    let elements = stores128 * spec.vec as f64 / spec.stores_per_elem.max(1) as f64;
-    let slots_per_elem = if elements > 0.0 { mix.total as f64 / elements } else { f64::INFINITY };
-    // Seconds per element under each limit, over the whole GPU.
-    let t_mem = spec.bytes_per_elem / h200::COPY_BYTES_PER_S;
-    let t_issue = slots_per_elem / 32.0 / (h200::ISSUE_PER_CLK * h200::SMS * clk);
-    // Latency cover: bytes in flight per SM against bandwidth x latency.
-    let in_flight = warps_per_sm as f64 * 32.0 * lif.max(1) as f64 * 16.0;
-    let needed = h200::COPY_BYTES_PER_S / h200::SMS * h200::DRAM_LATENCY_NS * 1e-9;
-    let cover = (in_flight / needed).min(1.0);
-    let bound = if t_issue > t_mem {
-        "issue"
-    } else if cover < 1.0 {
-        "latency"
-    } else {
-        "bandwidth"
-    };
-    let steady = (t_mem / t_issue.max(t_mem)) * cover;
-    // The launch latency over the reference launch (uncalibrated: no memory-bound peer yet; the
-    // copy bandwidth was measured on buffers large enough to hide it, and the inputs exceed L2).
-    let run = spec.launch_elems * t_mem / steady.max(1e-9);
-    let launch = if run > 0.0 { run / (run + h200::LAUNCH_US * 1e-6) } else { 1.0 };
-    let fraction = steady * launch;
-    (
-        bound,
-        format!(
-            "{:.0}% of copy bandwidth ({:.0}% in steady state, {:.0} us launch of {:.0} us; memory {:.2} ps/elem, issue \
-             {:.2} ps/elem, latency cover {:.1}x)",
-            100.0 * fraction,
-            100.0 * steady,
-            h200::LAUNCH_US,
-            1e6 * run,
-            t_mem * 1e12,
-            t_issue * 1e12,
-            in_flight / needed
-        ),
-        elements,
-        slots_per_elem,
-    )
-}
-
 /// The report as text.
 pub fn report() -> String {
     let mut s = String::from(
         "Static performance report (sm_90 SASS, H200 resource model) -- a MODEL, not a measurement.\n\
          Model: 132 SMs at 1.83 GHz, 4 issue/clk/SM, copy 4.3 TB/s, shared memory 128 B/clk/SM,\n\
-         mma.sync at 63% of the 990 TFLOP/s dense bf16 peak. Memory-bound kernels, first order: the\n\
-         slowest limit wins, with no loss from imperfect overlap, then a 4 us launch latency over a\n\
-         16k-token launch (uncalibrated; no tail or L2 term: the inputs exceed L2), so real kernels\n\
-         land at or below these figures. Matrix kernels: the hot path is the loop without the\n\
+         mma.sync at 63% of the 990 TFLOP/s dense bf16 peak. Memory-bound kernels (calibrated on\n\
+         llm.c's LayerNorm, table at the end): a 4 us launch latency plus the slowest of DRAM (the\n\
+         bytes at the copy bandwidth), latency (Little's law: the bytes the resident threads keep in\n\
+         flight over a 600 ns DRAM latency) and issue, over a 16k-token launch, with no loss from\n\
+         imperfect overlap (no tail or L2 term: the inputs exceed L2), so real kernels land at or\n\
+         below these figures. Matrix kernels: the hot path is the loop without the\n\
          source lines marked cold (masking of tiles that cross a boundary, paged K/V), which an\n\
          interior tile of the shape does not run; the whole loop, every path, is printed above it.\n\
          Matrix kernels, second order (calibrated on FlashAttention-2, table at the end): the\n\
@@ -543,6 +528,7 @@ pub fn report() -> String {
         }
     }
     s += &calibration_text();
+    s += &memory_calibration_text();
     s += "No GPU measurement exists for these kernels yet: when benches/results holds a GPU run, compare\n\
           its fractions of copy bandwidth and TFLOP/s with the predictions above.\n";
     s
@@ -609,8 +595,7 @@ pub fn calibration_text() -> String {
     s += ".\n\
           Left out: L2 and HBM traffic of K/V (reread once per row block, hidden at these shapes), the\n\
           masked diagonal tiles' extra instructions, register-bank and operand-collector conflicts of\n\
-          HMMA with FP32 work beyond issue slots, clock variation within a run. Memory-bound kernels\n\
-          have no calibration yet (no peer with a published figure compiled here).\n\n";
+          HMMA with FP32 work beyond issue slots, clock variation within a run.\n\n";
     s
 }
 

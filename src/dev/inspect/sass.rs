@@ -266,11 +266,23 @@ impl Mix {
 /// The number of 128-bit global loads issued before the first instruction that reads one of
 /// their destination registers: the loads one thread keeps in flight at the start of the kernel.
 pub fn loads_in_flight(code: &[Sass]) -> usize {
+    in_flight(code, false).0
+}
+
+/// The bytes of global loads of every width (32-bit scalar loads too) one thread issues before the
+/// first instruction that reads one of their destinations: what it keeps in flight at the start.
+pub fn load_bytes_in_flight(code: &[Sass]) -> usize {
+    in_flight(code, true).1
+}
+
+/// (128-bit loads, their bytes) issued before the first use of one of them; with `any_width`, loads
+/// of every width count (and a use of any of them ends the scan).
+fn in_flight(code: &[Sass], any_width: bool) -> (usize, usize) {
     let reg = |s: &str| -> Option<u32> {
         s.trim_matches(|c: char| !c.is_ascii_alphanumeric()).strip_prefix('R')?.parse().ok()
     };
     let mut pending: Vec<(u32, u32)> = Vec::new(); // destination register ranges
-    let mut best = 0;
+    let (mut best, mut bytes) = (0, 0);
     for i in code {
         let mut ops = i.operands.split(',').map(str::trim);
         let (dest, sources): (Option<&str>, Vec<&str>) = match i.base() {
@@ -289,12 +301,16 @@ pub fn loads_in_flight(code: &[Sass]) -> usize {
         if read {
             break;
         }
-        if i.op.starts_with("LDG") && width(&i.op) == 128 {
+        if i.op.starts_with("LDG") && (any_width || width(&i.op) == 128) {
             if let Some(r) = dest.and_then(reg) {
-                pending.push((r, r + 3));
-                best = pending.len();
+                let w = width(&i.op);
+                pending.push((r, r + (w / 32).max(1) - 1));
+                bytes += w as usize / 8;
+                if w == 128 {
+                    best += 1;
+                }
             }
         }
     }
-    best
+    (best, bytes)
 }
