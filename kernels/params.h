@@ -541,6 +541,9 @@ typedef enum LlkQuantFormat {
 // in warp order). The host picks the split from the shape alone (src/ops/qlinear.rs), so a
 // result does not depend on the device.
 #define LLK_QGEMV_MAX_SPLIT 4
+// Chunks of packed loads each GEMV lane keeps in flight (its software pipeline: the next chunk is
+// loaded before the current one is decoded). The static performance report's latency term uses it.
+#define LLK_QGEMV_DEPTH 2
 // Threads per block of the dequantize kernel (one chunk per thread).
 #define LLK_QDEQUANT_THREADS 256
 // The tensor-core GEMM of prefill (bf16, f16): blocks of LLK_QGEMM_BLOCK_M activation rows x
@@ -573,6 +576,7 @@ typedef struct QLinearParams {
   LlkQuantFormat format;
   int32_t accumulate;  // GEMV, GEMM: 1 = y += x W^T (one rounding of the sum), 0 = y = x W^T
   int32_t split;       // GEMV: warps per output feature (1, 2 or 4 = LLK_QGEMV_MAX_SPLIT)
+  int32_t block_shift; // log2(block): every format's block is a power of two
 } QLinearParams;
 
 // ---------------------------------------------------------------------------- Self-tests

@@ -8,7 +8,8 @@
 // vectors of the `qs` plane (Q6_K adds 8 bytes of the `qh` plane); its block header (scales,
 // minimums, absmax) is an entry of the `meta` plane, as the format stores it. Dequantization is
 // the reference formula with each product and sum rounded as written (__fmul_rn / __fadd_rn: no
-// contraction into an fma), so a chunk dequantizes to exactly the f32 values llama.cpp's
+// contraction into an fma, except the two fmas of Q4_0 and Q4_1 whose product is exact, see
+// decode_chunk), so a chunk dequantizes to exactly the f32 values llama.cpp's
 // `dequantize_row_*` and bitsandbytes' `dequantize_4bit` produce.
 //
 // Every kernel multiplies by the weight rounded to the activation dtype T: the GEMV rounds each
@@ -24,7 +25,9 @@
 // GEMV (qgemv_<format>_<dtype>): y[m, c] (+)= sum_j x[m, j] * w[c, j] for m < rows.
 //   Grid mapping: `split` warps per output feature c (LLK_QGEMV_WARPS warps per block, grid.x
 //   blocks over n). Lane l of part s takes chunks l + 32 s, l + 32 (s + split), ... of W's row c:
-//   each lane's weight loads are 16 bytes and a warp's are 512 contiguous bytes. A chunk is
+//   each lane's weight loads are 16 bytes and a warp's are 512 contiguous bytes, issued one chunk
+//   ahead (LLK_QGEMV_DEPTH = 2 chunks in flight per lane: the next is loaded before the current
+//   one is decoded). A chunk is
 //   dequantized once into 32 registers and used for every activation row (x is read through
 //   L1/L2: it is small and every warp of the grid reads it). Each lane accumulates in f32 with
 //   fmaf in element order; a warp sums its lanes by a fixed butterfly, and the parts of a split
@@ -60,6 +63,8 @@ namespace {
 constexpr int kChunk = LLK_QUANT_CHUNK;
 constexpr int kWarps = LLK_QGEMV_WARPS;
 constexpr int kMaxRows = LLK_QGEMV_MAX_ROWS;
+constexpr int kGemvDepth = LLK_QGEMV_DEPTH;  // chunks of loads each GEMV lane keeps in flight
+static_assert(kGemvDepth == 2, "the GEMV loop loads one chunk ahead");
 
 // The bytes chunk `chunk` of a weight row is made from: its quantized values (one 16-byte vector,
 // two for Q8_0), Q6_K's top bits, and the fields of its block header that it uses, as stored.
@@ -86,7 +91,7 @@ template <LlkQuantFormat F>
 __device__ __forceinline__ void load_chunk(const QLinearParams& p, int64_t row, int64_t chunk, RawChunk& c) {
   const uint8_t* meta = reinterpret_cast<const uint8_t*>(p.meta) + row * p.meta_row_bytes;
   const int64_t first = chunk * kChunk;  // the chunk's first element within the row
-  const int64_t blk = first / p.block;
+  const int64_t blk = first >> p.block_shift;
   constexpr int kQsBytes = F == LLK_QUANT_Q8_0 ? 32 : 16;
   const uint8_t* qs = reinterpret_cast<const uint8_t*>(p.qs) + row * p.qs_row_bytes + chunk * kQsBytes;
   c.q[0] = __ldg(reinterpret_cast<const uint4*>(qs));
@@ -113,14 +118,19 @@ __device__ __forceinline__ void load_chunk(const QLinearParams& p, int64_t row, 
   }
 }
 
-// Element i of a 4-bit chunk is the low nibble of byte i, element i + 16 the high one.
-__device__ __forceinline__ void nibbles(const uint4 raw, int (&q)[kChunk]) {
+// Element i of a 4-bit chunk is the low nibble of byte i, element i + 16 the high one, as V (int
+// or float). Each word is masked once per half (0x0f0f0f0f), so a value costs one byte extract.
+template <class V>
+__device__ __forceinline__ void nibbles(const uint4 raw, V (&q)[kChunk]) {
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const uint32_t b = (words[i / 4] >> (8 * (i % 4))) & 0xffu;
-    q[i] = int(b & 0x0fu);
-    q[i + 16] = int(b >> 4);
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t lo = words[j] & 0x0f0f0f0fu, hi = (words[j] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      q[4 * j + b] = V((lo >> (8 * b)) & 0xffu);
+      q[16 + 4 * j + b] = V((hi >> (8 * b)) & 0xffu);
+    }
   }
 }
 
@@ -139,16 +149,21 @@ __device__ __forceinline__ void decode_chunk(const QLinearParams& p, const RawCh
       }
     }
   } else {
-    int q[kChunk];
-    nibbles(c.q[0], q);
+    // Q4_0, Q4_1, Q4_K multiply the value as f32; NF4 looks it up (Q6_K reads the words itself).
+    using V = std::conditional_t<F == LLK_QUANT_NF4, int, float>;
+    V q[kChunk];
+    if constexpr (F != LLK_QUANT_Q6_K) nibbles(c.q[0], q);
+    // Q4_0 and Q4_1 in one fma each, with the reference's rounding: q * d is exact in f32 (a 4-bit
+    // integer times an f16), and so is 8 d, so fma(q, d, -8 d) rounds (q - 8) d once, as
+    // (q - 8) * d does, and fma(q, d, m) rounds q d + m once, as q * d + m does.
     if constexpr (F == LLK_QUANT_Q4_0) {
-      const float d = f16_bits(c.h0);
+      const float d = f16_bits(c.h0), off = -8.f * d;
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) w[i] = __fmul_rn(__fadd_rn(float(q[i]), -8.f), d);
+      for (int i = 0; i < kChunk; ++i) w[i] = fmaf(q[i], d, off);
     } else if constexpr (F == LLK_QUANT_Q4_1) {
       const float d = f16_bits(c.h0), m = f16_bits(c.h1);
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) w[i] = __fadd_rn(__fmul_rn(float(q[i]), d), m);
+      for (int i = 0; i < kChunk; ++i) w[i] = fmaf(q[i], d, m);
     } else if constexpr (F == LLK_QUANT_Q4_K) {
       // get_scale_min_k4: sub-blocks 0-3 hold their 6 bits in bytes j and j + 4; 4-7 split them.
       int sc, mn;
@@ -160,16 +175,23 @@ __device__ __forceinline__ void decode_chunk(const QLinearParams& p, const RawCh
       }
       const float d1 = __fmul_rn(f16_bits(c.h0), float(sc)), m1 = __fmul_rn(f16_bits(c.h1), float(mn));
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) w[i] = __fadd_rn(__fmul_rn(d1, float(q[i])), -m1);
+      for (int i = 0; i < kChunk; ++i) w[i] = __fadd_rn(__fmul_rn(d1, q[i]), -m1);
     } else if constexpr (F == LLK_QUANT_Q6_K) {
-      const uint64_t hbits = (uint64_t(c.qh.y) << 32) | c.qh.x;
+      // Four 6-bit values per word at once: element i's top bits are bits 2 (i / 8) of qh byte
+      // i % 8, so for qs word j (elements 4j..4j+3, and 16+4j.. in the high nibbles) they sit in
+      // qh word j % 2, shifted by 2 (j / 2) (low nibbles) or 2 (2 + j / 2) (high nibbles).
       const float d = f16_bits(c.h0);
       const float s0 = __fmul_rn(d, float(int8_t(c.b0))), s1 = __fmul_rn(d, float(int8_t(c.b1)));
+      const uint32_t qs[4] = {c.q[0].x, c.q[0].y, c.q[0].z, c.q[0].w}, qh[2] = {c.qh.x, c.qh.y};
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) {
-        const int b = i % 8, shift = 2 * (i / 8);
-        const int top = int((hbits >> (8 * b + shift)) & 3u);
-        w[i] = __fmul_rn(i < 16 ? s0 : s1, float((q[i] | (top << 4)) - 32));
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t lo = (qs[j] & 0x0f0f0f0fu) | (((qh[j % 2] >> (2 * (j / 2))) & 0x03030303u) << 4);
+        const uint32_t hi = ((qs[j] >> 4) & 0x0f0f0f0fu) | (((qh[j % 2] >> (2 * (2 + j / 2))) & 0x03030303u) << 4);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {  // (v - 32) is exact in f32, then one rounded product
+          w[4 * j + b] = __fmul_rn(s0, __fadd_rn(float((lo >> (8 * b)) & 0xffu), -32.f));
+          w[16 + 4 * j + b] = __fmul_rn(s1, __fadd_rn(float((hi >> (8 * b)) & 0xffu), -32.f));
+        }
       }
     } else {  // LLK_QUANT_NF4
 #pragma unroll
@@ -197,11 +219,18 @@ __device__ void qgemv_kernel(const QLinearParams& p) {
   float acc[kMaxRows];
 #pragma unroll
   for (int m = 0; m < kMaxRows; ++m) acc[m] = 0.f;
-  const int64_t chunks = active ? p.k / kChunk : 0;
+  const int64_t chunks = active ? p.k / kChunk : 0, stride = 32 * split;
+  // Software pipeline of depth kGemvDepth: the bytes of the next chunk are loaded before the
+  // current one is decoded, so each lane keeps two chunks of loads in flight.
+  RawChunk cur;
+  if (lane + 32 * part < chunks) load_chunk<F>(p, col, lane + 32 * part, cur);
 #pragma unroll 1  // one chunk per iteration: its 16 x 32 fmas are the body (code size)
-  for (int64_t c = lane + 32 * part; c < chunks; c += 32 * split) {
+  for (int64_t c = lane + 32 * part; c < chunks; c += stride) {
+    RawChunk nxt;
+    if (c + stride < chunks) load_chunk<F>(p, col, c + stride, nxt);
     float w[kChunk];
-    dequant_chunk<F>(p, col, c, w);
+    decode_chunk<F>(p, cur, w);
+    cur = nxt;
     llk::round_to<T>(w);  // the weight as the activation dtype holds it (see the header)
 #pragma unroll
     for (int m = 0; m < kMaxRows; ++m) {

@@ -102,12 +102,8 @@ fn no_kernel_spills_at_sm_90() {
 /// f32 accumulators per thread at head_dim 128); what does not fit in 255 registers (mostly
 /// loop-invariant values) spills to L1 within this budget. tests/perf_report.rs checks that the
 /// main loop touches it little (at most 16 local accesses per tile, at most one of them a store).
-/// The packed GEMV keeps 16 rows of accumulators, a dequantized chunk and 16 activation row
-/// addresses live; ptxas puts one 64-bit value of some variants (today Q6_K with f16 activations
-/// at sm_90, 80 registers) in local memory: at most this many bytes.
 /// Every other kernel spills nothing.
 const ATTENTION_SPILL_BUDGET: u32 = 128;
-const QGEMV_SPILL_BUDGET: u32 = 8;
 
 fn check_spills(k: &llama_kernels::dev::inspect::KernelResources, arch: &str) {
     let two_m_tiles =
@@ -115,12 +111,6 @@ fn check_spills(k: &llama_kernels::dev::inspect::KernelResources, arch: &str) {
     if two_m_tiles {
         assert!(
             k.spill_stores <= ATTENTION_SPILL_BUDGET && k.spill_loads <= ATTENTION_SPILL_BUDGET + 16,
-            "{} spills beyond its budget at {arch}: {k:?}",
-            k.name
-        );
-    } else if k.name.starts_with("qgemv_") {
-        assert!(
-            k.spill_stores <= QGEMV_SPILL_BUDGET && k.spill_loads <= QGEMV_SPILL_BUDGET,
             "{} spills beyond its budget at {arch}: {k:?}",
             k.name
         );
@@ -407,16 +397,14 @@ fn embedding_copies_rows_with_128_bit_accesses() {
 #[test]
 fn packed_gemv_streams_weights_with_128_bit_loads_and_no_local_memory() {
     // Every qgemv kernel reads its packed values with 128-bit read-only loads (LDG.E.128.CONSTANT:
-    // one per chunk, two for Q8_0), Q6_K its high bits with one 64-bit load, and local memory is
-    // at most the one spilled value of QGEMV_SPILL_BUDGET; the dequantize kernels store 128-bit
-    // vectors and use no local memory.
+    // one per chunk, two for Q8_0), Q6_K its high bits with one 64-bit load, and uses no local
+    // memory; the dequantize kernels store 128-bit vectors and use no local memory.
     let funcs = per_function(&sass("qlinear"));
     let gemv: Vec<_> = funcs.iter().filter(|(n, _)| n.starts_with("qgemv_")).collect();
     assert_eq!(gemv.len(), 18, "{:?}", gemv.iter().map(|f| &f.0).collect::<Vec<_>>());
     for (name, ops) in gemv {
         assert!(ops.iter().any(|o| o == "LDG.E.128.CONSTANT"), "{name}: no 128-bit read-only weight load");
-        let local = ops.iter().filter(|o| o.starts_with("LDL") || o.starts_with("STL")).count();
-        assert!(local <= 4, "{name}: {local} local-memory instructions (budget: those of one spilled value)");
+        assert!(!ops.iter().any(|o| o.starts_with("LDL") || o.starts_with("STL")), "{name}: local memory");
         if name.contains("q6_k") {
             assert!(ops.iter().any(|o| o == "LDG.E.64.CONSTANT"), "{name}: no 64-bit load of the high bits");
         }

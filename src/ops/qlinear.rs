@@ -251,6 +251,8 @@ fn weight_params(w: &QWeight, base: u64) -> Result<QLinearParams> {
         format: l.format.ffi(),
         accumulate: 0,
         split: 1,
+        // A power of two for every format (QuantLayout::new checks it).
+        block_shift: l.block.trailing_zeros() as i32,
     })
 }
 

@@ -8,6 +8,7 @@ pub mod h200;
 pub mod memory_model;
 pub mod perf;
 pub mod perf_json;
+pub mod qlinear_model;
 pub mod sass;
 pub mod smem;
 

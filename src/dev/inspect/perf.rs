@@ -527,6 +527,7 @@ pub fn report() -> String {
             Err(e) => s += &format!("{}: cannot analyze: {e}\n\n", spec.kernel),
         }
     }
+    s += &super::qlinear_model::qlinear_text();
     s += &calibration_text();
     s += &memory_calibration_text();
     s += "No GPU measurement exists for these kernels yet: when benches/results holds a GPU run, compare\n\

@@ -25,12 +25,15 @@ impl Sass {
 }
 
 /// Runs the toolchain's `tool` (`cuobjdump`, `nvdisasm`) with `args` on `cubin`, written to a
-/// temporary file named after `tag`; its standard output.
+/// temporary file named after `tag` and a per-process counter (threads analyzing the same kernel
+/// at once never share a file); its standard output.
 fn run_on_cubin(tool: &str, args: &[&str], cubin: &[u8], tag: &str) -> Result<String, String> {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let bin = std::path::PathBuf::from(env!("LLK_CUDA_BIN")).join(tool);
     let dir = std::env::temp_dir().join(format!("llk-perf-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("temp dir: {e}"))?;
-    let path = dir.join(format!("{tag}.{tool}.cubin"));
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{tag}.{tool}.{n}.cubin"));
     std::fs::write(&path, cubin).map_err(|e| format!("write cubin: {e}"))?;
     let out = Command::new(&bin)
         .args(args)

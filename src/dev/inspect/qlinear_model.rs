@@ -1,0 +1,282 @@
+//! The packed linear kernels in the static report: what the sm_90 SASS of `qgemv_*` and
+//! `qgemm_*` predicts on an H200, at Llama 3 8B's projection shapes with bf16 activations.
+//!
+//! **GEMV (decode).** A memory-bound launch in the calibrated model of
+//! [`memory_model`](super::memory_model): the bytes are the packed weight
+//! ([`QuantLayout::total_bytes`]: values, high bits, block headers) plus the activations and the
+//! output; the bytes in flight per lane are the packed loads of one loop iteration (the
+//! `.CONSTANT` loads of the main loop, read from the SASS) times the loop's pipeline depth
+//! (`LLK_QGEMV_DEPTH`: the next chunk is loaded before the current one is decoded); resident
+//! warps per SM are the occupancy, or fewer when the grid does not fill the GPU (split-K, from
+//! [`gemv_split`], multiplies them). Issue: the main loop is compiled for 16 activation rows: the
+//! chunk's loads and decode (up to the first activation load), then 16 row blocks, each left early
+//! when the rows run out; at `rows` rows the model counts the decode and `rows` sixteenths of the
+//! rest (the scheduler may move a few instructions across that line).
+//!
+//! **GEMM (prefill).** First order, as for attention's first-order line: clocks per HMMA under
+//! the tensor, shared-memory and issue limits of the loop with the most HMMA, at the tensor-loaded
+//! clock; next to our own dense `mma.sync` GEMM (the MoE grouped GEMM's 64-row `[n, k]` kernel)
+//! read the same way, so the ratio between them does not depend on the clock. Left out: the
+//! chain from a weight load to its use (hidden by the one-step-ahead load at these occupancies),
+//! waves and tails, L2 traffic of the weight's rereads by the row blocks.
+
+use super::h200;
+use super::memory_model::{H200, MemoryLaunch, MemoryPrediction, predict_memory_launch};
+use super::perf::occupancy;
+use super::sass::{Sass, disassemble, loops};
+use super::{KernelResources, parse_ptxas};
+use crate::backend::kernel_modules;
+use crate::ffi::params::{
+    LLK_QGEMM_SMEM_BYTES, LLK_QGEMM_THREADS, LLK_QGEMV_DEPTH, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_WARPS,
+};
+use crate::ops::qlinear::gemv_split;
+use crate::spec::quant::{QuantFormat, QuantLayout};
+
+/// Llama 3 8B's projections as `[out, in]`: q and o, k and v, gate and up, down.
+pub const SHAPES: [(&str, usize, usize); 4] = [
+    ("q/o 4096x4096", 4096, 4096),
+    ("k/v 1024x4096", 1024, 4096),
+    ("gate/up 14336x4096", 14336, 4096),
+    ("down 4096x14336", 4096, 14336),
+];
+
+/// The dense mma.sync GEMM the packed GEMM is compared with (same tile: 64 rows x 128 weight
+/// rows x 64 deep, 4 warps, the weight in `[n, k]` layout).
+pub const DENSE_PEER: (&str, &str) = ("moe", "moe_grouped_gemm_nk_plain_m64_bf16");
+
+fn kernel(module: &str, name: &str) -> Result<(KernelResources, Vec<Sass>), String> {
+    let m =
+        kernel_modules().map_err(|e| e.to_string())?.find(|m| m.name == module).ok_or(format!("no module {module}"))?;
+    let res = parse_ptxas(m.ptxas_sm90)
+        .into_iter()
+        .find(|k| k.name == name)
+        .ok_or(format!("{name} not in the ptxas report"))?;
+    Ok((res, disassemble(m.cubin_sm90, name)?))
+}
+
+/// The instructions of the loop of `code` with the most instructions of base `op`.
+fn loop_with_most<'a>(code: &'a [Sass], op: &str) -> Result<Vec<&'a Sass>, String> {
+    let count = |&(s, e): &(u32, u32)| code.iter().filter(|i| (s..=e).contains(&i.addr) && i.base() == op).count();
+    let (s, e) = loops(code).into_iter().max_by_key(count).ok_or("no loop")?;
+    Ok(code.iter().filter(|i| (s..=e).contains(&i.addr) && i.base() != "NOP").collect())
+}
+
+/// Bytes one global access of `op` moves per thread (`LDG.E.128` 16, `LDG.E.U16` 2, ...).
+fn access_bytes(op: &str) -> usize {
+    op.split('.')
+        .find_map(|m| match m {
+            "128" => Some(16),
+            "64" => Some(8),
+            "U16" | "S16" => Some(2),
+            "U8" | "S8" => Some(1),
+            _ => None,
+        })
+        .unwrap_or(4)
+}
+
+/// What the report predicts for one packed GEMV launch.
+#[derive(Clone, Debug)]
+pub struct GemvPrediction {
+    pub kernel: String,
+    pub shape: &'static str,
+    pub rows: usize,
+    pub split: usize,
+    pub bits_per_weight: f64,
+    pub warps_per_sm: u32,
+    /// Packed bytes per lane and loop iteration, and the bytes in flight per lane.
+    pub weight_bytes_per_iteration: usize,
+    pub bytes_in_flight_per_thread: f64,
+    /// Issue slots per loop iteration at `rows` rows.
+    pub slots_per_iteration: f64,
+    pub memory: MemoryPrediction,
+}
+
+/// The model of `qgemv_<format>_bf16` over an `[out, inp]` weight at `rows` activation rows (1 to 16).
+pub fn predict_gemv(
+    format: QuantFormat,
+    shape: &'static str,
+    out: usize,
+    inp: usize,
+    rows: usize,
+) -> Result<GemvPrediction, String> {
+    let name = format!("qgemv_{}_bf16", format.name());
+    let (res, code) = kernel("qlinear", &name)?;
+    let body = loop_with_most(&code, "FFMA")?;
+    let packed = |i: &&&Sass| i.base() == "LDG" && i.op.contains("CONSTANT");
+    let weight_bytes: usize = body.iter().filter(packed).map(|i| access_bytes(&i.op)).sum();
+    // The chunk's loads and decode come first in the body; the first activation load starts the
+    // 16 row blocks, each left early when the rows run out.
+    let decode = body.iter().position(|i| i.base() == "LDG" && !i.op.contains("CONSTANT")).unwrap_or(body.len());
+    let per_row = (body.len() - decode) as f64 / LLK_QGEMV_MAX_ROWS as f64;
+    let slots = decode as f64 + rows as f64 * per_row;
+
+    let split = gemv_split(out, inp);
+    let warps = LLK_QGEMV_WARPS;
+    let threads = warps * 32;
+    let blocks = out.div_ceil(warps as usize / split) as f64;
+    let per_sm = occupancy(res.registers, threads, res.smem_bytes) as f64;
+    let warps_per_sm = (per_sm.min(blocks / h200::SMS) * warps as f64).round().max(1.0) as u32;
+    let layout = QuantLayout::new(format, format.default_block(), out, inp).map_err(|e| e.to_string())?;
+    let act = 2.0 * rows as f64 * (inp + out) as f64;
+    let iterations = (inp / 32).div_ceil(32 * split) as f64;
+    let launch = MemoryLaunch {
+        counted_bytes: layout.total_bytes() as f64 + act,
+        read_bytes: layout.total_bytes() as f64,
+        harness_bytes: 0.0,
+        warps_per_sm,
+        bytes_in_flight_per_thread: (LLK_QGEMV_DEPTH as usize * weight_bytes) as f64,
+        warp_instructions: (out * split) as f64 * iterations * slots,
+    };
+    Ok(GemvPrediction {
+        kernel: name,
+        shape,
+        rows,
+        split,
+        bits_per_weight: layout.bits_per_weight(),
+        warps_per_sm,
+        weight_bytes_per_iteration: weight_bytes,
+        bytes_in_flight_per_thread: launch.bytes_in_flight_per_thread,
+        slots_per_iteration: slots,
+        memory: predict_memory_launch(&H200, &launch),
+    })
+}
+
+/// The first-order model of a tensor-core loop.
+#[derive(Clone, Debug)]
+pub struct MmaLoopPrediction {
+    pub kernel: String,
+    pub registers: u32,
+    pub blocks_per_sm: u32,
+    pub hmma: usize,
+    pub slots_per_hmma: f64,
+    pub smem_bytes_per_hmma: f64,
+    /// SM clocks per HMMA under each limit.
+    pub t_tensor: f64,
+    pub t_smem: f64,
+    pub t_issue: f64,
+    pub bound: &'static str,
+    /// At the tensor-loaded clock.
+    pub tflops: f64,
+}
+
+/// The loop with the most HMMA of `kernel`, launched with `threads` threads and `dyn_smem` bytes.
+pub fn predict_mma_loop(module: &str, name: &str, threads: u32, dyn_smem: u32) -> Result<MmaLoopPrediction, String> {
+    let (res, code) = kernel(module, name)?;
+    let body = loop_with_most(&code, "HMMA")?;
+    let hmma = body.iter().filter(|i| i.base() == "HMMA").count();
+    // Shared-memory bytes per warp: ldmatrix.x4 512, cp.async 16 per lane, LDS/STS by width.
+    let smem: f64 = body
+        .iter()
+        .map(|i| match i.base() {
+            "LDSM" if i.op.contains(".4") => 512.0,
+            "LDSM" if i.op.contains(".2") => 256.0,
+            "LDSM" => 128.0,
+            "LDGSTS" => 512.0,
+            "LDS" | "STS" => 32.0 * access_bytes(&i.op) as f64,
+            _ => 0.0,
+        })
+        .sum();
+    let per = hmma.max(1) as f64;
+    let (slots_per_hmma, smem_bytes_per_hmma) = (body.len() as f64 / per, smem / per);
+    let t_tensor = 1.0 / h200::HMMA_PER_CLK;
+    let t_smem = smem_bytes_per_hmma / h200::SMEM_BYTES_PER_CLK;
+    let t_issue = slots_per_hmma / h200::ISSUE_PER_CLK;
+    let worst = t_tensor.max(t_smem).max(t_issue);
+    let bound = if worst == t_tensor {
+        "tensor"
+    } else if worst == t_smem {
+        "shared memory"
+    } else {
+        "issue"
+    };
+    Ok(MmaLoopPrediction {
+        kernel: name.to_string(),
+        registers: res.registers,
+        blocks_per_sm: occupancy(res.registers, threads, res.smem_bytes + dyn_smem),
+        hmma,
+        slots_per_hmma,
+        smem_bytes_per_hmma,
+        t_tensor,
+        t_smem,
+        t_issue,
+        bound,
+        tflops: 4096.0 / worst * h200::SMS * h200::TENSOR_CLOCK_GHZ * 1e9 / 1e12,
+    })
+}
+
+/// `qgemm_<format>_bf16`'s loop.
+pub fn predict_gemm(format: QuantFormat) -> Result<MmaLoopPrediction, String> {
+    predict_mma_loop("qlinear", &format!("qgemm_{}_bf16", format.name()), LLK_QGEMM_THREADS, LLK_QGEMM_SMEM_BYTES)
+}
+
+/// The dense peer's loop ([`DENSE_PEER`]).
+pub fn predict_dense_peer() -> Result<MmaLoopPrediction, String> {
+    use crate::ffi::params::{LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_THREADS};
+    predict_mma_loop(DENSE_PEER.0, DENSE_PEER.1, LLK_MOE_GEMM_THREADS, LLK_MOE_GEMM_SMEM_BYTES)
+}
+
+/// The report's section on the packed kernels.
+pub fn qlinear_text() -> String {
+    let mut s = String::from(
+        "Packed linear layers (bf16 activations, Llama 3 8B projections) -- a MODEL, not a measurement.\n\
+         GEMV: the memory model above on the packed bytes; issue from the main loop's decode and the\n\
+         row blocks that run.\n",
+    );
+    s += &format!(
+        "  {:<16} {:<19} {:>4} {:>5} {:>5} {:>6} {:>7} {:>9} {:>8}  bound\n",
+        "kernel", "shape", "rows", "split", "bits", "warps", "flight", "steady", "w/launch"
+    );
+    for format in QuantFormat::ALL {
+        for &(shape, out, inp) in &SHAPES {
+            for rows in [1, 16] {
+                match predict_gemv(format, shape, out, inp, rows) {
+                    Ok(g) => {
+                        s += &format!(
+                            "  {:<16} {:<19} {:>4} {:>5} {:>5.2} {:>6} {:>5}B {:>8.0}% {:>7.0}%  {}\n",
+                            g.kernel,
+                            g.shape,
+                            g.rows,
+                            g.split,
+                            g.bits_per_weight,
+                            g.warps_per_sm,
+                            g.bytes_in_flight_per_thread,
+                            100.0 * g.memory.steady_fraction,
+                            100.0 * g.memory.fraction_of_copy,
+                            g.memory.bound
+                        )
+                    }
+                    Err(e) => s += &format!("  qgemv {format} {shape}: cannot analyze: {e}\n"),
+                }
+            }
+        }
+    }
+    s += "  steady: of copy bandwidth on the packed bytes plus activations, without the launch latency\n\
+          \x20 (a CUDA graph hides most of it); w/launch: with the model's 4 us.\n\
+          GEMM (prefill, first order at the tensor-loaded clock, next to our dense mma.sync GEMM):\n";
+    let peer = predict_dense_peer();
+    let mut rows: Vec<Result<MmaLoopPrediction, String>> = vec![peer.clone()];
+    rows.extend(QuantFormat::ALL.iter().map(|&f| predict_gemm(f)));
+    for r in rows {
+        match r {
+            Ok(p) => {
+                let ratio = peer.as_ref().map(|d| p.tflops / d.tflops).unwrap_or(f64::NAN);
+                s += &format!(
+                    "  {:<36} {:>3} regs {} blocks/SM, {:>3} HMMA/loop, {:>5.2} slots and {:>4.0} B smem per HMMA; \
+                     {} bound, {:>4.0} TFLOP/s ({:.0}% of the dense kernel)\n",
+                    p.kernel,
+                    p.registers,
+                    p.blocks_per_sm,
+                    p.hmma,
+                    p.slots_per_hmma,
+                    p.smem_bytes_per_hmma,
+                    p.bound,
+                    p.tflops,
+                    100.0 * ratio
+                );
+            }
+            Err(e) => s += &format!("  cannot analyze: {e}\n"),
+        }
+    }
+    s += "  Left out: the weight-load chain (issued a step ahead), waves and tails, the weight's L2 rereads.\n\n";
+    s
+}
