@@ -312,3 +312,164 @@ fn packed_gemm_reaches_70_percent_of_the_dense_mma_sync_rate() {
         assert!(q.tflops >= 0.70 * dense.tflops, "{q:?} vs {dense:?}");
     }
 }
+
+/// Paged decode attention at Llama 3 8B geometry: the split planner fills the GPU at batch 1 and
+/// leaves batch 32+ unsplit; bf16 pages stream at 80% or more of copy bandwidth in steady state,
+/// with the cp.async stages covering DRAM latency; fp8 pages read half the bytes (their
+/// conversions make them issue-bound: the floor guards that cost).
+#[test]
+fn paged_decode_streams_the_kv_pages_it_reads() {
+    use llama_kernels::dev::inspect::coverage::{decode_cases, decode_splits, predict_decode};
+    for c in decode_cases() {
+        let (d, merge) = predict_decode(&c).unwrap();
+        println!(
+            "{} b{} {}k: {} splits, {} blocks, {:.1} us, steady {:.2}, cover {:.1}, {}",
+            d.kernel,
+            c.batch,
+            c.context / 1024,
+            d.splits.unwrap(),
+            d.grid_blocks,
+            1e6 * d.seconds,
+            d.steady_fraction,
+            d.memory.cover,
+            d.bound
+        );
+        let splits = d.splits.unwrap();
+        assert_eq!(splits, decode_splits(&c));
+        assert!(d.grid_blocks >= 0.9 * h200::SMS, "{c:?}: {} blocks", d.grid_blocks);
+        if c.batch == 1 {
+            assert!(splits >= 8 && merge.is_some(), "{c:?}: batch 1 must split ({splits})");
+            let m = merge.unwrap();
+            assert!(m.seconds < d.seconds, "{c:?}: merge {:.1} us vs decode {:.1}", 1e6 * m.seconds, 1e6 * d.seconds);
+        } else {
+            assert!(merge.is_none() && splits == 1, "{c:?}: {splits} splits");
+        }
+        assert_ne!(d.bound, "latency", "{c:?}: {d:?}");
+        assert!(d.memory.cover >= 1.0, "{c:?}: cover {:.2}", d.memory.cover);
+        let floor = if c.page_bytes == 2 { 0.8 } else { 0.3 };
+        assert!(d.steady_fraction >= floor, "{c:?}: steady {:.2}", d.steady_fraction);
+        if c.page_bytes == 1 {
+            let bf16 =
+                predict_decode(&llama_kernels::dev::inspect::coverage::DecodeCase { page_bytes: 2, ..c }).unwrap().0;
+            assert!((2.0 * d.memory.t_dram - bf16.memory.t_dram).abs() < 0.05 * bf16.memory.t_dram, "{c:?}");
+        }
+    }
+}
+
+/// kv_append: bf16 pages are bandwidth-bound once the launch is amortized; fp8 pages pay for
+/// the per-element scaling and rounding in issue slots (the model says issue-bound; the floor
+/// guards that cost).
+#[test]
+fn kv_append_is_bandwidth_bound_at_prefill() {
+    use llama_kernels::dev::inspect::coverage::predict_kv_append;
+    let k = predict_kv_append(4096, 8, 128, false).unwrap();
+    assert_eq!(k.bound, "bandwidth", "{k:?}");
+    assert!(k.steady_fraction >= 0.8, "{k:?}");
+    let f = predict_kv_append(4096, 8, 128, true).unwrap();
+    assert!(f.steady_fraction >= 0.35 && f.bound != "latency", "{f:?}");
+    assert!(f.seconds < 2.0 * k.seconds, "fp8 {:.1} us vs bf16 {:.1} us", 1e6 * f.seconds, 1e6 * k.seconds);
+}
+
+/// The MoE pipeline of a Llama 4 Scout layer: decode picks the 16-row GEMM (one m16 tile per
+/// expert), prefill the 64-row one on tensor cores at 150 TFLOP/s or more (first order);
+/// gather and combine stream rows at 70% of copy bandwidth or more at 4096 tokens; routing and
+/// alignment are a few launches of a few microseconds.
+#[test]
+fn moe_pipeline_levers() {
+    use llama_kernels::dev::inspect::coverage::{predict_moe, scout_moe};
+    use llama_kernels::dev::inspect::qlinear_model::predict_mma_loop;
+    for k in [
+        "moe_grouped_gemm_kn_swiglu_m16_bf16",
+        "moe_grouped_gemm_nk_swiglu_m16_bf16",
+        "moe_grouped_gemm_kn_swiglu_m64_bf16",
+    ] {
+        let smem = if k.contains("m16") { 4 * 80 * 64 * 2 } else { 3 * 192 * 64 * 2 };
+        println!("{:?}", predict_mma_loop("moe", k, 128, smem).unwrap());
+    }
+    let decode = predict_moe(&scout_moe(1)).unwrap();
+    let prefill = predict_moe(&scout_moe(4096)).unwrap();
+    for c in decode.iter().chain(&prefill) {
+        println!(
+            "{} {}: {:.1} us, steady {:.2}, {:?} TFLOP/s, {}",
+            c.kernel,
+            c.shape,
+            1e6 * c.seconds,
+            c.steady_fraction,
+            c.tflops,
+            c.bound
+        );
+        assert!(c.seconds.is_finite() && c.seconds > 0.0, "{c:?}");
+        if c.kernel.starts_with("moe_route") || c.kernel.starts_with("moe_align") {
+            assert!(c.seconds < 10e-6, "{c:?}");
+        }
+    }
+    for c in decode.iter().filter(|c| c.kernel.starts_with("moe_grouped_gemm") && c.group == "moe") {
+        assert!(c.kernel.contains("_m16_") && c.shape.contains("(16 padded)"), "{c:?}");
+        assert!(c.steady_fraction >= 0.45, "{}: steady {:.2}", c.kernel, c.steady_fraction);
+    }
+    for c in prefill.iter().filter(|c| c.kernel.starts_with("moe_grouped_gemm") && c.shape.contains("16384")) {
+        assert!(c.kernel.contains("_m64_") && c.bound == "tensor", "{c:?}");
+        assert!(c.tflops.unwrap() >= 150.0, "{}: {:?} TFLOP/s", c.kernel, c.tflops);
+    }
+    for name in ["moe_gather_vec_bf16", "moe_combine_vec_bf16"] {
+        let c = prefill.iter().find(|c| c.kernel == name).unwrap();
+        assert!(c.steady_fraction >= 0.7, "{name}: {c:?}");
+    }
+}
+
+/// Whole-layer predictions: finite, shares of the step summing to 1, the graph cheaper than
+/// eager launches, and decode at batch 1 dominated by the stages that stream weights.
+#[test]
+fn layer_predictions_are_consistent_and_decode_is_weight_bound() {
+    use llama_kernels::dev::inspect::layer_model::{Phase, layer_predictions};
+    let all = layer_predictions();
+    assert_eq!(all.len(), 15);
+    for (m, p, r) in all {
+        let sp = r.unwrap_or_else(|e| panic!("{} {p:?}: {e}", m.name));
+        for v in
+            [sp.layer_eager, sp.layer_graph, sp.step_eager, sp.step_graph, sp.tokens_per_s_eager, sp.tokens_per_s_graph]
+        {
+            assert!(v.is_finite() && v > 0.0, "{} {p:?}: {v}", m.name);
+        }
+        assert!(sp.stages.iter().all(|s| s.body.is_finite() && s.body >= 0.0 && s.share >= 0.0), "{} {p:?}", m.name);
+        let shares: f64 = sp.stages.iter().map(|s| s.share).sum();
+        assert!((shares - 1.0).abs() < 1e-9, "{} {p:?}: shares sum to {shares}", m.name);
+        assert!(sp.step_graph < sp.step_eager, "{} {p:?}", m.name);
+        if let Phase::Decode { batch: 1, .. } = p {
+            let weights: f64 = sp.stages.iter().filter(|s| s.weight_stage).map(|s| s.share).sum();
+            assert!(weights >= 0.7, "{} decode b1: weight stages {:.2} of the step", m.name, weights);
+        }
+    }
+}
+
+#[test]
+fn the_json_report_has_the_coverage_and_the_layers() {
+    let v: serde_json::Value = serde_json::from_str(&report_json_text()).expect("the JSON report parses");
+    let cov = v["coverage"].as_array().expect("coverage");
+    assert!(cov.len() >= 40, "{} covered launches", cov.len());
+    for c in cov {
+        assert!(c.get("error").is_none(), "{c}");
+        assert!(c["seconds"].as_f64().is_some_and(|s| s.is_finite() && s > 0.0), "{c}");
+    }
+    for k in [
+        "paged_decode_hd128_bf16",
+        "paged_decode_hd128_bf16_fp8",
+        "paged_decode_merge_bf16",
+        "kv_append_bf16_bf16",
+        "moe_route_llama4_e128_bf16",
+        "moe_align_scan",
+        "moe_gather_vec_bf16",
+        "moe_combine_vec_bf16",
+        "moe_grouped_gemm_kn_swiglu_m64_bf16",
+    ] {
+        assert!(cov.iter().any(|c| c["kernel"] == k), "{k} missing from the JSON coverage");
+    }
+    let layers = &v["layers"];
+    assert_eq!(layers["measured"], serde_json::Value::Bool(false));
+    let steps = layers["steps"].as_array().expect("steps");
+    assert_eq!(steps.len(), 15);
+    for s in steps {
+        assert!(s.get("error").is_none(), "{s}");
+        assert!(s["tokens_per_s_graph"].as_f64().is_some_and(|t| t.is_finite() && t > 0.0), "{s}");
+    }
+}

@@ -4,7 +4,9 @@
 //! wrappers load exists and that no kernel spills registers.
 
 pub mod attention_model;
+pub mod coverage;
 pub mod h200;
+pub mod layer_model;
 pub mod memory_model;
 pub mod perf;
 pub mod perf_json;

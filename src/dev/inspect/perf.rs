@@ -528,6 +528,8 @@ pub fn report() -> String {
         }
     }
     s += &super::qlinear_model::qlinear_text();
+    s += &super::coverage::coverage_text();
+    s += &super::layer_model::layer_text();
     s += &calibration_text();
     s += &memory_calibration_text();
     s += "No GPU measurement exists for these kernels yet: when benches/results holds a GPU run, compare\n\

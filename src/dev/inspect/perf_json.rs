@@ -111,6 +111,90 @@ pub fn report_json() -> Value {
         "kernels": kernels,
         "calibration": rows,
         "calibration_errors": errors,
+        "coverage": coverage_json(),
+        "layers": layers_json(),
+    })
+}
+
+/// The covered kernels (decode attention, kv_append, MoE): `{kernel, error}` for one that
+/// cannot be analyzed.
+fn coverage_json() -> Vec<Value> {
+    super::coverage::coverage()
+        .into_iter()
+        .map(|r| match r {
+            Ok(c) => json!({
+                "group": c.group,
+                "module": c.module,
+                "kernel": c.kernel,
+                "shape": c.shape,
+                "bound": c.bound,
+                "registers": c.registers,
+                "blocks_per_sm": c.blocks_per_sm,
+                "grid_blocks": c.grid_blocks,
+                "splits": c.splits,
+                "seconds": c.seconds,
+                "body_seconds": c.body_seconds,
+                "tensor_seconds": c.t_tensor,
+                "predicted_fraction_of_copy": c.fraction_of_copy,
+                "steady_fraction_of_copy": c.steady_fraction,
+                "latency_cover": c.memory.cover,
+                "tflops": c.tflops,
+            }),
+            Err(e) => json!({ "error": e }),
+        })
+        .collect()
+}
+
+/// Whole-layer and step predictions of every model and phase.
+fn layers_json() -> Value {
+    use super::layer_model::{CUBLAS_TFLOPS, LAUNCH_EAGER_US, LAUNCH_GRAPH_US, PEER_FIGURES, Phase, layer_predictions};
+    let steps: Vec<Value> = layer_predictions()
+        .into_iter()
+        .map(|(m, p, r)| {
+            let phase = match p {
+                Phase::Decode { batch, context } => json!({ "kind": "decode", "batch": batch, "context": context }),
+                Phase::Prefill { tokens } => json!({ "kind": "prefill", "tokens": tokens }),
+            };
+            match r {
+                Ok(sp) => json!({
+                    "model": m.name,
+                    "phase": phase,
+                    "layer_seconds_eager": sp.layer_eager,
+                    "layer_seconds_graph": sp.layer_graph,
+                    "step_seconds_eager": sp.step_eager,
+                    "step_seconds_graph": sp.step_graph,
+                    "tokens_per_s_eager": sp.tokens_per_s_eager,
+                    "tokens_per_s_graph": sp.tokens_per_s_graph,
+                    "launches_per_step": sp.launches_per_step,
+                    "memory_bytes": sp.memory_bytes,
+                    "fits_one_h200": sp.fits,
+                    "stages": sp.stages.iter().map(|s| json!({
+                        "name": s.name,
+                        "by": s.by,
+                        "bound": s.bound,
+                        "launches": s.launches,
+                        "per_step": s.per_step,
+                        "body_seconds": s.body,
+                        "seconds_eager": s.eager,
+                        "seconds_graph": s.graph,
+                        "weight_stage": s.weight_stage,
+                        "share_of_graph_step": s.share,
+                    })).collect::<Vec<Value>>(),
+                }),
+                Err(e) => json!({ "model": m.name, "phase": phase, "error": e }),
+            }
+        })
+        .collect();
+    json!({
+        "measured": false,
+        "assumptions": {
+            "cublas_tflops": CUBLAS_TFLOPS,
+            "launch_us_eager": LAUNCH_EAGER_US,
+            "launch_us_graph": LAUNCH_GRAPH_US,
+            "copy_bytes_per_s": super::h200::COPY_BYTES_PER_S,
+        },
+        "steps": steps,
+        "peers": PEER_FIGURES.iter().map(|(what, source)| json!({ "what": what, "source": source })).collect::<Vec<Value>>(),
     })
 }
 
