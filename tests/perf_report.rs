@@ -408,7 +408,8 @@ fn moe_pipeline_levers() {
         assert!(c.steady_fraction >= 0.45, "{}: steady {:.2}", c.kernel, c.steady_fraction);
     }
     for c in prefill.iter().filter(|c| c.kernel.starts_with("moe_grouped_gemm") && c.shape.contains("16384")) {
-        assert!(c.kernel.contains("_m64_") && c.bound == "tensor", "{c:?}");
+        // The loop's time (tensor, shared memory or issue, first order) sets it, not the bytes.
+        assert!(c.kernel.contains("_m64_") && c.t_tensor >= c.memory.seconds - c.memory.t_launch, "{c:?}");
         assert!(c.tflops.unwrap() >= 150.0, "{}: {:?} TFLOP/s", c.kernel, c.tflops);
     }
     for name in ["moe_gather_vec_bf16", "moe_combine_vec_bf16"] {

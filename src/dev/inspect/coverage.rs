@@ -145,7 +145,8 @@ pub struct Covered {
     pub grid_blocks: f64,
     pub memory: MemoryPrediction,
     pub t_tensor: f64,
-    /// "bandwidth", "latency", "issue", "tensor" or "launch" (the 4 us launch is more than the body).
+    /// "bandwidth", "latency", "issue", "tensor" (the grouped GEMM: "mma loop: issue" or "mma loop:
+    /// shared memory", the limit of its loop) or "launch" (the 4 us launch is more than the body).
     pub bound: &'static str,
     pub seconds: f64,
     /// Without the launch latency.
@@ -389,6 +390,13 @@ fn grouped_gemm(
         if swiglu { " (SwiGLU)" } else { "" }
     );
     let mut c = predict(group, "moe", &kernel, shape, &l)?;
+    if c.bound == "tensor" {
+        c.bound = match loop_p.bound {
+            "issue" => "mma loop: issue",
+            "shared memory" => "mma loop: shared memory",
+            _ => "tensor",
+        };
+    }
     c.tflops = Some(2.0 * (slots * k * wcols) as f64 / c.seconds / 1e12);
     Ok(c)
 }
@@ -545,7 +553,26 @@ pub fn coverage_text() -> String {
             Err(e) => s += &format!("  cannot analyze: {e}\n"),
         }
     }
-    s += "  Left out: L2 hits (a decode step's K/V and weights exceed L2), the straight-line code's issue slots,\n\
-          \x20 tails of the last wave, expert load imbalance (tokens spread evenly over the experts).\n\n";
+    for k in ["moe_grouped_gemm_kn_swiglu_m16_bf16", "moe_grouped_gemm_kn_swiglu_m64_bf16"] {
+        let smem = if k.contains("_m16_") { LLK_MOE_GEMM_SMEM_BYTES_DECODE } else { LLK_MOE_GEMM_SMEM_BYTES };
+        if let Ok(p) = mma_loop(k, LLK_MOE_GEMM_THREADS, smem) {
+            s += &format!(
+                "  {k} main loop: {} HMMA, {:.1} issue slots and {:.0} B of shared memory per HMMA: {} bound at {:.0} TFLOP/s\n\
+                 \x20 on its padded rows (first order, {:.2} GHz)\n",
+                p.hmma,
+                p.slots_per_hmma,
+                p.smem_bytes_per_hmma,
+                p.bound,
+                p.tflops,
+                h200::TENSOR_CLOCK_GHZ
+            );
+        }
+    }
+    s += "  What it says: the decode (m16) grouped GEMM's loop spends most of its issue slots outside the HMMA, so\n\
+          \x20 at one m16 tile per expert it is predicted tensor/issue-bound below the weight stream; fp8 pages halve\n\
+          \x20 decode's bytes but their conversions make it issue-bound (no faster than bf16 in this model).\n\
+          \x20 Left out: L2 hits (a decode step's K/V and weights exceed L2), the straight-line code's issue slots,\n\
+          \x20 tails of the last wave, expert load imbalance (tokens spread evenly over the experts), and a single\n\
+          \x20 warp per scheduler (batch-1 decode: 1 block of 4 warps per SM) not issuing every clock.\n\n";
     s
 }

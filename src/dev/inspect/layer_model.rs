@@ -415,6 +415,7 @@ pub fn layer_text() -> String {
         s += &format!("  {what}\n    ({source})\n");
     }
     s += "  Left out: sampling, the embedding gather, host work between steps, cuBLAS below its large-shape rate at\n\
-          \x20 mid-size shapes, L2 reuse between stages, multi-GPU (70B and Scout in bf16 need two GPUs for a real KV cache).\n\n";
+          \x20 mid-size shapes, L2 reuse between stages, multi-GPU (70B and Scout in bf16 need two GPUs for a real KV cache);\n\
+          \x20 prefill attention is the contiguous hot path of the matrix model (the layer reads K/V from pages, a cold path).\n\n";
     s
 }
