@@ -406,8 +406,9 @@ fn grouped_gemm(
 pub fn predict_moe(c: &MoeCase) -> Result<Vec<Covered>, String> {
     let (t, h, e) = (c.tokens, c.hidden, c.experts);
     let slots = t * c.top_k;
-    let mut v = vec![grouped_gemm("moe", "nk", false, t, 1, 1, h, e)?];
-    v[0].group = "moe router";
+    let mut router = grouped_gemm("moe", "nk", false, t, 1, 1, h, e)?;
+    router.group = "moe router";
+    let mut v = vec![router];
     let row_bytes = (h * 2) as f64;
     let route = LaunchShape {
         counted_bytes: (t * e * 2 + slots * 8) as f64,
