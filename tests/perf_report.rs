@@ -439,6 +439,22 @@ fn layer_predictions_are_consistent_and_decode_is_weight_bound() {
         if let Phase::Decode { batch: 1, .. } = p {
             let weights: f64 = sp.stages.iter().filter(|s| s.weight_stage).map(|s| s.share).sum();
             assert!(weights >= 0.7, "{} decode b1: weight stages {:.2} of the step", m.name, weights);
+            // Below the weight-bandwidth ceiling, and near it for the dense models (cuBLAS streams
+            // the weights; the graph hides the launches); Scout's floor guards the m16 GEMM.
+            let ceiling = m.decode_ceiling();
+            let floor = if m.experts == 0 { 0.8 } else { 0.4 };
+            assert!(
+                sp.tokens_per_s_graph <= ceiling,
+                "{}: {:.0} tok/s above {ceiling:.0}",
+                m.name,
+                sp.tokens_per_s_graph
+            );
+            assert!(
+                sp.tokens_per_s_graph >= floor * ceiling,
+                "{}: {:.0} of {ceiling:.0} tok/s",
+                m.name,
+                sp.tokens_per_s_graph
+            );
         }
     }
 }

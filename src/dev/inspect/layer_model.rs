@@ -101,6 +101,26 @@ impl LayerConfig {
         };
         self.layers as f64 * (attn + ffn + 2.0 * h) + 2.0 * self.vocab as f64 * h + h
     }
+
+    /// Bytes of bf16 weights one decode token reads: every layer's attention, the experts it is
+    /// routed to (top-k plus the shared expert) or the dense FFN, the router, and the LM head
+    /// (the embedding reads one row).
+    pub fn decode_weight_bytes(&self) -> f64 {
+        let (h, i) = (self.hidden as f64, self.intermediate as f64);
+        let attn =
+            h * ((self.q_heads + 2 * self.kv_heads) * self.head_dim) as f64 + (self.q_heads * self.head_dim) as f64 * h;
+        let ffn = if self.experts == 0 {
+            3.0 * h * i
+        } else {
+            (self.top_k + 1) as f64 * 3.0 * h * i + h * self.experts as f64
+        };
+        2.0 * (self.layers as f64 * (attn + ffn) + self.vocab as f64 * h)
+    }
+
+    /// The batch-1 decode ceiling: the copy bandwidth over [`Self::decode_weight_bytes`] (tok/s).
+    pub fn decode_ceiling(&self) -> f64 {
+        H200.dram_bytes_per_s / self.decode_weight_bytes()
+    }
 }
 
 /// One step the report predicts.
@@ -410,7 +430,18 @@ pub fn layer_text() -> String {
             s += "\n";
         }
     }
-    s += "Published peers on an H200:\n";
+    s += "  Batch-1 decode ceiling (copy bandwidth over the weights a token reads, the experts it is routed to):";
+    for m in MODELS {
+        let b1 = predict_step(&m, PHASES[0]).map(|p| p.tokens_per_s_graph).unwrap_or(f64::NAN);
+        s += &format!(
+            " {} {:.0} tok/s (predicted {:.0}, {:.0}%);",
+            m.name,
+            m.decode_ceiling(),
+            b1,
+            100.0 * b1 / m.decode_ceiling()
+        );
+    }
+    s += "\nPublished peers on an H200:\n";
     for (what, source) in PEER_FIGURES {
         s += &format!("  {what}\n    ({source})\n");
     }

@@ -168,6 +168,7 @@ fn layers_json() -> Value {
                     "launches_per_step": sp.launches_per_step,
                     "memory_bytes": sp.memory_bytes,
                     "fits_one_h200": sp.fits,
+                    "batch1_decode_ceiling_tokens_per_s": m.decode_ceiling(),
                     "stages": sp.stages.iter().map(|s| json!({
                         "name": s.name,
                         "by": s.by,
