@@ -356,6 +356,17 @@ fn paged_decode_streams_the_kv_pages_it_reads() {
     }
 }
 
+/// The public merge of two attention states streams both at 70% of copy bandwidth or more
+/// once the launch is amortized (16k tokens x 32 heads).
+#[test]
+fn merge_states_streams_both_states() {
+    use llama_kernels::dev::inspect::coverage::predict_merge_states;
+    let m = predict_merge_states(16384, 32, 128).unwrap();
+    // Its loads in flight nearly cover DRAM latency (the model calls it latency-bound by a hair).
+    assert!(m.memory.cover >= 0.8, "{m:?}");
+    assert!(m.steady_fraction >= 0.7, "{m:?}");
+}
+
 /// kv_append: bf16 pages are bandwidth-bound once the launch is amortized; fp8 pages pay for
 /// the per-element scaling and rounding in issue slots (the model says issue-bound; the floor
 /// guards that cost).
@@ -472,6 +483,7 @@ fn the_json_report_has_the_coverage_and_the_layers() {
         "paged_decode_hd128_bf16",
         "paged_decode_hd128_bf16_fp8",
         "paged_decode_merge_bf16",
+        "merge_states_bf16",
         "kv_append_bf16_bf16",
         "moe_route_llama4_e128_bf16",
         "moe_align_scan",

@@ -317,6 +317,25 @@ pub fn predict_kv_append(tokens: usize, kv_heads: usize, head_dim: usize, fp8: b
     predict("kv cache", "paged_attention", kernel, shape, &l)
 }
 
+/// The public merge of two attention states (cascade attention over a shared prefix): `tokens`
+/// tokens x `heads` heads of bf16 outputs with f32 log-sum-exps, merged into one.
+pub fn predict_merge_states(tokens: usize, heads: usize, head_dim: usize) -> Result<Covered, String> {
+    let rows = tokens * heads;
+    let state = (rows * (head_dim * 2 + 4)) as f64;
+    let l = LaunchShape {
+        counted_bytes: 3.0 * state,
+        read_bytes: 2.0 * state,
+        extra_bytes: 0.0,
+        blocks: rows.div_ceil(4) as f64,
+        threads: LLK_DECODE_THREADS,
+        dyn_smem: 0,
+        in_flight_per_block: None,
+        t_tensor: 0.0,
+    };
+    let shape = format!("2 states x {tokens} tokens x {heads} heads x hd {head_dim}");
+    predict("attention merge", "paged_attention", "merge_states_bf16", shape, &l)
+}
+
 /// An MoE layer's shape (Llama 4 Scout: hidden 5120, 16 experts top-1, expert and shared
 /// intermediate 8192).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -509,6 +528,9 @@ pub fn coverage() -> Vec<Result<Covered, String>> {
             }
             Err(e) => v.push(Err(e)),
         }
+    }
+    for tokens in [128, 16384] {
+        v.push(predict_merge_states(tokens, 32, 128));
     }
     for (tokens, fp8) in [(128, false), (128, true), (4096, false)] {
         v.push(predict_kv_append(tokens, 8, 128, fp8));
