@@ -554,14 +554,14 @@ pub fn coverage_text() -> String {
          the loop's first-order rate. steady: of copy bandwidth without the launch.\n",
     );
     s += &format!(
-        "  {:<36} {:<58} {:>6} {:>4} {:>8} {:>7} {:>9} {:>7}  bound\n",
+        "  {:<36} {:<68} {:>6} {:>4} {:>8} {:>7} {:>9} {:>7}  bound\n",
         "kernel", "shape", "splits", "regs", "blocks", "us", "steady", "TFLOP/s"
     );
     for r in coverage() {
         match r {
             Ok(c) => {
                 s += &format!(
-                    "  {:<36} {:<58} {:>6} {:>4} {:>8.0} {:>7.1} {:>8.0}% {:>7}  {}\n",
+                    "  {:<36} {:<68} {:>6} {:>4} {:>8.0} {:>7.1} {:>8.0}% {:>7}  {}\n",
                     c.kernel,
                     c.shape,
                     c.splits.map_or("-".into(), |n| n.to_string()),

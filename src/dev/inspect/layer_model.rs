@@ -6,7 +6,7 @@
 //! **A model, not a measurement.** Our kernels: the report's models (memory-bound launches in
 //! the calibrated memory model, decode attention and the MoE pipeline as in
 //! [`super::coverage`], prefill attention by the FA2-calibrated matrix model). Dense GEMMs are
-//! cuBLAS, predicted at public H200 rates: the larger of the FLOP time at 765 TFLOP/s dense bf16
+//! cuBLAS, predicted at the public H200 rates issue 19 states: the larger of the FLOP time at 765 TFLOP/s dense bf16
 //! (the low end of the 765-786 TFLOP/s cuBLAS reaches at large shapes) and the bytes (weights,
 //! activations, output) at the copy bandwidth; optimistic for mid-size shapes, which reach
 //! neither. Launch cost per kernel: 4 us without a CUDA graph (the report's launch term,
