@@ -312,3 +312,20 @@ fn packed_gemm_reaches_70_percent_of_the_dense_mma_sync_rate() {
         assert!(q.tflops >= 0.70 * dense.tflops, "{q:?} vs {dense:?}");
     }
 }
+
+/// The row count from which bf16/f16 products take the tensor-core GEMM sits at the crossover the
+/// SASS predicts (issue slots per weight of the GEMV's decode and rows against the GEMM's loop),
+/// within two rows for every format.
+#[test]
+fn the_gemm_takes_over_from_the_gemv_where_the_model_says_it_is_cheaper() {
+    use llama_kernels::dev::inspect::qlinear_model::gemm_crossover_rows;
+    use llama_kernels::ops::qlinear::GEMM_FROM_ROWS;
+    use llama_kernels::spec::quant::QuantFormat;
+    for format in QuantFormat::ALL {
+        let r = gemm_crossover_rows(format).unwrap();
+        assert!(
+            (r - GEMM_FROM_ROWS as f64).abs() <= 2.0,
+            "{format}: crossover {r:.2} rows vs GEMM_FROM_ROWS {GEMM_FROM_ROWS}"
+        );
+    }
+}
