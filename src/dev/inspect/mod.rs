@@ -5,6 +5,7 @@
 
 pub mod attention_model;
 pub mod h200;
+pub mod kernel_spec;
 pub mod memory_model;
 pub mod perf;
 pub mod perf_json;

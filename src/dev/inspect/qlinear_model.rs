@@ -20,9 +20,8 @@
 //! chain from a weight load to its use (hidden by the one-step-ahead load at these occupancies),
 //! waves and tails, L2 traffic of the weight's rereads by the row blocks.
 
-use super::h200;
+use super::h200::{self, occupancy};
 use super::memory_model::{H200, MemoryLaunch, MemoryPrediction, predict_memory_launch};
-use super::perf::occupancy;
 use super::sass::{Sass, disassemble, loops};
 use super::{KernelResources, parse_ptxas};
 use crate::backend::kernel_modules;
@@ -178,9 +177,7 @@ pub fn predict_mma_loop(module: &str, name: &str, threads: u32, dyn_smem: u32) -
         .sum();
     let per = hmma.max(1) as f64;
     let (slots_per_hmma, smem_bytes_per_hmma) = (body.len() as f64 / per, smem / per);
-    let t_tensor = 1.0 / h200::HMMA_PER_CLK;
-    let t_smem = smem_bytes_per_hmma / h200::SMEM_BYTES_PER_CLK;
-    let t_issue = slots_per_hmma / h200::ISSUE_PER_CLK;
+    let [t_tensor, t_smem, t_issue] = h200::mma_limits(slots_per_hmma, smem_bytes_per_hmma);
     let worst = t_tensor.max(t_smem).max(t_issue);
     let bound = if worst == t_tensor {
         "tensor"
