@@ -555,6 +555,11 @@ typedef enum LlkQuantFormat {
 #define LLK_QGEMM_BLOCK_K 64
 #define LLK_QGEMM_STAGES 3
 #define LLK_QGEMM_SMEM_BYTES ((LLK_QGEMM_STAGES * LLK_QGEMM_BLOCK_M + 2 * LLK_QGEMM_BLOCK_N) * LLK_QGEMM_BLOCK_K * 2)
+// Split-K of the GEMM (grid.z: each split takes a contiguous range of 64-deep steps and writes its
+// f32 partial tile to `partial`; the reduce kernel adds the splits in order): at most this many.
+#define LLK_QGEMM_MAX_SPLITS 16
+// Threads per block of the split-K reduce kernel (one output element per thread).
+#define LLK_QREDUCE_THREADS 256
 
 typedef struct QLinearParams {
   uint64_t x;          // [rows, k] activations, rows x_row_stride elements apart, 16-byte aligned (GEMV, GEMM)
@@ -577,6 +582,9 @@ typedef struct QLinearParams {
   int32_t accumulate;  // GEMV, GEMM: 1 = y += x W^T (one rounding of the sum), 0 = y = x W^T
   int32_t split;       // GEMV: warps per output feature (1, 2 or 4 = LLK_QGEMV_MAX_SPLIT)
   int32_t block_shift; // log2(block): every format's block is a power of two
+  uint64_t partial;    // GEMM with k_splits > 1, reduce: [k_splits][rows][n] f32 partial products
+  int32_t k_splits;    // GEMM, reduce: 1 = the GEMM writes y itself; more = grid.z splits of k
+  int32_t k_steps_per_split;  // GEMM: 64-deep steps per split (the last split may take fewer)
 } QLinearParams;
 
 // ---------------------------------------------------------------------------- Self-tests

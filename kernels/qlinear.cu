@@ -50,6 +50,9 @@
 //   (common/mma_tile.cuh), 16 mma per 6 ldmatrix per warp and 16-deep step. One barrier per step.
 //   Epilogue: the f32 tile is staged in shared memory (the pipeline's), the old y added in f32
 //   when accumulating, rounded once and stored with 16-byte stores where y allows.
+//   Split-K (decode rows, small grids): grid.z splits the 64-deep steps into k_splits contiguous
+//   ranges; each block writes its f32 tile to `partial` instead, and qsplit_reduce_<dtype> adds
+//   the splits in order, adds the old y, rounds once (one thread per output element).
 //   Bytes: the packed weights once per row block (from L2 after the first), x once per 128
 //   output features, y once.
 //
@@ -222,11 +225,11 @@ __device__ void qgemv_kernel(const QLinearParams& p) {
   const int64_t chunks = active ? p.k / kChunk : 0, stride = 32 * split;
   // Software pipeline of depth kGemvDepth: the bytes of the next chunk are loaded before the
   // current one is decoded, so each lane keeps two chunks of loads in flight.
-  RawChunk cur;
+  RawChunk cur{};  // zeroed: a lane without chunks never reads it, but copies it
   if (lane + 32 * part < chunks) load_chunk<F>(p, col, lane + 32 * part, cur);
 #pragma unroll 1  // one chunk per iteration: its 16 x 32 fmas are the body (code size)
   for (int64_t c = lane + 32 * part; c < chunks; c += stride) {
-    RawChunk nxt;
+    RawChunk nxt{};
     if (c + stride < chunks) load_chunk<F>(p, col, c + stride, nxt);
     float w[kChunk];
     decode_chunk<F>(p, cur, w);
@@ -298,8 +301,13 @@ __device__ void qgemm_kernel(const QLinearParams& p) {
   const int valid = int(min(int64_t(kBM), p.rows - m0));
   const int tid = int(threadIdx.x), warp = tid / 32;
   const int wm = warp / 2, wn = warp % 2;
-  const T* x = reinterpret_cast<const T*>(p.x) + m0 * p.x_row_stride;
-  const int64_t ksteps = (p.k + kBK - 1) / kBK;
+  // This split's steps [s0, s0 + ksteps) (all of k when k_splits is 1); an empty split still
+  // writes its zero partial tile, so the reduce kernel reads every split.
+  const int64_t all_steps = (p.k + kBK - 1) / kBK;
+  const int64_t s0 = min(all_steps, int64_t(blockIdx.z) * p.k_steps_per_split);
+  const int64_t ksteps = min(all_steps - s0, int64_t(p.k_steps_per_split));
+  const T* x = reinterpret_cast<const T*>(p.x) + m0 * p.x_row_stride + s0 * kBK;
+  const int64_t k_end = p.k - s0 * kBK;  // k past this split's start (zero-fill beyond it)
 
   auto load_a = [&](int64_t ks, int stage) {
     const int64_t k0 = ks * kBK;
@@ -307,7 +315,7 @@ __device__ void qgemm_kernel(const QLinearParams& p) {
 #pragma unroll
     for (int i = tid; i < kBM * kBK / 8; i += kGemmThreads) {
       const int r = i / (kBK / 8), c = i % (kBK / 8);
-      const bool ok = r < valid && k0 + c * 8 < p.k;
+      const bool ok = r < valid && k0 + c * 8 < k_end;
       llk::cp_async_16(a + llk::swizzled<kBK>(r, c), ok ? x + r * p.x_row_stride + k0 + c * 8 : x, ok ? 16 : 0);
     }
   };
@@ -315,10 +323,10 @@ __device__ void qgemm_kernel(const QLinearParams& p) {
   auto chunk_of = [&](int i, int64_t ks, int& r, int64_t& chunk) {
     const int e = tid + i * kGemmThreads;
     r = e / kRowChunks;
-    chunk = ks * kRowChunks + e % kRowChunks;
+    chunk = (s0 + ks) * kRowChunks + e % kRowChunks;
     return n0 + r < p.n && chunk * kChunk < p.k;
   };
-  RawChunk next[kThreadChunks];
+  RawChunk next[kThreadChunks]{};
   auto load_b = [&](int64_t ks) {
 #pragma unroll
     for (int i = 0; i < kThreadChunks; ++i) {
@@ -396,8 +404,16 @@ __device__ void qgemm_kernel(const QLinearParams& p) {
         *reinterpret_cast<float2*>(sC + r * kOutPitch + c) = make_float2(acc[mi][j][2 * h], acc[mi][j][2 * h + 1]);
       }
   __syncthreads();
-  T* y = reinterpret_cast<T*>(p.y) + m0 * p.y_row_stride + n0;
   const int cols = int(min(int64_t(kBN), p.n - n0));
+  if (p.k_splits > 1) {  // block-uniform: the f32 partial tile of this split, for the reduce kernel
+    float* part = reinterpret_cast<float*>(p.partial) + (int64_t(blockIdx.z) * p.rows + m0) * p.n + n0;
+    for (int i = tid; i < kBM * kBN; i += kGemmThreads) {
+      const int r = i / kBN, c = i % kBN;
+      if (r < valid && c < cols) part[r * p.n + c] = sC[r * kOutPitch + c];
+    }
+    return;
+  }
+  T* y = reinterpret_cast<T*>(p.y) + m0 * p.y_row_stride + n0;
   constexpr int V = llk::kVec16<T>;
   const bool vec = p.y % 16 == 0 && p.y_row_stride % V == 0 && p.n % V == 0;  // block-uniform
   if (vec) {
@@ -426,6 +442,19 @@ __device__ void qgemm_kernel(const QLinearParams& p) {
   }
 }
 
+// y[r, c] (+)= sum over splits s, in order, of partial[s][r][c]; one rounding.
+template <class T>
+__device__ void qreduce_kernel(const QLinearParams& p) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= p.rows * p.n) return;
+  const int64_t r = e / p.n, c = e % p.n;
+  const float* part = reinterpret_cast<const float*>(p.partial) + e;
+  float s = part[0];
+  for (int q = 1; q < p.k_splits; ++q) s = __fadd_rn(s, part[int64_t(q) * p.rows * p.n]);
+  T* out = reinterpret_cast<T*>(p.y) + r * p.y_row_stride + c;
+  *out = llk::from_f32<T>(p.accumulate ? __fadd_rn(llk::to_f32(*out), s) : s);
+}
+
 template <LlkQuantFormat F, class T>
 __device__ void qdequant_kernel(const QLinearParams& p) {
   const int64_t chunks = p.k / kChunk;
@@ -447,7 +476,8 @@ __device__ void qdequant_kernel(const QLinearParams& p) {
 
 }  // namespace
 
-// Symbols: qgemv_<format>_<dtype>, qgemm_<format>_<f16|bf16> and qdequant_<format>_<dtype>.
+// Symbols: qgemv_<format>_<dtype>, qgemm_<format>_<f16|bf16>, qdequant_<format>_<dtype> and
+// qsplit_reduce_<f16|bf16>.
 #define QLINEAR_FORMAT(X, fmt, F)                                                                            \
   X(qgemv_##fmt##_f32, QLinearParams, (kWarps * 32), (qgemv_kernel<F, float>))                             \
   X(qgemv_##fmt##_f16, QLinearParams, (kWarps * 32), (qgemv_kernel<F, __half>))                            \
@@ -466,4 +496,12 @@ __device__ void qdequant_kernel(const QLinearParams& p) {
   QLINEAR_FORMAT(X, q6_k, LLK_QUANT_Q6_K)     \
   QLINEAR_FORMAT(X, nf4, LLK_QUANT_NF4)
 
-LLK_EXPORT_KERNELS(qlinear, QLINEAR_KERNELS)
+#define QLINEAR_REDUCE(X)                                                                     \
+  X(qsplit_reduce_f16, QLinearParams, (LLK_QREDUCE_THREADS), (qreduce_kernel<__half>))        \
+  X(qsplit_reduce_bf16, QLinearParams, (LLK_QREDUCE_THREADS), (qreduce_kernel<__nv_bfloat16>))
+
+#define QLINEAR_ALL(X) \
+  QLINEAR_KERNELS(X)   \
+  QLINEAR_REDUCE(X)
+
+LLK_EXPORT_KERNELS(qlinear, QLINEAR_ALL)

@@ -434,7 +434,7 @@ fn moe_pipeline_levers() {
 #[test]
 fn layer_predictions_are_consistent_and_decode_is_weight_bound() {
     use llama_kernels::dev::inspect::layer_model::{Phase, layer_predictions};
-    let all = layer_predictions();
+    let all = layer_predictions(&llama_kernels::dev::inspect::perf::prefill_attention_model().unwrap());
     assert_eq!(all.len(), 15);
     for (m, p, r) in all {
         let sp = r.unwrap_or_else(|e| panic!("{} {p:?}: {e}", m.name));
@@ -500,5 +500,22 @@ fn the_json_report_has_the_coverage_and_the_layers() {
     for s in steps {
         assert!(s.get("error").is_none(), "{s}");
         assert!(s["tokens_per_s_graph"].as_f64().is_some_and(|t| t.is_finite() && t > 0.0), "{s}");
+    }
+}
+
+/// The row count from which bf16/f16 products take the tensor-core GEMM sits at the crossover the
+/// SASS predicts (issue slots per weight of the GEMV's decode and rows against the GEMM's loop),
+/// within two rows for every format.
+#[test]
+fn the_gemm_takes_over_from_the_gemv_where_the_model_says_it_is_cheaper() {
+    use llama_kernels::dev::inspect::qlinear_model::gemm_crossover_rows;
+    use llama_kernels::ops::qlinear::GEMM_FROM_ROWS;
+    use llama_kernels::spec::quant::QuantFormat;
+    for format in QuantFormat::ALL {
+        let r = gemm_crossover_rows(format).unwrap();
+        assert!(
+            (r - GEMM_FROM_ROWS as f64).abs() <= 2.0,
+            "{format}: crossover {r:.2} rows vs GEMM_FROM_ROWS {GEMM_FROM_ROWS}"
+        );
     }
 }

@@ -9,7 +9,7 @@ mod common;
 
 use llama_kernels::dev::testing::Rng;
 use llama_kernels::dev::verify::{QLinearCase, qdequant_case, qlinear_case, random_packed};
-use llama_kernels::ops::qlinear::{QPath, QScratch, QWeight, gemv_split, qlinear, qlinear_add};
+use llama_kernels::ops::qlinear::{QPath, QScratch, QWeight, gemm_splits, gemv_split, qlinear, qlinear_add};
 use llama_kernels::spec::quant::{NF4_CODE, PackedWeight, QuantFormat, QuantLayout};
 use llama_kernels::{DType, Device, Error, Tensor};
 
@@ -61,12 +61,45 @@ fn the_tensor_core_gemm_handles_partial_tiles_k_tails_strides_and_accumulation()
         for (i, (rows, n)) in [(17, 128), (64, 133), (65, 8), (130, 300)].into_iter().enumerate() {
             let dtype = [DType::BF16, DType::F16][i % 2];
             let (pad, accumulate) = [(0, false), (8, true), (16, false), (8, false)][i];
-            assert_eq!(QPath::choose(dtype, rows, true, [n, k]), QPath::Gemm);
+            assert!(matches!(QPath::choose(dtype, rows, true, [n, k]), QPath::Gemm { .. }));
             let case = QLinearCase { format, dtype, rows, n, k, pad, accumulate };
             let r = qlinear_case(&device, case).unwrap();
             assert!(r.pass, "{case:?}: {}", r.describe());
         }
     }
+}
+
+#[test]
+fn split_k_gemm_matches_the_reference_with_empty_splits_tails_and_accumulation() {
+    // Decode rows (5 to 16, and up to one 64-row block) on tensor cores, `in` split over grid.z so
+    // that a narrow weight still fills the GPU: Llama 3 8B's k/v projection at 8 rows splits 16
+    // ways; the f32 partials are added in order by the reduce kernel.
+    assert_eq!(gemm_splits(8, 1024, 4096), 16);
+    assert_eq!(gemm_splits(8, 4096, 4096), 16);
+    assert_eq!(gemm_splits(8, 14336, 4096), 5);
+    assert_eq!(gemm_splits(65, 1024, 4096), 1, "beyond one row block: no split");
+    let device = Device::emulated();
+    for format in QuantFormat::ALL {
+        // 2080 = 32.5 steps of 64: 8 splits of 5 steps, the last one empty, a half step of tail.
+        let k_tail = if format.default_block() == 32 { 2080 } else { 2048 };
+        for (i, (rows, n, k)) in [(5, 9, 512), (8, 130, k_tail), (16, 7, 1024), (40, 3, 768)].into_iter().enumerate() {
+            let dtype = [DType::BF16, DType::F16][i % 2];
+            let path = QPath::choose(dtype, rows, true, [n, k]);
+            assert!(matches!(path, QPath::Gemm { k_splits: 2.. }), "{path}");
+            let case = QLinearCase { format, dtype, rows, n, k, pad: 8 * (i % 2), accumulate: i % 3 == 1 };
+            let r = qlinear_case(&device, case).unwrap();
+            assert!(r.pass, "{case:?}: {}", r.describe());
+        }
+    }
+    // A split product needs a scratch for its partials.
+    let mut rng = Rng::new(3);
+    let w = QWeight::new(&device, &random_packed(&mut rng, QuantFormat::Q4_0, 9, 512).unwrap()).unwrap();
+    let (x, y) = (
+        Tensor::zeros(&device, DType::BF16, &[8, 512]).unwrap(),
+        Tensor::zeros(&device, DType::BF16, &[8, 9]).unwrap(),
+    );
+    assert!(matches!(qlinear(&x, &w, &y, None), Err(Error::InvalidArgument { name: "scratch", .. })));
+    qlinear(&x, &w, &y, Some(&QScratch::new(&device, DType::BF16, &[&w]).unwrap())).unwrap();
 }
 
 #[test]
@@ -79,8 +112,9 @@ fn split_k_gemv_matches_the_reference_and_depends_on_the_shape_only() {
     assert_eq!(gemv_split(37, 256), 1);
     let device = Device::emulated();
     for format in QuantFormat::ALL {
-        for (rows, n, k) in [(1, 5, 4096), (3, 9, 2048), (16, 6, 8192)] {
-            let dtype = [DType::BF16, DType::F16, DType::F32][rows % 3];
+        for (rows, n, k, dtype) in
+            [(1, 5, 4096, DType::BF16), (3, 9, 2048, DType::F16), (16, 6, 8192, DType::F32), (4, 7, 4096, DType::BF16)]
+        {
             assert!(matches!(QPath::choose(dtype, rows, true, [n, k]), QPath::Gemv { split: 2.. }));
             let case = QLinearCase { format, dtype, rows, n, k, pad: 8, accumulate: rows == 3 };
             let r = qlinear_case(&device, case).unwrap();

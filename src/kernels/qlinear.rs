@@ -37,7 +37,13 @@ pub(crate) static KERNELS: KernelTable<(QKernel, QuantFormat, DType)> = KernelTa
     entries: rows!(Q8_0 "q8_0", Q4_0 "q4_0", Q4_1 "q4_1", Q4_K "q4_k", Q6_K "q6_k", NF4 "nf4"),
 };
 
+/// The split-K GEMM's reduction of its f32 partials, by output dtype (one for every format).
+pub(crate) static SPLIT_REDUCE: KernelTable<DType> = KernelTable {
+    module: "qlinear",
+    entries: &[(DType::F16, "qsplit_reduce_f16"), (DType::BF16, "qsplit_reduce_bf16")],
+};
+
 /// The symbols of this family, for static checks.
 pub(crate) fn symbols() -> impl Iterator<Item = KernelRef> {
-    KERNELS.symbols()
+    KERNELS.symbols().chain(SPLIT_REDUCE.symbols())
 }

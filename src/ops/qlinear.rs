@@ -49,10 +49,11 @@ use crate::backend::{Device, LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
-    LLK_QDEQUANT_THREADS, LLK_QGEMM_BLOCK_M, LLK_QGEMM_BLOCK_N, LLK_QGEMM_SMEM_BYTES, LLK_QGEMM_THREADS,
-    LLK_QGEMV_MAX_ROWS, LLK_QGEMV_MAX_SPLIT, LLK_QGEMV_WARPS, LLK_QUANT_CHUNK, QLinearParams,
+    LLK_QDEQUANT_THREADS, LLK_QGEMM_BLOCK_K, LLK_QGEMM_BLOCK_M, LLK_QGEMM_BLOCK_N, LLK_QGEMM_MAX_SPLITS,
+    LLK_QGEMM_SMEM_BYTES, LLK_QGEMM_THREADS, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_MAX_SPLIT, LLK_QGEMV_WARPS,
+    LLK_QREDUCE_THREADS, LLK_QUANT_CHUNK, QLinearParams,
 };
-use crate::kernels::qlinear::{KERNELS, QKernel};
+use crate::kernels::qlinear::{KERNELS, QKernel, SPLIT_REDUCE};
 use crate::launch::KernelArgs;
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, grid_y, to_i64};
 pub use crate::spec::quant::{PackedWeight, QuantFormat, QuantLayout};
@@ -80,6 +81,32 @@ pub fn gemv_split(out: usize, inp: usize) -> usize {
     split
 }
 
+/// 16-bit activations with this many rows or more take the tensor-core GEMM: below it the GEMV
+/// spends fewer issue slots per weight (its dequantization is shared by every row, but each row
+/// adds its fmas; the static report's packed-kernel section shows the crossover near 5 rows).
+pub const GEMM_FROM_ROWS: usize = 5;
+
+/// The GEMM splits `in` (grid.z) until its grid has this many blocks: 4 per SM on a 132-SM GPU.
+pub const GEMM_SPLIT_BLOCKS: usize = 528;
+
+/// The f32 partial products a split GEMM may write (elements of [`QScratch`]'s partial buffer).
+pub const GEMM_PARTIAL_ELEMS: usize = 1 << 22;
+
+/// Splits of `in` for the tensor-core GEMM of `rows` rows through an `[out, in]` weight: 1 (no
+/// split) beyond one 64-row block, else enough to fill [`GEMM_SPLIT_BLOCKS`], keeping at least 4
+/// steps of 64 per split and the partials within [`GEMM_PARTIAL_ELEMS`]. From the shape alone.
+pub fn gemm_splits(rows: usize, out: usize, inp: usize) -> usize {
+    let (bm, bn, bk) = (LLK_QGEMM_BLOCK_M as usize, LLK_QGEMM_BLOCK_N as usize, LLK_QGEMM_BLOCK_K as usize);
+    if rows == 0 || rows > bm || out == 0 {
+        return 1;
+    }
+    let blocks = out.div_ceil(bn);
+    let by_grid = GEMM_SPLIT_BLOCKS.div_ceil(blocks);
+    let by_depth = inp.div_ceil(bk) / 4;
+    let by_memory = GEMM_PARTIAL_ELEMS / (rows * out);
+    by_grid.min(by_depth).min(by_memory).clamp(1, LLK_QGEMM_MAX_SPLITS as usize)
+}
+
 /// The kernels a product runs (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QPath {
@@ -89,7 +116,10 @@ pub enum QPath {
         split: usize,
     },
     /// The tensor-core GEMM over weight tiles dequantized in shared memory.
-    Gemm,
+    Gemm {
+        /// Splits of `in` ([`gemm_splits`]); more than one needs a [`QScratch`] for the partials.
+        k_splits: usize,
+    },
     /// Bands dequantized into a [`QScratch`], then the dense GEMM of [`linear`](super::linear).
     DequantGemm,
 }
@@ -98,19 +128,20 @@ impl QPath {
     /// The path for `rows` activation rows of `dtype` through an `[out, in]` weight; `aligned`:
     /// x starts on a 16-byte boundary and its row stride keeps every row there.
     pub fn choose(dtype: DType, rows: usize, aligned: bool, [out, inp]: [usize; 2]) -> QPath {
+        let gemv_rows = if dtype == DType::F32 { MAX_GEMV_ROWS } else { GEMM_FROM_ROWS - 1 };
         if !aligned {
             QPath::DequantGemm
-        } else if rows <= MAX_GEMV_ROWS {
+        } else if rows <= gemv_rows {
             QPath::Gemv { split: gemv_split(out, inp) }
         } else if dtype == DType::F32 {
             QPath::DequantGemm
         } else {
-            QPath::Gemm
+            QPath::Gemm { k_splits: gemm_splits(rows, out, inp) }
         }
     }
     /// Whether the path needs a [`QScratch`].
     pub fn needs_scratch(self) -> bool {
-        self == QPath::DequantGemm
+        matches!(self, QPath::DequantGemm | QPath::Gemm { k_splits: 2.. })
     }
 }
 
@@ -119,7 +150,8 @@ impl std::fmt::Display for QPath {
         match self {
             QPath::Gemv { split: 1 } => write!(f, "gemv"),
             QPath::Gemv { split } => write!(f, "gemv split-k {split}"),
-            QPath::Gemm => write!(f, "gemm mma.sync"),
+            QPath::Gemm { k_splits: 1 } => write!(f, "gemm mma.sync"),
+            QPath::Gemm { k_splits } => write!(f, "gemm mma.sync split-k {k_splits}"),
             QPath::DequantGemm => write!(f, "dequant+gemm"),
         }
     }
@@ -183,14 +215,33 @@ pub fn band_rows(layout: &QuantLayout) -> usize {
 #[derive(Debug)]
 pub struct QScratch {
     band: Tensor,
+    /// f32 partial products of a split GEMM (16-bit dtypes).
+    partial: Tensor,
+}
+
+/// f32 elements the split GEMM of `w` writes at most (over the row counts that split).
+fn partial_elems(w: &QWeight) -> usize {
+    let [out, inp] = [w.layout.rows, w.layout.cols];
+    (GEMM_FROM_ROWS..=LLK_QGEMM_BLOCK_M as usize)
+        .map(|rows| match gemm_splits(rows, out, inp) {
+            1 => 0,
+            k => k * rows * out,
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 impl QScratch {
-    /// A scratch of `dtype` large enough for a band of every weight in `weights`.
+    /// A scratch of `dtype` large enough for a band of every weight in `weights` (the
+    /// dequantize-and-GEMM path) and, for bf16 and f16, the partial products of their split GEMMs.
     pub fn new(device: &Device, dtype: DType, weights: &[&QWeight]) -> Result<QScratch> {
         check_float(OP, "scratch", dtype)?;
         let elems = weights.iter().map(|w| band_rows(&w.layout) * w.layout.cols).max().unwrap_or(0);
-        Ok(QScratch { band: Tensor::zeros(device, dtype, &[elems.max(1)])? })
+        let partial = if dtype == DType::F32 { 0 } else { weights.iter().map(|w| partial_elems(w)).max().unwrap_or(0) };
+        Ok(QScratch {
+            band: Tensor::zeros(device, dtype, &[elems.max(1)])?,
+            partial: Tensor::zeros(device, DType::F32, &[partial.max(1)])?,
+        })
     }
 }
 
@@ -253,6 +304,9 @@ fn weight_params(w: &QWeight, base: u64) -> Result<QLinearParams> {
         split: 1,
         // A power of two for every format (QuantLayout::new checks it).
         block_shift: l.block.trailing_zeros() as i32,
+        partial: 0,
+        k_splits: 1,
+        k_steps_per_split: 0,
     })
 }
 
@@ -295,7 +349,7 @@ fn run(
     }
     let aligned = xr.addr % 16 == 0 && xr.row_stride % dtype.vec16() == 0;
     let path = QPath::choose(dtype, xr.rows, aligned, [d_out, d_in]);
-    if !path.needs_scratch() {
+    if let QPath::Gemv { .. } | QPath::Gemm { .. } = path {
         let mut p = weight_params(w, wb)?;
         p.x = xr.addr;
         p.y = yr.addr;
@@ -303,20 +357,47 @@ fn run(
         p.x_row_stride = to_i64(op, "x row stride", xr.row_stride)?;
         p.y_row_stride = to_i64(op, "y row stride", yr.row_stride)?;
         p.accumulate = i32::from(accumulate);
-        let (kernel, dims) = if let QPath::Gemv { split } = path {
-            p.split = split as i32;
-            let per_block = LLK_QGEMV_WARPS as usize / split;
-            let block = (LLK_QGEMV_WARPS * 32, 1, 1);
-            (QKernel::Gemv, LaunchDims { grid: (grid_x(op, d_out.div_ceil(per_block))?, 1, 1), block, dyn_smem: 0 })
-        } else {
-            let grid = (
-                grid_x(op, xr.rows.div_ceil(LLK_QGEMM_BLOCK_M as usize))?,
-                grid_y(op, "out features", d_out.div_ceil(LLK_QGEMM_BLOCK_N as usize))?,
-                1,
-            );
-            (QKernel::Gemm, LaunchDims { grid, block: (LLK_QGEMM_THREADS, 1, 1), dyn_smem: LLK_QGEMM_SMEM_BYTES })
-        };
-        return args.launch(KERNELS.find(op, "x", (kernel, w.layout.format, dtype), dtype)?, dims, &p);
+        let steps = d_in.div_ceil(LLK_QGEMM_BLOCK_K as usize);
+        let find = |kernel| KERNELS.find(op, "x", (kernel, w.layout.format, dtype), dtype);
+        match path {
+            QPath::Gemv { split } => {
+                p.split = split as i32;
+                let per_block = LLK_QGEMV_WARPS as usize / split;
+                let block = (LLK_QGEMV_WARPS * 32, 1, 1);
+                let dims = LaunchDims { grid: (grid_x(op, d_out.div_ceil(per_block))?, 1, 1), block, dyn_smem: 0 };
+                return args.launch(find(QKernel::Gemv)?, dims, &p);
+            }
+            QPath::Gemm { k_splits: 1 } => {
+                p.k_splits = 1;
+                p.k_steps_per_split = to_i32(op, "steps", steps)?;
+                return args.launch(find(QKernel::Gemm)?, gemm_dims(op, xr.rows, d_out, 1)?, &p);
+            }
+            _ => {}
+        }
+        // Split-K: the GEMM writes f32 partials into the scratch, the reduce kernel adds them
+        // in order into y (and its old values), rounding once.
+        let k_splits = if let QPath::Gemm { k_splits } = path { k_splits } else { 1 };
+        let scratch = scratch.ok_or_else(|| {
+            let why = format!("{} rows split `in` {k_splits} ways (gemm_splits): they need a QScratch", xr.rows);
+            Error::invalid(op, "scratch", "None", why)
+        })?;
+        check_dtype(op, "scratch", scratch.band.dtype(), dtype)?;
+        let need = k_splits * xr.rows * d_out;
+        if scratch.partial.numel() < need {
+            let why = format!("needs {need} f32 partial elements (plan it with this weight)");
+            return Err(Error::invalid(op, "scratch", scratch.partial.numel(), why));
+        }
+        p.partial = args.write_tensor("scratch partials", &scratch.partial)?;
+        p.k_splits = to_i32(op, "k splits", k_splits)?;
+        p.k_steps_per_split = to_i32(op, "steps", steps.div_ceil(k_splits))?;
+        args.launch(find(QKernel::Gemm)?, gemm_dims(op, xr.rows, d_out, k_splits)?, &p)?;
+        let mut args = KernelArgs::new(op, device);
+        args.write("y", y)?;
+        args.read_tensor("scratch partials", &scratch.partial)?;
+        let threads = LLK_QREDUCE_THREADS as usize;
+        let grid = (grid_x(op, (xr.rows * d_out).div_ceil(threads))?, 1, 1);
+        let dims = LaunchDims { grid, block: (threads as u32, 1, 1), dyn_smem: 0 };
+        return args.launch(SPLIT_REDUCE.find(op, "y", dtype, dtype)?, dims, &p);
     }
     drop(args);
     let scratch = scratch.ok_or_else(|| {
@@ -360,6 +441,20 @@ fn run(
         n0 += n;
     }
     Ok(())
+}
+
+/// The GEMM's grid for `rows` x `out` with `k_splits` splits of `in` (grid.z).
+fn gemm_dims(op: &'static str, rows: usize, out: usize, k_splits: usize) -> Result<LaunchDims> {
+    let grid = (
+        grid_x(op, rows.div_ceil(LLK_QGEMM_BLOCK_M as usize))?,
+        grid_y(op, "out features", out.div_ceil(LLK_QGEMM_BLOCK_N as usize))?,
+        k_splits as u32,
+    );
+    Ok(LaunchDims { grid, block: (LLK_QGEMM_THREADS, 1, 1), dyn_smem: LLK_QGEMM_SMEM_BYTES })
+}
+
+fn to_i32(op: &'static str, name: &'static str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::invalid(op, name, v, "does not fit in i32"))
 }
 
 /// Rows `[first, first + n)` of `w`, dequantized into the start of `band` (`[n, in]`).

@@ -21,8 +21,8 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use super::h200;
+use super::h200::occupancy;
 use super::memory_model::{H200, MemoryLaunch, MemoryPrediction, predict_memory_launch};
-use super::perf::occupancy;
 use super::qlinear_model::{MmaLoopPrediction, predict_mma_loop};
 use super::sass::{Sass, disassemble, load_bytes_in_flight, loops};
 use super::{KernelResources, parse_ptxas};

@@ -46,3 +46,20 @@ pub const BAR_LATENCY_CLK: f64 = 30.0;
 pub const LAUNCH_US: f64 = 4.0;
 /// A block's prologue (Q load) and epilogue (normalize, O store), in main-loop tiles.
 pub const BLOCK_OVERHEAD_TILES: f64 = 1.0;
+
+/// Blocks per SM from registers, threads and shared memory (sm_90 allocation rules: registers
+/// per warp in units of 256).
+pub fn occupancy(regs: u32, threads: u32, smem: u32) -> u32 {
+    let warps = threads.div_ceil(32).max(1);
+    let regs_per_warp = (regs.max(1) * 32).div_ceil(256) * 256;
+    let by_regs = REGS_PER_SM / (regs_per_warp * warps);
+    let by_threads = MAX_THREADS_PER_SM / (warps * 32);
+    let by_smem = if smem == 0 { u32::MAX } else { SMEM_PER_SM / (smem + SMEM_RESERVED_PER_BLOCK) };
+    by_regs.min(by_threads).min(by_smem).min(MAX_BLOCKS_PER_SM)
+}
+
+/// SM clocks per HMMA of a tensor-core loop under each first-order limit: the tensor rate, the
+/// shared-memory bandwidth (bytes per HMMA) and the issue rate (slots per HMMA).
+pub fn mma_limits(slots_per_hmma: f64, smem_bytes_per_hmma: f64) -> [f64; 3] {
+    [1.0 / HMMA_PER_CLK, smem_bytes_per_hmma / SMEM_BYTES_PER_CLK, slots_per_hmma / ISSUE_PER_CLK]
+}

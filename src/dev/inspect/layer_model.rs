@@ -14,15 +14,12 @@
 //! (the GPU-side gap between dependent kernels a graph does not remove; not measured here). The
 //! stage times below are bodies (no launch) plus that cost per launch.
 
-use std::sync::OnceLock;
-
 use super::attention_model::{MatrixModel, Workload, predict_launch};
 use super::coverage::{
     Covered, DecodeCase, LaunchShape, MoeCase, predict, predict_decode, predict_kv_append, predict_moe,
 };
 use super::h200;
 use super::memory_model::H200;
-use super::perf::{SPECS, analyze};
 
 /// cuBLAS dense bf16 rate at large shapes (TFLOP/s), the low end of the public 765-786.
 pub const CUBLAS_TFLOPS: f64 = 765.0;
@@ -219,16 +216,13 @@ fn rows_kernel(
     predict("layer", module, kernel, format!("{rows} rows"), &l)
 }
 
+/// Our prefill attention kernel as the matrix model sees it: its calibrated loop model and blocks
+/// per SM (`perf::prefill_attention_model` reads them from the SASS).
+pub type PrefillAttention = (MatrixModel, u32);
+
 /// Prefill attention (causal, fresh) of `tokens` tokens: the FA2-calibrated launch model.
-fn prefill_attention(cfg: &LayerConfig, tokens: usize) -> Result<Stage, String> {
-    static MODEL: OnceLock<Result<(MatrixModel, u32), String>> = OnceLock::new();
-    let (model, blocks_per_sm) = MODEL
-        .get_or_init(|| {
-            let spec = SPECS.iter().find(|s| s.kernel == "attention_hd128_bf16").ok_or("no attention spec")?;
-            let k = analyze(spec)?;
-            Ok((k.matrix.ok_or("attention has no matrix model")?, k.blocks_per_sm))
-        })
-        .clone()?;
+fn prefill_attention(cfg: &LayerConfig, tokens: usize, attn: &PrefillAttention) -> Stage {
+    let (model, blocks_per_sm) = attn;
     let w = Workload {
         seq: tokens,
         batch: 1,
@@ -237,14 +231,14 @@ fn prefill_attention(cfg: &LayerConfig, tokens: usize) -> Result<Stage, String> 
         causal: true,
         heaviest_first: true,
     };
-    let p = predict_launch(&model, &w, blocks_per_sm);
+    let p = predict_launch(model, &w, *blocks_per_sm);
     let flops = 4.0 * (tokens * tokens * cfg.head_dim * cfg.q_heads) as f64 / 2.0;
     let body = (flops / (p.tflops * 1e12) - h200::LAUNCH_US * 1e-6).max(0.0);
-    Ok(stage("attention (prefill)", "ours", "tensor, less the softmax chain", body, 1, false))
+    stage("attention (prefill)", "ours", "tensor, less the softmax chain", body, 1, false)
 }
 
 /// The stages of one layer at `phase`.
-pub fn layer_stages(cfg: &LayerConfig, phase: Phase) -> Result<Vec<Stage>, String> {
+pub fn layer_stages(cfg: &LayerConfig, phase: Phase, attn: &PrefillAttention) -> Result<Vec<Stage>, String> {
     let t = match phase {
         Phase::Decode { batch, .. } => batch,
         Phase::Prefill { tokens } => tokens,
@@ -269,7 +263,7 @@ pub fn layer_stages(cfg: &LayerConfig, phase: Phase) -> Result<Vec<Stage>, Strin
                 v.push(ours("attention merge", &m, false));
             }
         }
-        Phase::Prefill { tokens } => v.push(prefill_attention(cfg, tokens)?),
+        Phase::Prefill { tokens } => v.push(prefill_attention(cfg, tokens, attn)),
     }
     v.push(cublas("o_proj", t, h, cfg.q_heads * d, 0.0));
     v.push(ours(
@@ -310,8 +304,8 @@ pub fn layer_stages(cfg: &LayerConfig, phase: Phase) -> Result<Vec<Stage>, Strin
 
 /// One step: every layer, then the final norm and the LM head on the rows asked for (every
 /// sequence at decode, the last token at prefill).
-pub fn predict_step(cfg: &LayerConfig, phase: Phase) -> Result<StepPrediction, String> {
-    let mut stages = layer_stages(cfg, phase)?;
+pub fn predict_step(cfg: &LayerConfig, phase: Phase, attn: &PrefillAttention) -> Result<StepPrediction, String> {
+    let mut stages = layer_stages(cfg, phase, attn)?;
     let sum = |f: &dyn Fn(&Stage) -> f64, s: &[Stage]| s.iter().map(f).sum::<f64>();
     let (layer_eager, layer_graph) = (sum(&|s| s.eager, &stages), sum(&|s| s.graph, &stages));
     for s in &mut stages {
@@ -360,8 +354,8 @@ pub const PHASES: [Phase; 5] = [
 pub const MODELS: [LayerConfig; 3] = [LLAMA3_8B, LLAMA3_70B, LLAMA4_SCOUT];
 
 /// Every model at every phase.
-pub fn layer_predictions() -> Vec<(LayerConfig, Phase, Result<StepPrediction, String>)> {
-    MODELS.iter().flat_map(|m| PHASES.iter().map(move |&p| (*m, p, predict_step(m, p)))).collect()
+pub fn layer_predictions(attn: &PrefillAttention) -> Vec<(LayerConfig, Phase, Result<StepPrediction, String>)> {
+    MODELS.iter().flat_map(|m| PHASES.iter().map(move |&p| (*m, p, predict_step(m, p, attn)))).collect()
 }
 
 /// Published figures near these predictions, with how far they are from comparable.
@@ -383,8 +377,12 @@ fn phase_text(p: Phase) -> String {
     }
 }
 
-/// The layer section of the text report.
-pub fn layer_text() -> String {
+/// The layer section of the text report (`attn`: [`PrefillAttention`], or why it is missing).
+pub fn layer_text(attn: Result<PrefillAttention, String>) -> String {
+    let attn = match attn {
+        Ok(a) => a,
+        Err(e) => return format!("Whole-layer predictions: cannot predict: {e}\n\n"),
+    };
     let mut s = format!(
         "Whole-layer predictions (H200, bf16) -- a MODEL, not a measurement. Our kernels from the models above;\n\
          dense GEMMs as cuBLAS: max(FLOP at {CUBLAS_TFLOPS:.0} TFLOP/s, bytes at the copy bandwidth). Launch cost per kernel:\n\
@@ -396,7 +394,7 @@ pub fn layer_text() -> String {
         "  {:<14} {:<16} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>5}  top stages (share of the graph step)\n",
         "model", "phase", "layer us", "graph us", "step ms", "graph ms", "tok/s", "graph tok/s", "launches", "fits"
     );
-    for (m, p, r) in layer_predictions() {
+    for (m, p, r) in layer_predictions(&attn) {
         match r {
             Ok(sp) => {
                 let mut top: Vec<&Stage> = sp.stages.iter().collect();
@@ -422,7 +420,7 @@ pub fn layer_text() -> String {
         }
     }
     for (m, p) in [(LLAMA3_8B, PHASES[0]), (LLAMA4_SCOUT, PHASES[1])] {
-        if let Ok(sp) = predict_step(&m, p) {
+        if let Ok(sp) = predict_step(&m, p, &attn) {
             s += &format!("  {} {}, per stage of one layer (us, graph):", m.name, phase_text(p));
             for st in sp.stages.iter().filter(|st| st.per_step > 1) {
                 s += &format!(" {} {:.1} [{}];", st.name, 1e6 * st.graph, st.bound);
@@ -432,7 +430,7 @@ pub fn layer_text() -> String {
     }
     s += "  Batch-1 decode ceiling (copy bandwidth over the weights a token reads, the experts it is routed to):";
     for m in MODELS {
-        let b1 = predict_step(&m, PHASES[0]).map(|p| p.tokens_per_s_graph).unwrap_or(f64::NAN);
+        let b1 = predict_step(&m, PHASES[0], &attn).map(|p| p.tokens_per_s_graph).unwrap_or(f64::NAN);
         s += &format!(
             " {} {:.0} tok/s (predicted {:.0}, {:.0}%);",
             m.name,

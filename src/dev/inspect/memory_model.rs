@@ -18,7 +18,8 @@
 //! turnaround beyond what a copy pays, clock changes.
 
 use super::h200;
-use super::perf::{Spec, occupancy};
+use super::h200::occupancy;
+use super::kernel_spec::Spec;
 use super::sass::{Mix, Sass, disassemble, load_bytes_in_flight, loops};
 
 /// The memory side of a GPU.
@@ -328,7 +329,7 @@ pub fn memory_calibration_text() -> String {
         hi_fast
     );
     // How far our reference launches exceed the L2 (no harness term applies to them).
-    let ours = super::perf::SPECS
+    let ours = super::kernel_spec::SPECS
         .iter()
         .filter(|s| s.bytes_per_elem > 0.0)
         .map(|s| s.launch_elems * s.bytes_per_elem / H200.l2_bytes)

@@ -6,6 +6,7 @@
 pub mod attention_model;
 pub mod coverage;
 pub mod h200;
+pub mod kernel_spec;
 pub mod layer_model;
 pub mod memory_model;
 pub mod perf;

@@ -18,6 +18,8 @@ pub use super::attention_model::{
     LaunchPrediction, LoopCounts, MatrixModel, Workload, matrix_model, predict_launch, schedule_efficiency,
 };
 pub use super::h200;
+pub use super::h200::occupancy;
+pub use super::kernel_spec::{Region, SPECS, Spec};
 pub use super::memory_model::{
     H100_SXM, H200, LLMC_FIXTURE, MemoryCalibration, MemoryGpu, MemoryLaunch, MemoryPrediction, PeerMemoryCounts,
     memory_calibration, memory_calibration_text, peer_memory_counts, predict_memory_launch,
@@ -26,144 +28,6 @@ use super::memory_model::{memory_text, predict_memory};
 use super::sass::{Mix, Sass, cold_addresses, cold_ranges, disassemble, hot_path, loads_in_flight, loops};
 use super::{KernelResources, parse_ptxas};
 use crate::backend::kernel_modules;
-
-/// How the report reads one kernel.
-#[derive(Clone, Copy, Debug)]
-pub enum Region {
-    /// Code outside every loop (each thread handles a fixed amount).
-    StraightLine,
-    /// The body of the last loop (the kernel streams).
-    LastLoop,
-    /// The loop with the most HMMA.
-    MatrixLoop,
-}
-
-/// A kernel the report describes, at a reference shape.
-#[derive(Clone, Copy, Debug)]
-pub struct Spec {
-    pub module: &'static str,
-    pub kernel: &'static str,
-    /// The reference shape, in words.
-    pub shape: &'static str,
-    pub region: Region,
-    /// Threads per block and dynamic shared memory of the reference launch.
-    pub threads: u32,
-    pub dyn_smem: u32,
-    /// Memory-bound kernels: elements per 128-bit vector, 128-bit stores per element, and the
-    /// bytes each element moves (reads plus writes), of which reads.
-    pub vec: usize,
-    pub stores_per_elem: usize,
-    pub bytes_per_elem: f64,
-    pub read_bytes_per_elem: f64,
-    /// Memory-bound kernels: elements of the reference launch (16k tokens), for the launch term.
-    pub launch_elems: f64,
-    /// Matrix kernels: the family's source, whose lines between `// perf-model: cold {` and
-    /// `// perf-model: cold }` are paths the reference shape does not run (masked boundary tiles,
-    /// paged K/V); the hot-path mix leaves out the instructions compiled from them.
-    pub cold_source: Option<&'static str>,
-}
-
-/// The kernels the report covers (Llama 3 8B shapes, bf16).
-pub const SPECS: &[Spec] = &[
-    Spec {
-        module: "rms_norm",
-        kernel: "rms_norm_vec_bf16",
-        shape: "hidden 4096, 16k rows (128 threads per row, 4 vectors each)",
-        region: Region::StraightLine,
-        threads: 128,
-        dyn_smem: 0,
-        vec: 8,
-        stores_per_elem: 1,
-        bytes_per_elem: 4.0,
-        read_bytes_per_elem: 2.0,
-        launch_elems: 16384.0 * 4096.0,
-        cold_source: None,
-    },
-    Spec {
-        module: "rms_norm",
-        kernel: "fused_add_rms_norm_vec_bf16",
-        shape: "hidden 4096, 16k rows",
-        region: Region::StraightLine,
-        threads: 128,
-        dyn_smem: 0,
-        vec: 8,
-        stores_per_elem: 2,
-        bytes_per_elem: 8.0,
-        read_bytes_per_elem: 4.0,
-        launch_elems: 16384.0 * 4096.0,
-        cold_source: None,
-    },
-    Spec {
-        module: "rope",
-        kernel: "rope_half_split_vec_bf16",
-        shape: "head_dim 128, 32 q + 8 kv heads (Llama 3, no qk-norm), 16k tokens",
-        region: Region::LastLoop,
-        threads: 320,
-        dyn_smem: 0,
-        vec: 8,
-        stores_per_elem: 1,
-        bytes_per_elem: 4.0,
-        read_bytes_per_elem: 2.0,
-        launch_elems: 16384.0 * 40.0 * 128.0,
-        cold_source: None,
-    },
-    Spec {
-        module: "rope",
-        kernel: "rope_interleaved_vec_bf16",
-        shape: "head_dim 128, 40 q + 8 kv heads (Llama 4, no qk-norm), 16k tokens",
-        region: Region::LastLoop,
-        threads: 256,
-        dyn_smem: 0,
-        vec: 8,
-        stores_per_elem: 1,
-        bytes_per_elem: 4.0,
-        read_bytes_per_elem: 2.0,
-        launch_elems: 16384.0 * 48.0 * 128.0,
-        cold_source: None,
-    },
-    Spec {
-        module: "rope",
-        kernel: "rope_interleaved_norm_vec_bf16",
-        shape: "head_dim 128, 40 q + 8 kv heads (Llama 4 RoPE layer, qk-norm), 16k tokens",
-        region: Region::LastLoop,
-        threads: 256,
-        dyn_smem: 0,
-        vec: 8,
-        stores_per_elem: 1,
-        bytes_per_elem: 4.0,
-        read_bytes_per_elem: 2.0,
-        launch_elems: 16384.0 * 48.0 * 128.0,
-        cold_source: None,
-    },
-    Spec {
-        module: "swiglu",
-        kernel: "swiglu_vec_bf16",
-        shape: "ffn 14336, packed gate|up, 16k tokens",
-        region: Region::LastLoop,
-        threads: 256,
-        dyn_smem: 0,
-        vec: 8,
-        stores_per_elem: 1,
-        bytes_per_elem: 6.0,
-        read_bytes_per_elem: 4.0,
-        launch_elems: 16384.0 * 14336.0,
-        cold_source: None,
-    },
-    Spec {
-        module: "attention",
-        kernel: "attention_hd128_bf16",
-        shape: "causal prefill, head_dim 128",
-        region: Region::MatrixLoop,
-        threads: 128,
-        dyn_smem: crate::ops::attention::mma_smem_bytes(128),
-        vec: 0,
-        stores_per_elem: 0,
-        bytes_per_elem: 0.0,
-        read_bytes_per_elem: 0.0,
-        launch_elems: 0.0,
-        cold_source: Some(include_str!("../../../kernels/attention.cu")),
-    },
-];
 
 /// What the report says about one kernel.
 #[derive(Clone, Debug)]
@@ -199,17 +63,6 @@ pub struct KernelPerf {
     pub predicted_unit: &'static str,
     /// Matrix: the main loop's TFLOP/s at the tensor clock.
     pub predicted_loop_tflops: Option<f64>,
-}
-
-/// Blocks per SM from registers, threads and shared memory (sm_90 allocation rules: registers
-/// per warp in units of 256).
-pub fn occupancy(regs: u32, threads: u32, smem: u32) -> u32 {
-    let warps = threads.div_ceil(32).max(1);
-    let regs_per_warp = (regs.max(1) * 32).div_ceil(256) * 256;
-    let by_regs = h200::REGS_PER_SM / (regs_per_warp * warps);
-    let by_threads = h200::MAX_THREADS_PER_SM / (warps * 32);
-    let by_smem = if smem == 0 { u32::MAX } else { h200::SMEM_PER_SM / (smem + h200::SMEM_RESERVED_PER_BLOCK) };
-    by_regs.min(by_threads).min(by_smem).min(h200::MAX_BLOCKS_PER_SM)
 }
 
 /// Analyzes one kernel.
@@ -326,9 +179,7 @@ fn predict_matrix(
         .sum();
     let smem_per_hmma = (ldsm_bytes + 512.0 * mix.ldgsts as f64 + 128.0 * (mix.lds + mix.sts) as f64) / hmma;
     // Clocks per HMMA per SM under each limit (the SM interleaves its warps).
-    let t_tensor = 1.0 / h200::HMMA_PER_CLK;
-    let t_smem = smem_per_hmma / h200::SMEM_BYTES_PER_CLK;
-    let t_issue = slots_per_hmma / h200::ISSUE_PER_CLK;
+    let [t_tensor, t_smem, t_issue] = h200::mma_limits(slots_per_hmma, smem_per_hmma);
     let worst = t_tensor.max(t_smem).max(t_issue);
     let bound = if worst == t_smem {
         "shared memory"
@@ -446,6 +297,19 @@ pub fn peer_loop_counts(cubin: &[u8], kernel: &str) -> Result<LoopCounts, String
     Ok(LoopCounts::of(region.iter().copied()))
 }
 
+/// Our prefill attention kernel's calibrated matrix model and blocks per SM, for the layer model
+/// (read from the SASS once).
+pub fn prefill_attention_model() -> Result<(MatrixModel, u32), String> {
+    static MODEL: std::sync::OnceLock<Result<(MatrixModel, u32), String>> = std::sync::OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let spec = SPECS.iter().find(|s| s.kernel == "attention_hd128_bf16").ok_or("no attention spec")?;
+            let k = analyze(spec)?;
+            Ok((k.matrix.ok_or("attention has no matrix model")?, k.blocks_per_sm))
+        })
+        .clone()
+}
+
 /// The report as text.
 pub fn report() -> String {
     let mut s = String::from(
@@ -529,7 +393,7 @@ pub fn report() -> String {
     }
     s += &super::qlinear_model::qlinear_text();
     s += &super::coverage::coverage_text();
-    s += &super::layer_model::layer_text();
+    s += &super::layer_model::layer_text(prefill_attention_model());
     s += &calibration_text();
     s += &memory_calibration_text();
     s += "No GPU measurement exists for these kernels yet: when benches/results holds a GPU run, compare\n\

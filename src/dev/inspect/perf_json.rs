@@ -148,7 +148,11 @@ fn coverage_json() -> Vec<Value> {
 /// Whole-layer and step predictions of every model and phase.
 fn layers_json() -> Value {
     use super::layer_model::{CUBLAS_TFLOPS, LAUNCH_EAGER_US, LAUNCH_GRAPH_US, PEER_FIGURES, Phase, layer_predictions};
-    let steps: Vec<Value> = layer_predictions()
+    let attn = match super::perf::prefill_attention_model() {
+        Ok(a) => a,
+        Err(e) => return json!({ "measured": false, "error": e }),
+    };
+    let steps: Vec<Value> = layer_predictions(&attn)
         .into_iter()
         .map(|(m, p, r)| {
             let phase = match p {

@@ -20,9 +20,8 @@
 //! chain from a weight load to its use (hidden by the one-step-ahead load at these occupancies),
 //! waves and tails, L2 traffic of the weight's rereads by the row blocks.
 
-use super::h200;
+use super::h200::{self, occupancy};
 use super::memory_model::{H200, MemoryLaunch, MemoryPrediction, predict_memory_launch};
-use super::perf::occupancy;
 use super::sass::{Sass, disassemble, loops};
 use super::{KernelResources, parse_ptxas};
 use crate::backend::kernel_modules;
@@ -178,9 +177,7 @@ pub fn predict_mma_loop(module: &str, name: &str, threads: u32, dyn_smem: u32) -
         .sum();
     let per = hmma.max(1) as f64;
     let (slots_per_hmma, smem_bytes_per_hmma) = (body.len() as f64 / per, smem / per);
-    let t_tensor = 1.0 / h200::HMMA_PER_CLK;
-    let t_smem = smem_bytes_per_hmma / h200::SMEM_BYTES_PER_CLK;
-    let t_issue = slots_per_hmma / h200::ISSUE_PER_CLK;
+    let [t_tensor, t_smem, t_issue] = h200::mma_limits(slots_per_hmma, smem_bytes_per_hmma);
     let worst = t_tensor.max(t_smem).max(t_issue);
     let bound = if worst == t_tensor {
         "tensor"
@@ -213,6 +210,21 @@ pub fn predict_gemm(format: QuantFormat) -> Result<MmaLoopPrediction, String> {
 pub fn predict_dense_peer() -> Result<MmaLoopPrediction, String> {
     use crate::ffi::params::{LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_THREADS};
     predict_mma_loop(DENSE_PEER.0, DENSE_PEER.1, LLK_MOE_GEMM_THREADS, LLK_MOE_GEMM_SMEM_BYTES)
+}
+
+/// Rows at which the tensor-core GEMM's main loop costs fewer issue slots per weight than the
+/// GEMV's (bf16): the GEMV pays its decode once and each row's fmas and unpacking
+/// (`decode + rows x per_row` slots per 1024 weights, one warp iteration), the GEMM its whole
+/// loop per 2048 weights (a warp's share of a 128 x 64 step, every HMMA counted: an upper bound
+/// for rows a block does not fill).
+pub fn gemm_crossover_rows(format: QuantFormat) -> Result<f64, String> {
+    let one = predict_gemv(format, SHAPES[0].0, SHAPES[0].1, SHAPES[0].2, 1)?;
+    let two = predict_gemv(format, SHAPES[0].0, SHAPES[0].1, SHAPES[0].2, 2)?;
+    let per_row = two.slots_per_iteration - one.slots_per_iteration;
+    let decode = one.slots_per_iteration - per_row;
+    let gemm = predict_gemm(format)?;
+    let gemm_per_1024 = gemm.slots_per_hmma * gemm.hmma as f64 / 2.0;
+    Ok((gemm_per_1024 - decode) / per_row.max(1e-9))
 }
 
 /// The report's section on the packed kernels.
@@ -277,6 +289,16 @@ pub fn qlinear_text() -> String {
             Err(e) => s += &format!("  cannot analyze: {e}\n"),
         }
     }
+    s += "  Crossover (issue slots per weight, bf16): the GEMM's loop beats the GEMV's from about\n";
+    for format in QuantFormat::ALL {
+        if let Ok(r) = gemm_crossover_rows(format) {
+            s += &format!("    {format}: {r:.1} rows\n");
+        }
+    }
+    s += &format!(
+        "  so bf16/f16 products of {} rows or more take the GEMM (split along `in` up to one row block).\n",
+        crate::ops::qlinear::GEMM_FROM_ROWS
+    );
     s += "  Left out: the weight-load chain (issued a step ahead), waves and tails, the weight's L2 rereads.\n\n";
     s
 }

@@ -138,7 +138,8 @@ pub fn qdequant_case(device: &Device, format: QuantFormat, n: usize, k: usize) -
 /// split along `in`, when not `quick`), a strided accumulating GEMV of an odd width, decode rows
 /// that are not 16-byte aligned (the fallback), and prefill products (the tensor-core GEMM for
 /// bf16 and f16: one with partial row and column blocks and a k tail of half a step, one strided
-/// and accumulating).
+/// and accumulating, split along `in`) and 8 decode rows at the GEMV's shape (bf16 and f16: the
+/// split-K tensor-core GEMM).
 pub fn qlinear_cases(quick: bool) -> Vec<QLinearCase> {
     let (n, k) = if quick { (75, 512) } else { (1024, 4096) };
     let mut v = Vec::new();
@@ -151,6 +152,7 @@ pub fn qlinear_cases(quick: bool) -> Vec<QLinearCase> {
             v.push(QLinearCase { format, dtype, rows: 3, n: 37, k: 256, pad: 3, accumulate: false });
             v.push(QLinearCase { format, dtype, rows: 70, n: 133, k: k_tail, pad: 0, accumulate: false });
             v.push(QLinearCase { format, dtype, rows: 20, n: 45, k: 512, pad: 8, accumulate: true });
+            v.push(QLinearCase { format, dtype, rows: 8, n, k, pad: 0, accumulate: false });
         }
     }
     v
