@@ -519,3 +519,23 @@ fn the_gemm_takes_over_from_the_gemv_where_the_model_says_it_is_cheaper() {
         );
     }
 }
+
+/// The JSON report carries the packed kernels' predictions as numbers.
+#[test]
+fn the_json_report_has_the_packed_kernels() {
+    let v: serde_json::Value = serde_json::from_str(&report_json_text()).expect("the JSON report parses");
+    let p = &v["packed"];
+    let gemv = p["gemv"].as_array().expect("gemv");
+    assert_eq!(gemv.len(), 6 * 4 * 2);
+    for g in gemv {
+        assert!(g.get("error").is_none(), "{g}");
+        let f = g["steady_fraction_of_copy"].as_f64().expect("steady fraction");
+        assert!(f.is_finite() && f > 0.0 && f <= 1.0, "{g}");
+    }
+    let gemm = p["gemm"].as_array().expect("gemm");
+    assert_eq!(gemm.len(), 7);
+    for g in gemm {
+        assert!(g["tflops"].as_f64().is_some_and(|t| t.is_finite() && t > 0.0), "{g}");
+    }
+    assert_eq!(p["gemm_crossover_rows"].as_array().map(Vec::len), Some(6));
+}

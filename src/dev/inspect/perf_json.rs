@@ -112,7 +112,70 @@ pub fn report_json() -> Value {
         "calibration": rows,
         "calibration_errors": errors,
         "coverage": coverage_json(),
+        "packed": packed_json(),
         "layers": layers_json(),
+    })
+}
+
+/// The packed linear kernels (`qlinear_model`): the decode GEMV at Llama 3 8B's projections at 1
+/// and 16 rows, the prefill GEMM's loop next to the dense mma.sync GEMM, and the crossover.
+fn packed_json() -> Value {
+    use super::qlinear_model::{SHAPES, gemm_crossover_rows, predict_dense_peer, predict_gemm, predict_gemv};
+    use crate::spec::quant::QuantFormat;
+    let mut gemv = Vec::new();
+    for format in QuantFormat::ALL {
+        for &(shape, out, inp) in &SHAPES {
+            for rows in [1, 16] {
+                gemv.push(match predict_gemv(format, shape, out, inp, rows) {
+                    Ok(g) => json!({
+                        "kernel": g.kernel,
+                        "shape": g.shape,
+                        "rows": g.rows,
+                        "split": g.split,
+                        "bits_per_weight": g.bits_per_weight,
+                        "warps_per_sm": g.warps_per_sm,
+                        "bytes_in_flight_per_thread": g.bytes_in_flight_per_thread,
+                        "issue_slots_per_iteration": g.slots_per_iteration,
+                        "bound": g.memory.bound,
+                        "steady_fraction_of_copy": g.memory.steady_fraction,
+                        "predicted_fraction_of_copy": g.memory.fraction_of_copy,
+                        "latency_cover": g.memory.cover,
+                    }),
+                    Err(e) => json!({ "kernel": format!("qgemv_{}_bf16", format.name()), "error": e }),
+                });
+            }
+        }
+    }
+    let dense = predict_dense_peer();
+    let mut gemm = Vec::new();
+    for r in std::iter::once(dense.clone()).chain(QuantFormat::ALL.iter().map(|&f| predict_gemm(f))) {
+        gemm.push(match r {
+            Ok(p) => json!({
+                "kernel": p.kernel,
+                "registers": p.registers,
+                "blocks_per_sm": p.blocks_per_sm,
+                "hmma_per_loop": p.hmma,
+                "issue_slots_per_hmma": p.slots_per_hmma,
+                "smem_bytes_per_hmma": p.smem_bytes_per_hmma,
+                "bound": p.bound,
+                "tflops": p.tflops,
+                "fraction_of_dense": dense.as_ref().map(|d| p.tflops / d.tflops).ok(),
+            }),
+            Err(e) => json!({ "error": e }),
+        });
+    }
+    let crossover: Vec<Value> = QuantFormat::ALL
+        .iter()
+        .map(|&f| match gemm_crossover_rows(f) {
+            Ok(r) => json!({ "format": f.name(), "rows": r }),
+            Err(e) => json!({ "format": f.name(), "error": e }),
+        })
+        .collect();
+    json!({
+        "gemv": gemv,
+        "gemm": gemm,
+        "gemm_crossover_rows": crossover,
+        "gemm_from_rows": crate::ops::qlinear::GEMM_FROM_ROWS,
     })
 }
 
