@@ -349,7 +349,16 @@ fn run(
     }
     let aligned = xr.addr % 16 == 0 && xr.row_stride % dtype.vec16() == 0;
     let path = QPath::choose(dtype, xr.rows, aligned, [d_out, d_in]);
-    if let QPath::Gemv { .. } | QPath::Gemm { .. } = path {
+    // What a path that needs a scratch reports without a usable one.
+    let usable = |why: String| -> Result<&QScratch> {
+        let scratch = scratch.ok_or_else(|| Error::invalid(op, "scratch", "None", why))?;
+        check_dtype(op, "scratch", scratch.band.dtype(), dtype)?;
+        if !device.same_context(scratch.band.device()) {
+            return Err(Error::DeviceMismatch { op, what: "scratch" });
+        }
+        Ok(scratch)
+    };
+    let io_params = || -> Result<QLinearParams> {
         let mut p = weight_params(w, wb)?;
         p.x = xr.addr;
         p.y = yr.addr;
@@ -357,65 +366,55 @@ fn run(
         p.x_row_stride = to_i64(op, "x row stride", xr.row_stride)?;
         p.y_row_stride = to_i64(op, "y row stride", yr.row_stride)?;
         p.accumulate = i32::from(accumulate);
-        let steps = d_in.div_ceil(LLK_QGEMM_BLOCK_K as usize);
-        let find = |kernel| KERNELS.find(op, "x", (kernel, w.layout.format, dtype), dtype);
-        match path {
-            QPath::Gemv { split } => {
-                p.split = split as i32;
-                let per_block = LLK_QGEMV_WARPS as usize / split;
-                let block = (LLK_QGEMV_WARPS * 32, 1, 1);
-                let dims = LaunchDims { grid: (grid_x(op, d_out.div_ceil(per_block))?, 1, 1), block, dyn_smem: 0 };
-                return args.launch(find(QKernel::Gemv)?, dims, &p);
-            }
-            QPath::Gemm { k_splits: 1 } => {
-                p.k_splits = 1;
-                p.k_steps_per_split = to_i32(op, "steps", steps)?;
-                return args.launch(find(QKernel::Gemm)?, gemm_dims(op, xr.rows, d_out, 1)?, &p);
-            }
-            _ => {}
+        Ok(p)
+    };
+    let find = |kernel| KERNELS.find(op, "x", (kernel, w.layout.format, dtype), dtype);
+    match path {
+        QPath::Gemv { split } => {
+            let mut p = io_params()?;
+            p.split = split as i32;
+            let per_block = LLK_QGEMV_WARPS as usize / split;
+            let block = (LLK_QGEMV_WARPS * 32, 1, 1);
+            let dims = LaunchDims { grid: (grid_x(op, d_out.div_ceil(per_block))?, 1, 1), block, dyn_smem: 0 };
+            return args.launch(find(QKernel::Gemv)?, dims, &p);
         }
-        // Split-K: the GEMM writes f32 partials into the scratch, the reduce kernel adds them
-        // in order into y (and its old values), rounding once.
-        let k_splits = if let QPath::Gemm { k_splits } = path { k_splits } else { 1 };
-        let scratch = scratch.ok_or_else(|| {
-            let why = format!("{} rows split `in` {k_splits} ways (gemm_splits): they need a QScratch", xr.rows);
-            Error::invalid(op, "scratch", "None", why)
-        })?;
-        check_dtype(op, "scratch", scratch.band.dtype(), dtype)?;
-        let need = k_splits * xr.rows * d_out;
-        if scratch.partial.numel() < need {
-            let why = format!("needs {need} f32 partial elements (plan it with this weight)");
-            return Err(Error::invalid(op, "scratch", scratch.partial.numel(), why));
+        QPath::Gemm { k_splits } => {
+            // With more than one split the GEMM writes f32 partials into the scratch and the
+            // reduce kernel adds them in order into y (and its old values), rounding once.
+            let mut p = io_params()?;
+            p.k_splits = to_i32(op, "k splits", k_splits)?;
+            p.k_steps_per_split = to_i32(op, "steps", d_in.div_ceil(LLK_QGEMM_BLOCK_K as usize).div_ceil(k_splits))?;
+            let split = if k_splits > 1 {
+                let why = format!("{} rows split `in` {k_splits} ways (gemm_splits): they need a QScratch", xr.rows);
+                let scratch = usable(why)?;
+                let need = k_splits * xr.rows * d_out;
+                if scratch.partial.numel() < need {
+                    let why = format!("needs {need} f32 partial elements (plan it with this weight)");
+                    return Err(Error::invalid(op, "scratch", scratch.partial.numel(), why));
+                }
+                p.partial = args.write_tensor("scratch partials", &scratch.partial)?;
+                Some(scratch)
+            } else {
+                None
+            };
+            args.launch(find(QKernel::Gemm)?, gemm_dims(op, xr.rows, d_out, k_splits)?, &p)?;
+            let Some(scratch) = split else { return Ok(()) };
+            let mut args = KernelArgs::new(op, device);
+            args.write("y", y)?;
+            args.read_tensor("scratch partials", &scratch.partial)?;
+            let threads = LLK_QREDUCE_THREADS as usize;
+            let grid = (grid_x(op, (xr.rows * d_out).div_ceil(threads))?, 1, 1);
+            let dims = LaunchDims { grid, block: (threads as u32, 1, 1), dyn_smem: 0 };
+            return args.launch(SPLIT_REDUCE.find(op, "y", dtype, dtype)?, dims, &p);
         }
-        p.partial = args.write_tensor("scratch partials", &scratch.partial)?;
-        p.k_splits = to_i32(op, "k splits", k_splits)?;
-        p.k_steps_per_split = to_i32(op, "steps", steps.div_ceil(k_splits))?;
-        args.launch(find(QKernel::Gemm)?, gemm_dims(op, xr.rows, d_out, k_splits)?, &p)?;
-        let mut args = KernelArgs::new(op, device);
-        args.write("y", y)?;
-        args.read_tensor("scratch partials", &scratch.partial)?;
-        let threads = LLK_QREDUCE_THREADS as usize;
-        let grid = (grid_x(op, (xr.rows * d_out).div_ceil(threads))?, 1, 1);
-        let dims = LaunchDims { grid, block: (threads as u32, 1, 1), dyn_smem: 0 };
-        return args.launch(SPLIT_REDUCE.find(op, "y", dtype, dtype)?, dims, &p);
+        QPath::DequantGemm => {}
     }
     drop(args);
-    let scratch = scratch.ok_or_else(|| {
-        Error::invalid(
-            op,
-            "scratch",
-            "None",
-            if aligned {
-                format!("{} f32 rows need a QScratch (the GEMV takes at most {MAX_GEMV_ROWS})", xr.rows)
-            } else {
-                "x rows that are not 16-byte aligned need a QScratch (the GEMV reads 16-byte vectors)".to_string()
-            },
-        )
+    let scratch = usable(if aligned {
+        format!("{} f32 rows need a QScratch (the GEMV takes at most {MAX_GEMV_ROWS})", xr.rows)
+    } else {
+        "x rows that are not 16-byte aligned need a QScratch (the GEMV reads 16-byte vectors)".to_string()
     })?;
-    check_dtype(op, "scratch", scratch.band.dtype(), dtype)?;
-    if !device.same_context(scratch.band.device()) {
-        return Err(Error::DeviceMismatch { op, what: "scratch" });
-    }
     let band = band_rows(&w.layout);
     if scratch.band.numel() < band * d_in {
         return Err(Error::invalid(

@@ -24,9 +24,8 @@ use super::h200;
 use super::h200::occupancy;
 use super::memory_model::{H200, MemoryLaunch, MemoryPrediction, predict_memory_launch};
 use super::qlinear_model::{MmaLoopPrediction, predict_mma_loop};
-use super::sass::{Sass, disassemble, load_bytes_in_flight, loops};
-use super::{KernelResources, parse_ptxas};
-use crate::backend::kernel_modules;
+use super::sass::{Sass, load_bytes_in_flight, loops};
+use super::{KernelCode, KernelResources, kernel_code};
 use crate::ffi::params::{
     LLK_DECODE_KEYS, LLK_DECODE_ROWS_MMA, LLK_DECODE_THREADS, LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_BLOCK_N_DECODE,
     LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE, LLK_MOE_GEMM_STAGES, LLK_MOE_GEMM_STAGES_DECODE,
@@ -88,13 +87,7 @@ fn mma_loop(kernel: &str, threads: u32, smem: u32) -> Result<MmaLoopPrediction, 
 }
 
 fn read_facts(module: &str, kernel: &str) -> Result<KernelFacts, String> {
-    let m =
-        kernel_modules().map_err(|e| e.to_string())?.find(|m| m.name == module).ok_or(format!("no module {module}"))?;
-    let resources = parse_ptxas(m.ptxas_sm90)
-        .into_iter()
-        .find(|k| k.name == kernel)
-        .ok_or(format!("{kernel} not in the ptxas report"))?;
-    let code = disassemble(m.cubin_sm90, kernel)?;
+    let KernelCode { resources, code, .. } = kernel_code(module, kernel)?;
     let real: Vec<&Sass> = code.iter().filter(|i| i.base() != "NOP").collect();
     let load_bytes = |body: &[&Sass]| body.iter().map(|i| lane_bytes(i)).sum::<f64>();
     let bodies: Vec<Vec<&Sass>> = loops(&code)

@@ -88,30 +88,31 @@ pub const LLAMA4_SCOUT: LayerConfig = LayerConfig {
 impl LayerConfig {
     /// Parameters (embedding and LM head untied).
     pub fn params(&self) -> f64 {
+        let h = self.hidden as f64;
+        self.layers as f64 * (self.attn_params() + self.ffn_params(self.experts) + 2.0 * h)
+            + 2.0 * self.vocab as f64 * h
+            + h
+    }
+
+    /// One layer's q/k/v and o projections.
+    fn attn_params(&self) -> f64 {
+        let h = self.hidden as f64;
+        h * ((self.q_heads + 2 * self.kv_heads) * self.head_dim) as f64 + (self.q_heads * self.head_dim) as f64 * h
+    }
+
+    /// One layer's FFN with `experts` routed experts present (the dense FFN without experts; else
+    /// those experts, the shared one and the router).
+    fn ffn_params(&self, experts: usize) -> f64 {
         let (h, i) = (self.hidden as f64, self.intermediate as f64);
-        let attn =
-            h * ((self.q_heads + 2 * self.kv_heads) * self.head_dim) as f64 + (self.q_heads * self.head_dim) as f64 * h;
-        let ffn = if self.experts == 0 {
-            3.0 * h * i
-        } else {
-            (self.experts + 1) as f64 * 3.0 * h * i + h * self.experts as f64
-        };
-        self.layers as f64 * (attn + ffn + 2.0 * h) + 2.0 * self.vocab as f64 * h + h
+        if self.experts == 0 { 3.0 * h * i } else { (experts + 1) as f64 * 3.0 * h * i + h * self.experts as f64 }
     }
 
     /// Bytes of bf16 weights one decode token reads: every layer's attention, the experts it is
     /// routed to (top-k plus the shared expert) or the dense FFN, the router, and the LM head
     /// (the embedding reads one row).
     pub fn decode_weight_bytes(&self) -> f64 {
-        let (h, i) = (self.hidden as f64, self.intermediate as f64);
-        let attn =
-            h * ((self.q_heads + 2 * self.kv_heads) * self.head_dim) as f64 + (self.q_heads * self.head_dim) as f64 * h;
-        let ffn = if self.experts == 0 {
-            3.0 * h * i
-        } else {
-            (self.top_k + 1) as f64 * 3.0 * h * i + h * self.experts as f64
-        };
-        2.0 * (self.layers as f64 * (attn + ffn) + self.vocab as f64 * h)
+        let h = self.hidden as f64;
+        2.0 * (self.layers as f64 * (self.attn_params() + self.ffn_params(self.top_k)) + self.vocab as f64 * h)
     }
 
     /// The batch-1 decode ceiling: the copy bandwidth over [`Self::decode_weight_bytes`] (tok/s).

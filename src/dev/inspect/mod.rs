@@ -75,6 +75,26 @@ pub fn all_resources(arch: &str) -> crate::Result<Vec<(KernelModuleInfo, Vec<Ker
         .collect())
 }
 
+/// One kernel as the static report reads it: its sm_90 `ptxas -v` resources, its SASS, and the
+/// cubin it came from (for line tables).
+#[derive(Debug)]
+pub struct KernelCode {
+    pub resources: KernelResources,
+    pub code: Vec<sass::Sass>,
+    pub cubin: &'static [u8],
+}
+
+/// `kernel` of family `module`, read from the embedded (or external) sm_90 device code.
+pub fn kernel_code(module: &str, kernel: &str) -> Result<KernelCode, String> {
+    let m =
+        kernel_modules().map_err(|e| e.to_string())?.find(|m| m.name == module).ok_or(format!("no module {module}"))?;
+    let resources = parse_ptxas(m.ptxas_sm90)
+        .into_iter()
+        .find(|k| k.name == kernel)
+        .ok_or(format!("{kernel} not in the ptxas report"))?;
+    Ok(KernelCode { resources, code: sass::disassemble(m.cubin_sm90, kernel)?, cubin: m.cubin_sm90 })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

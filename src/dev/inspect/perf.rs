@@ -26,8 +26,7 @@ pub use super::memory_model::{
 };
 use super::memory_model::{memory_text, predict_memory};
 use super::sass::{Mix, Sass, cold_addresses, cold_ranges, disassemble, hot_path, loads_in_flight, loops};
-use super::{KernelResources, parse_ptxas};
-use crate::backend::kernel_modules;
+use super::{KernelCode, KernelResources, kernel_code};
 
 /// What the report says about one kernel.
 #[derive(Clone, Debug)]
@@ -67,16 +66,8 @@ pub struct KernelPerf {
 
 /// Analyzes one kernel.
 pub fn analyze(spec: &Spec) -> Result<KernelPerf, String> {
-    let module = kernel_modules()
-        .map_err(|e| e.to_string())?
-        .find(|m| m.name == spec.module)
-        .ok_or(format!("no module {}", spec.module))?;
-    let resources = parse_ptxas(module.ptxas_sm90)
-        .into_iter()
-        .find(|k| k.name == spec.kernel)
-        .ok_or(format!("{} not in the ptxas report", spec.kernel))?;
-    let code = disassemble(module.cubin_sm90, spec.kernel)?;
-    let (region, whole_loop) = region_of(spec, module.cubin_sm90, &code)?;
+    let KernelCode { resources, code, cubin } = kernel_code(spec.module, spec.kernel)?;
+    let (region, whole_loop) = region_of(spec, cubin, &code)?;
     let mix = Mix::of(region.iter().copied());
     let smem = resources.smem_bytes + spec.dyn_smem;
     let blocks_per_sm = occupancy(resources.registers, spec.threads, smem);

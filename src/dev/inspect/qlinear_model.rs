@@ -22,9 +22,8 @@
 
 use super::h200::{self, occupancy};
 use super::memory_model::{H200, MemoryLaunch, MemoryPrediction, predict_memory_launch};
-use super::sass::{Sass, disassemble, loops};
-use super::{KernelResources, parse_ptxas};
-use crate::backend::kernel_modules;
+use super::sass::{Sass, loops};
+use super::{KernelCode, kernel_code};
 use crate::ffi::params::{
     LLK_QGEMM_SMEM_BYTES, LLK_QGEMM_THREADS, LLK_QGEMV_DEPTH, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_WARPS,
 };
@@ -42,16 +41,6 @@ pub const SHAPES: [(&str, usize, usize); 4] = [
 /// The dense mma.sync GEMM the packed GEMM is compared with (same tile: 64 rows x 128 weight
 /// rows x 64 deep, 4 warps, the weight in `[n, k]` layout).
 pub const DENSE_PEER: (&str, &str) = ("moe", "moe_grouped_gemm_nk_plain_m64_bf16");
-
-fn kernel(module: &str, name: &str) -> Result<(KernelResources, Vec<Sass>), String> {
-    let m =
-        kernel_modules().map_err(|e| e.to_string())?.find(|m| m.name == module).ok_or(format!("no module {module}"))?;
-    let res = parse_ptxas(m.ptxas_sm90)
-        .into_iter()
-        .find(|k| k.name == name)
-        .ok_or(format!("{name} not in the ptxas report"))?;
-    Ok((res, disassemble(m.cubin_sm90, name)?))
-}
 
 /// The instructions of the loop of `code` with the most instructions of base `op`.
 fn loop_with_most<'a>(code: &'a [Sass], op: &str) -> Result<Vec<&'a Sass>, String> {
@@ -99,7 +88,7 @@ pub fn predict_gemv(
     rows: usize,
 ) -> Result<GemvPrediction, String> {
     let name = format!("qgemv_{}_bf16", format.name());
-    let (res, code) = kernel("qlinear", &name)?;
+    let KernelCode { resources: res, code, .. } = kernel_code("qlinear", &name)?;
     let body = loop_with_most(&code, "FFMA")?;
     let packed = |i: &&&Sass| i.base() == "LDG" && i.op.contains("CONSTANT");
     let weight_bytes: usize = body.iter().filter(packed).map(|i| access_bytes(&i.op)).sum();
@@ -160,7 +149,7 @@ pub struct MmaLoopPrediction {
 
 /// The loop with the most HMMA of `kernel`, launched with `threads` threads and `dyn_smem` bytes.
 pub fn predict_mma_loop(module: &str, name: &str, threads: u32, dyn_smem: u32) -> Result<MmaLoopPrediction, String> {
-    let (res, code) = kernel(module, name)?;
+    let KernelCode { resources: res, code, .. } = kernel_code(module, name)?;
     let body = loop_with_most(&code, "HMMA")?;
     let hmma = body.iter().filter(|i| i.base() == "HMMA").count();
     // Shared-memory bytes per warp: ldmatrix.x4 512, cp.async 16 per lane, LDS/STS by width.
