@@ -560,6 +560,12 @@ typedef enum LlkQuantFormat {
 #define LLK_QGEMM_MAX_SPLITS 16
 // Threads per block of the split-K reduce kernel (one output element per thread).
 #define LLK_QREDUCE_THREADS 256
+// The tensor-core GEMV of decode (bf16, f16; Q4_0, Q4_1, Q4_K and Q6_K): one 16-row tile of W per
+// block of LLK_QMMV_WARPS warps, which split its k range in groups of LLK_QMMV_GROUP chunks;
+// at most LLK_QMMV_MAX_ROWS activation rows (one mma n-tile). Split-K over grid.z as the GEMM's.
+#define LLK_QMMV_WARPS 4
+#define LLK_QMMV_GROUP 4
+#define LLK_QMMV_MAX_ROWS 8
 
 typedef struct QLinearParams {
   uint64_t x;          // [rows, k] activations, rows x_row_stride elements apart, 16-byte aligned (GEMV, GEMM)
@@ -584,7 +590,7 @@ typedef struct QLinearParams {
   int32_t block_shift; // log2(block): every format's block is a power of two
   uint64_t partial;    // GEMM with k_splits > 1, reduce: [k_splits][rows][n] f32 partial products
   int32_t k_splits;    // GEMM, reduce: 1 = the GEMM writes y itself; more = grid.z splits of k
-  int32_t k_steps_per_split;  // GEMM: 64-deep steps per split (the last split may take fewer)
+  int32_t k_steps_per_split;  // per split (the last may take fewer): GEMM 64-deep steps, tensor-core GEMV groups
 } QLinearParams;
 
 // ---------------------------------------------------------------------------- Self-tests

@@ -1,7 +1,8 @@
 //! Linear layers over packed weights (`ops::qlinear`): the device dequantization of every
 //! format equals the specification bit for bit (and the specification equals llama.cpp's and the
-//! `gguf` package's, `tests/gguf.rs`), every path (the GEMV, split along `in` or not, the
-//! tensor-core GEMM, the dequantize-and-GEMM fallback) matches the f64 reference for every row
+//! `gguf` package's, `tests/gguf.rs`), every path (the tensor-core GEMV and the CUDA-core GEMV,
+//! split along `in` or not, the tensor-core GEMM, the dequantize-and-GEMM fallback) matches the
+//! f64 reference of its weights for every row
 //! count from 1 to 17 and a few larger, with partial tiles, strided and accumulating, schedules
 //! agree bit for bit, and each bad input is a named error.
 
@@ -9,7 +10,9 @@ mod common;
 
 use llama_kernels::dev::testing::Rng;
 use llama_kernels::dev::verify::{QLinearCase, qdequant_case, qlinear_case, random_packed};
-use llama_kernels::ops::qlinear::{QPath, QScratch, QWeight, gemm_splits, gemv_split, qlinear, qlinear_add};
+use llama_kernels::ops::qlinear::{
+    QPath, QScratch, QWeight, gemm_splits, gemv_split, has_mma_gemv, mma_gemv_splits, qlinear, qlinear_add,
+};
 use llama_kernels::spec::quant::{NF4_CODE, PackedWeight, QuantFormat, QuantLayout};
 use llama_kernels::{DType, Device, Error, Tensor};
 
@@ -61,7 +64,7 @@ fn the_tensor_core_gemm_handles_partial_tiles_k_tails_strides_and_accumulation()
         for (i, (rows, n)) in [(17, 128), (64, 133), (65, 8), (130, 300)].into_iter().enumerate() {
             let dtype = [DType::BF16, DType::F16][i % 2];
             let (pad, accumulate) = [(0, false), (8, true), (16, false), (8, false)][i];
-            assert!(matches!(QPath::choose(dtype, rows, true, [n, k]), QPath::Gemm { .. }));
+            assert!(matches!(QPath::choose(format, dtype, rows, true, [n, k]), QPath::Gemm { .. }));
             let case = QLinearCase { format, dtype, rows, n, k, pad, accumulate };
             let r = qlinear_case(&device, case).unwrap();
             assert!(r.pass, "{case:?}: {}", r.describe());
@@ -82,9 +85,9 @@ fn split_k_gemm_matches_the_reference_with_empty_splits_tails_and_accumulation()
     for format in QuantFormat::ALL {
         // 2080 = 32.5 steps of 64: 8 splits of 5 steps, the last one empty, a half step of tail.
         let k_tail = if format.default_block() == 32 { 2080 } else { 2048 };
-        for (i, (rows, n, k)) in [(5, 9, 512), (8, 130, k_tail), (16, 7, 1024), (40, 3, 768)].into_iter().enumerate() {
+        for (i, (rows, n, k)) in [(9, 9, 512), (12, 130, k_tail), (16, 7, 1024), (40, 3, 768)].into_iter().enumerate() {
             let dtype = [DType::BF16, DType::F16][i % 2];
-            let path = QPath::choose(dtype, rows, true, [n, k]);
+            let path = QPath::choose(format, dtype, rows, true, [n, k]);
             assert!(matches!(path, QPath::Gemm { k_splits: 2.. }), "{path}");
             let case = QLinearCase { format, dtype, rows, n, k, pad: 8 * (i % 2), accumulate: i % 3 == 1 };
             let r = qlinear_case(&device, case).unwrap();
@@ -95,8 +98,8 @@ fn split_k_gemm_matches_the_reference_with_empty_splits_tails_and_accumulation()
     let mut rng = Rng::new(3);
     let w = QWeight::new(&device, &random_packed(&mut rng, QuantFormat::Q4_0, 9, 512).unwrap()).unwrap();
     let (x, y) = (
-        Tensor::zeros(&device, DType::BF16, &[8, 512]).unwrap(),
-        Tensor::zeros(&device, DType::BF16, &[8, 9]).unwrap(),
+        Tensor::zeros(&device, DType::BF16, &[12, 512]).unwrap(),
+        Tensor::zeros(&device, DType::BF16, &[12, 9]).unwrap(),
     );
     assert!(matches!(qlinear(&x, &w, &y, None), Err(Error::InvalidArgument { name: "scratch", .. })));
     qlinear(&x, &w, &y, Some(&QScratch::new(&device, DType::BF16, &[&w]).unwrap())).unwrap();
@@ -115,7 +118,10 @@ fn split_k_gemv_matches_the_reference_and_depends_on_the_shape_only() {
         for (rows, n, k, dtype) in
             [(1, 5, 4096, DType::BF16), (3, 9, 2048, DType::F16), (16, 6, 8192, DType::F32), (4, 7, 4096, DType::BF16)]
         {
-            assert!(matches!(QPath::choose(dtype, rows, true, [n, k]), QPath::Gemv { split: 2.. }));
+            if has_mma_gemv(format, dtype) {
+                continue; // the tensor-core GEMV's own test below
+            }
+            assert!(matches!(QPath::choose(format, dtype, rows, true, [n, k]), QPath::Gemv { split: 2.. }));
             let case = QLinearCase { format, dtype, rows, n, k, pad: 8, accumulate: rows == 3 };
             let r = qlinear_case(&device, case).unwrap();
             assert!(r.pass, "{case:?}: {}", r.describe());
@@ -124,9 +130,50 @@ fn split_k_gemv_matches_the_reference_and_depends_on_the_shape_only() {
 }
 
 #[test]
+fn tensor_core_gemv_matches_the_exact_reference_with_splits_tails_strides_and_accumulation() {
+    // Llama 3 8B's shapes: the 4096-wide projections split `in` twice, the 1024-wide k/v
+    // projections four times, the 14336-wide gate/up not at all; narrow weights as deep as
+    // they allow; a short row never.
+    assert_eq!(mma_gemv_splits(4096, 4096), 2);
+    assert_eq!(mma_gemv_splits(1024, 4096), 4);
+    assert_eq!(mma_gemv_splits(14336, 4096), 1);
+    assert_eq!(mma_gemv_splits(37, 8192), 8);
+    assert_eq!(mma_gemv_splits(37, 512), 1);
+    let device = Device::emulated();
+    for format in QuantFormat::ALL.into_iter().filter(|&f| has_mma_gemv(f, DType::BF16)) {
+        // 544 = 17 chunks: four groups of 4 and a tail of one (the 32-blocks formats).
+        let k_tail = if format.default_block() == 32 { 544 } else { 768 };
+        for (i, (rows, n, k)) in
+            [(1, 37, 8192), (8, 16, k_tail), (3, 33, 4096), (5, 21, 512), (2, 130, k_tail), (7, 9, 2080)]
+                .into_iter()
+                .enumerate()
+        {
+            let dtype = [DType::BF16, DType::F16][i % 2];
+            if k % format.default_block() != 0 {
+                continue;
+            }
+            let path = QPath::choose(format, dtype, rows, true, [n, k]);
+            assert!(matches!(path, QPath::MmaGemv { .. }) && path.exact_weights(), "{path}");
+            let case = QLinearCase { format, dtype, rows, n, k, pad: 8 * (i % 2), accumulate: i % 3 == 1 };
+            let r = qlinear_case(&device, case).unwrap();
+            assert!(r.pass, "{case:?}: {}", r.describe());
+        }
+    }
+    // A split product needs a scratch for its partials; 9 rows take the GEMM instead.
+    let mut rng = Rng::new(5);
+    let w = QWeight::new(&device, &random_packed(&mut rng, QuantFormat::Q4_K, 37, 8192).unwrap()).unwrap();
+    let x = Tensor::zeros(&device, DType::BF16, &[2, 8192]).unwrap();
+    let y = Tensor::zeros(&device, DType::BF16, &[2, 37]).unwrap();
+    assert!(matches!(qlinear(&x, &w, &y, None), Err(Error::InvalidArgument { name: "scratch", .. })));
+    qlinear(&x, &w, &y, Some(&QScratch::new(&device, DType::BF16, &[&w]).unwrap())).unwrap();
+    assert!(matches!(QPath::choose(QuantFormat::Q4_K, DType::BF16, 9, true, [37, 8192]), QPath::Gemm { .. }));
+}
+
+#[test]
 fn schedules_agree_bit_for_bit() {
-    for format in [QuantFormat::Q4_K, QuantFormat::Q6_K, QuantFormat::NF4] {
-        // The GEMV, the split GEMV, the tensor-core GEMM (bf16) and the dequantize path (f32).
+    for format in [QuantFormat::Q4_1, QuantFormat::Q4_K, QuantFormat::Q6_K, QuantFormat::NF4] {
+        // The GEMV (tensor-core for the first three, split or not), the tensor-core GEMM (bf16)
+        // and the dequantize path (f32).
         for (rows, n, k, dtype) in
             [(3, 9, 512, DType::BF16), (2, 5, 4096, DType::BF16), (18, 9, 512, DType::BF16), (18, 9, 512, DType::F32)]
         {

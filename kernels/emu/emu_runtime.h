@@ -986,6 +986,13 @@ inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f;
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __clz(int x) { return x ? __builtin_clz(unsigned(x)) : 32; }
 inline int __ffs(int x) { return __builtin_ffs(x); }
+// Byte n of the result is byte (nibble n of s) & 7 of the 8-byte value {y:x} (x the low word).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long v = (static_cast<unsigned long long>(y) << 32) | x;
+  unsigned r = 0;
+  for (int n = 0; n < 4; ++n) r |= static_cast<unsigned>((v >> (8 * ((s >> (4 * n)) & 7u))) & 0xffu) << (8 * n);
+  return r;
+}
 template <class T> inline T __ldg(const T* p) {
   if constexpr (sizeof(T) == 16) llk_emu::check_align16(p, "16-byte __ldg");
   return *p;

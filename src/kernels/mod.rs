@@ -29,6 +29,10 @@ impl<K: PartialEq + Copy> KernelTable<K> {
     pub fn symbols(&'static self) -> impl Iterator<Item = KernelRef> {
         self.entries.iter().map(|(_, symbol)| KernelRef { module: self.module, symbol })
     }
+    /// Whether the table has a kernel for `key`.
+    pub fn has(&self, key: K) -> bool {
+        self.entries.iter().any(|(k, _)| *k == key)
+    }
     /// The kernel for `key`; a dtype without one is an [`Error::UnsupportedDType`].
     pub fn find(&self, op: &'static str, what: &'static str, key: K, dtype: DType) -> Result<KernelRef> {
         self.entries

@@ -37,6 +37,22 @@ pub(crate) static KERNELS: KernelTable<(QKernel, QuantFormat, DType)> = KernelTa
     entries: rows!(Q8_0 "q8_0", Q4_0 "q4_0", Q4_1 "q4_1", Q4_K "q4_k", Q6_K "q6_k", NF4 "nf4"),
 };
 
+/// The tensor-core GEMV of decode, by (format, activation dtype): the formats whose values are
+/// integers with a scale (and minimum) per 32 or 16 elements; bf16 and f16.
+pub(crate) static MMA_GEMV: KernelTable<(QuantFormat, DType)> = KernelTable {
+    module: "qlinear",
+    entries: &[
+        ((QuantFormat::Q4_0, DType::F16), "qmmv_q4_0_f16"),
+        ((QuantFormat::Q4_0, DType::BF16), "qmmv_q4_0_bf16"),
+        ((QuantFormat::Q4_1, DType::F16), "qmmv_q4_1_f16"),
+        ((QuantFormat::Q4_1, DType::BF16), "qmmv_q4_1_bf16"),
+        ((QuantFormat::Q4_K, DType::F16), "qmmv_q4_k_f16"),
+        ((QuantFormat::Q4_K, DType::BF16), "qmmv_q4_k_bf16"),
+        ((QuantFormat::Q6_K, DType::F16), "qmmv_q6_k_f16"),
+        ((QuantFormat::Q6_K, DType::BF16), "qmmv_q6_k_bf16"),
+    ],
+};
+
 /// The split-K GEMM's reduction of its f32 partials, by output dtype (one for every format).
 pub(crate) static SPLIT_REDUCE: KernelTable<DType> = KernelTable {
     module: "qlinear",
@@ -45,5 +61,5 @@ pub(crate) static SPLIT_REDUCE: KernelTable<DType> = KernelTable {
 
 /// The symbols of this family, for static checks.
 pub(crate) fn symbols() -> impl Iterator<Item = KernelRef> {
-    KERNELS.symbols().chain(SPLIT_REDUCE.symbols())
+    KERNELS.symbols().chain(MMA_GEMV.symbols()).chain(SPLIT_REDUCE.symbols())
 }

@@ -20,10 +20,20 @@
 //! # }
 //! ```
 //!
-//! # Three paths ([`QPath`]), chosen by the number of rows and the dtype
+//! # Four paths ([`QPath`]), chosen by the format, the number of rows and the dtype
 //!
-//! - **Decode, 1 to [`MAX_GEMV_ROWS`] rows** whose rows start on 16-byte boundaries (any
-//!   row stride that keeps them there: the model's own buffers always do): one GEMV kernel
+//! - **Decode on tensor cores, 1 to [`MAX_MMA_GEMV_ROWS`] rows of bf16 or f16**, for the formats
+//!   whose values are small integers with a scale (and minimum) per 32 or 16 elements (Q4_0,
+//!   Q4_1, Q4_K, Q6_K; [`has_mma_gemv`]): one kernel streams the packed weight once with 16-byte
+//!   loads, turns each value into a 16-bit float with one byte permute (exactly), multiplies
+//!   16-row tiles of it by the activations with `mma.sync` (the rows are the MMA's 8 columns),
+//!   and applies each chunk's scale and minimum to the chunk's f32 partial sums, as llama.cpp's
+//!   `mmvq` applies block scales to integer dot products. `in` is split over the grid
+//!   ([`mma_gemv_splits`], from the shape alone) when the weight has too few 16-row tiles to
+//!   fill the GPU; a split product needs a [`QScratch`] for its f32 partials.
+//! - **Decode on CUDA cores, 1 to [`MAX_GEMV_ROWS`] rows** (the other formats, f32, or the
+//!   rows [`GEMM_FROM_ROWS`] leaves to it), rows starting on 16-byte boundaries (any row stride
+//!   that keeps them there: the model's own buffers always do): one GEMV kernel
 //!   streams the packed weight once (16-byte loads), dequantizes each 32-element chunk in
 //!   registers and accumulates every row in f32; the bytes read are the packed bytes
 //!   ([`QuantLayout::bits_per_weight`]), which is what makes a 4-bit decode faster than a 16-bit
@@ -31,15 +41,22 @@
 //!   ([`gemv_split`], from the shape alone, so a result does not depend on the device).
 //! - **Prefill (more rows), bf16 and f16, 16-byte aligned rows**: one tensor-core GEMM
 //!   (`mma.sync`) that dequantizes 128 x 64 weight tiles into shared memory, one step ahead of the
-//!   products: the packed weight is read, never a dense copy of it. No scratch.
+//!   products: the packed weight is read, never a dense copy of it.
 //! - **f32 prefill, or rows that are not 16-byte aligned**: bands of weight rows are dequantized
 //!   into a [`QScratch`] of the activation dtype and multiplied by the dense GEMM of
 //!   [`linear`](super::linear) (cuBLAS on CUDA), one band after another into column ranges of `y`.
 //!
-//! Every path multiplies by the same weight: each dequantized value rounded to the activation dtype
-//! (exact for f32), products and sums in f32, one rounding of the output. The reference is
-//! therefore [`reference::linear`](crate::reference::linear) over
-//! `round_to(dtype, PackedWeight::dequantize())`.
+//! # Which weight values each path multiplies by
+//!
+//! The GEMM, the CUDA-core GEMV and the dequantize path multiply by each dequantized value
+//! rounded to the activation dtype (exact for f32), products and sums in f32, one rounding of the
+//! output: their reference is [`reference::linear`](crate::reference::linear) over
+//! `round_to(dtype, PackedWeight::dequantize())`. The tensor-core GEMV multiplies by the exact
+//! dequantized values (the 16-bit operands are the stored integers, the f32 factors the
+//! reference's), so its reference is `reference::linear` over `PackedWeight::dequantize()`
+//! itself; its f32 sums carry the base of the integers' encoding (a few bits of the f32
+//! significand, see kernels/qlinear.cu) and cancel it per chunk. [`QPath::exact_weights`] says
+//! which reference applies.
 //!
 //! Shapes: `x` is `[..., in]` (leading dimensions collapse into rows; any row stride), `y` is
 //! `[..., out]` with the same leading dimensions (any row stride), one float dtype for both
@@ -50,10 +67,10 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
     LLK_QDEQUANT_THREADS, LLK_QGEMM_BLOCK_K, LLK_QGEMM_BLOCK_M, LLK_QGEMM_BLOCK_N, LLK_QGEMM_MAX_SPLITS,
-    LLK_QGEMM_SMEM_BYTES, LLK_QGEMM_THREADS, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_MAX_SPLIT, LLK_QGEMV_WARPS,
-    LLK_QREDUCE_THREADS, LLK_QUANT_CHUNK, QLinearParams,
+    LLK_QGEMM_SMEM_BYTES, LLK_QGEMM_THREADS, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_MAX_SPLIT, LLK_QGEMV_WARPS, LLK_QMMV_GROUP,
+    LLK_QMMV_MAX_ROWS, LLK_QMMV_WARPS, LLK_QREDUCE_THREADS, LLK_QUANT_CHUNK, QLinearParams,
 };
-use crate::kernels::qlinear::{KERNELS, QKernel, SPLIT_REDUCE};
+use crate::kernels::qlinear::{KERNELS, MMA_GEMV, QKernel, SPLIT_REDUCE};
 use crate::launch::KernelArgs;
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, grid_y, to_i64};
 pub use crate::spec::quant::{PackedWeight, QuantFormat, QuantLayout};
@@ -81,10 +98,38 @@ pub fn gemv_split(out: usize, inp: usize) -> usize {
     split
 }
 
-/// 16-bit activations with this many rows or more take the tensor-core GEMM: below it the GEMV
-/// spends fewer issue slots per weight (its dequantization is shared by every row, but each row
-/// adds its fmas; the static report's packed-kernel section shows the crossover near 5 rows).
+/// 16-bit activations with this many rows or more take the tensor-core GEMM, for the formats
+/// without the tensor-core GEMV (Q8_0, NF4): below it the CUDA-core GEMV spends fewer issue slots
+/// per weight (its dequantization is shared by every row, but each row adds its fmas; the static
+/// report's packed-kernel section shows the crossover near 5 rows). The other formats take the
+/// GEMM from `MAX_MMA_GEMV_ROWS + 1` rows.
 pub const GEMM_FROM_ROWS: usize = 5;
+
+/// The most activation rows the tensor-core GEMV takes (one MMA n-tile).
+pub const MAX_MMA_GEMV_ROWS: usize = LLK_QMMV_MAX_ROWS as usize;
+
+/// Whether `format` with activations of `dtype` has the tensor-core GEMV.
+pub fn has_mma_gemv(format: QuantFormat, dtype: DType) -> bool {
+    MMA_GEMV.has((format, dtype))
+}
+
+/// The tensor-core GEMV splits `in` (grid.z) until its grid has this many warps (16 per SM on a
+/// 132-SM GPU), keeping at least 2 groups of 128 per warp.
+pub const MMA_GEMV_SPLIT_WARPS: usize = 2048;
+
+/// Splits of `in` for the tensor-core GEMV through an `[out, in]` weight (1: no split), from the
+/// shape alone, within [`GEMM_PARTIAL_ELEMS`] at its most rows.
+pub fn mma_gemv_splits(out: usize, inp: usize) -> usize {
+    let (warps, group) = (LLK_QMMV_WARPS as usize, LLK_QMMV_GROUP as usize * LLK_QUANT_CHUNK as usize);
+    if out == 0 {
+        return 1;
+    }
+    let per_split = out.div_ceil(16) * warps;
+    let by_grid = MMA_GEMV_SPLIT_WARPS.div_ceil(per_split);
+    let by_depth = inp.div_ceil(group) / (2 * warps);
+    let by_memory = GEMM_PARTIAL_ELEMS / (MAX_MMA_GEMV_ROWS * out);
+    by_grid.min(by_depth).min(by_memory).clamp(1, LLK_QGEMM_MAX_SPLITS as usize)
+}
 
 /// The GEMM splits `in` (grid.z) until its grid has this many blocks: 4 per SM on a 132-SM GPU.
 pub const GEMM_SPLIT_BLOCKS: usize = 528;
@@ -110,7 +155,12 @@ pub fn gemm_splits(rows: usize, out: usize, inp: usize) -> usize {
 /// The kernels a product runs (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QPath {
-    /// The decode GEMV.
+    /// The tensor-core decode GEMV.
+    MmaGemv {
+        /// Splits of `in` ([`mma_gemv_splits`]); more than one needs a [`QScratch`].
+        k_splits: usize,
+    },
+    /// The CUDA-core decode GEMV.
     Gemv {
         /// Warps per output feature ([`gemv_split`]).
         split: usize,
@@ -125,13 +175,16 @@ pub enum QPath {
 }
 
 impl QPath {
-    /// The path for `rows` activation rows of `dtype` through an `[out, in]` weight; `aligned`:
-    /// x starts on a 16-byte boundary and its row stride keeps every row there.
-    pub fn choose(dtype: DType, rows: usize, aligned: bool, [out, inp]: [usize; 2]) -> QPath {
+    /// The path for `rows` activation rows of `dtype` through an `[out, in]` weight of `format`;
+    /// `aligned`: x starts on a 16-byte boundary and its row stride keeps every row there.
+    pub fn choose(format: QuantFormat, dtype: DType, rows: usize, aligned: bool, [out, inp]: [usize; 2]) -> QPath {
+        let mma = has_mma_gemv(format, dtype);
         let gemv_rows = if dtype == DType::F32 { MAX_GEMV_ROWS } else { GEMM_FROM_ROWS - 1 };
         if !aligned {
             QPath::DequantGemm
-        } else if rows <= gemv_rows {
+        } else if mma && rows <= MAX_MMA_GEMV_ROWS {
+            QPath::MmaGemv { k_splits: mma_gemv_splits(out, inp) }
+        } else if !mma && rows <= gemv_rows {
             QPath::Gemv { split: gemv_split(out, inp) }
         } else if dtype == DType::F32 {
             QPath::DequantGemm
@@ -141,13 +194,20 @@ impl QPath {
     }
     /// Whether the path needs a [`QScratch`].
     pub fn needs_scratch(self) -> bool {
-        matches!(self, QPath::DequantGemm | QPath::Gemm { k_splits: 2.. })
+        matches!(self, QPath::DequantGemm | QPath::Gemm { k_splits: 2.. } | QPath::MmaGemv { k_splits: 2.. })
+    }
+    /// Whether the path multiplies by the exact dequantized values (the tensor-core GEMV) rather
+    /// than by their roundings to the activation dtype (module docs).
+    pub fn exact_weights(self) -> bool {
+        matches!(self, QPath::MmaGemv { .. })
     }
 }
 
 impl std::fmt::Display for QPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            QPath::MmaGemv { k_splits: 1 } => write!(f, "gemv mma.sync"),
+            QPath::MmaGemv { k_splits } => write!(f, "gemv mma.sync split-k {k_splits}"),
             QPath::Gemv { split: 1 } => write!(f, "gemv"),
             QPath::Gemv { split } => write!(f, "gemv split-k {split}"),
             QPath::Gemm { k_splits: 1 } => write!(f, "gemm mma.sync"),
@@ -219,16 +279,23 @@ pub struct QScratch {
     partial: Tensor,
 }
 
-/// f32 elements the split GEMM of `w` writes at most (over the row counts that split).
+/// f32 elements the split products of `w` with 16-bit activations write at most (over the row
+/// counts that split).
 fn partial_elems(w: &QWeight) -> usize {
     let [out, inp] = [w.layout.rows, w.layout.cols];
-    (GEMM_FROM_ROWS..=LLK_QGEMM_BLOCK_M as usize)
+    let gemm = (GEMM_FROM_ROWS..=LLK_QGEMM_BLOCK_M as usize)
         .map(|rows| match gemm_splits(rows, out, inp) {
             1 => 0,
             k => k * rows * out,
         })
         .max()
-        .unwrap_or(0)
+        .unwrap_or(0);
+    let mma_gemv = match mma_gemv_splits(out, inp) {
+        1 => 0,
+        k if has_mma_gemv(w.layout.format, DType::BF16) => k * MAX_MMA_GEMV_ROWS * out,
+        _ => 0,
+    };
+    gemm.max(mma_gemv)
 }
 
 impl QScratch {
@@ -348,7 +415,7 @@ fn run(
         return Ok(());
     }
     let aligned = xr.addr % 16 == 0 && xr.row_stride % dtype.vec16() == 0;
-    let path = QPath::choose(dtype, xr.rows, aligned, [d_out, d_in]);
+    let path = QPath::choose(w.layout.format, dtype, xr.rows, aligned, [d_out, d_in]);
     // What a path that needs a scratch reports without a usable one.
     let usable = |why: String| -> Result<&QScratch> {
         let scratch = scratch.ok_or_else(|| Error::invalid(op, "scratch", "None", why))?;
@@ -369,7 +436,48 @@ fn run(
         Ok(p)
     };
     let find = |kernel| KERNELS.find(op, "x", (kernel, w.layout.format, dtype), dtype);
+    // The f32 partials of a split product (GEMM or tensor-core GEMV), checked against its size.
+    let partials = |k_splits: usize| -> Result<&QScratch> {
+        let why = format!("{} rows split `in` {k_splits} ways ({path}): they need a QScratch", xr.rows);
+        let scratch = usable(why)?;
+        let need = k_splits * xr.rows * d_out;
+        if scratch.partial.numel() < need {
+            let why = format!("needs {need} f32 partial elements (plan it with this weight)");
+            return Err(Error::invalid(op, "scratch", scratch.partial.numel(), why));
+        }
+        Ok(scratch)
+    };
+    // Adds the splits' partials in order into y (and its old values), rounding once.
+    let reduce = |p: &QLinearParams, scratch: &QScratch, y: &mut TensorViewMut<'_>| -> Result<()> {
+        let mut args = KernelArgs::new(op, device);
+        args.write("y", y)?;
+        args.read_tensor("scratch partials", &scratch.partial)?;
+        let threads = LLK_QREDUCE_THREADS as usize;
+        let grid = (grid_x(op, (xr.rows * d_out).div_ceil(threads))?, 1, 1);
+        let dims = LaunchDims { grid, block: (threads as u32, 1, 1), dyn_smem: 0 };
+        args.launch(SPLIT_REDUCE.find(op, "y", dtype, dtype)?, dims, p)
+    };
     match path {
+        QPath::MmaGemv { k_splits } => {
+            let mut p = io_params()?;
+            let groups = d_in.div_ceil(LLK_QMMV_GROUP as usize * LLK_QUANT_CHUNK as usize);
+            p.k_splits = to_i32(op, "k splits", k_splits)?;
+            p.k_steps_per_split = to_i32(op, "groups", groups.div_ceil(k_splits))?;
+            let split = if k_splits > 1 {
+                let scratch = partials(k_splits)?;
+                p.partial = args.write_tensor("scratch partials", &scratch.partial)?;
+                Some(scratch)
+            } else {
+                None
+            };
+            let grid = (grid_x(op, d_out.div_ceil(16))?, 1, k_splits as u32);
+            let dims = LaunchDims { grid, block: (LLK_QMMV_WARPS * 32, 1, 1), dyn_smem: 0 };
+            args.launch(MMA_GEMV.find(op, "x", (w.layout.format, dtype), dtype)?, dims, &p)?;
+            return match split {
+                Some(scratch) => reduce(&p, scratch, y),
+                None => Ok(()),
+            };
+        }
         QPath::Gemv { split } => {
             let mut p = io_params()?;
             p.split = split as i32;
@@ -385,27 +493,17 @@ fn run(
             p.k_splits = to_i32(op, "k splits", k_splits)?;
             p.k_steps_per_split = to_i32(op, "steps", d_in.div_ceil(LLK_QGEMM_BLOCK_K as usize).div_ceil(k_splits))?;
             let split = if k_splits > 1 {
-                let why = format!("{} rows split `in` {k_splits} ways (gemm_splits): they need a QScratch", xr.rows);
-                let scratch = usable(why)?;
-                let need = k_splits * xr.rows * d_out;
-                if scratch.partial.numel() < need {
-                    let why = format!("needs {need} f32 partial elements (plan it with this weight)");
-                    return Err(Error::invalid(op, "scratch", scratch.partial.numel(), why));
-                }
+                let scratch = partials(k_splits)?;
                 p.partial = args.write_tensor("scratch partials", &scratch.partial)?;
                 Some(scratch)
             } else {
                 None
             };
             args.launch(find(QKernel::Gemm)?, gemm_dims(op, xr.rows, d_out, k_splits)?, &p)?;
-            let Some(scratch) = split else { return Ok(()) };
-            let mut args = KernelArgs::new(op, device);
-            args.write("y", y)?;
-            args.read_tensor("scratch partials", &scratch.partial)?;
-            let threads = LLK_QREDUCE_THREADS as usize;
-            let grid = (grid_x(op, (xr.rows * d_out).div_ceil(threads))?, 1, 1);
-            let dims = LaunchDims { grid, block: (threads as u32, 1, 1), dyn_smem: 0 };
-            return args.launch(SPLIT_REDUCE.find(op, "y", dtype, dtype)?, dims, &p);
+            return match split {
+                Some(scratch) => reduce(&p, scratch, y),
+                None => Ok(()),
+            };
         }
         QPath::DequantGemm => {}
     }

@@ -84,7 +84,11 @@ pub fn qlinear_case(device: &Device, case: QLinearCase) -> Result<CaseResult> {
     if accumulate { qlinear_add(&xt, &w, &yt, Some(&scratch)) } else { qlinear(&xt, &w, &yt, Some(&scratch)) }?;
     device.synchronize()?;
     let millis = start.elapsed().as_secs_f64() * 1e3;
-    let wd: Vec<f64> = packed.dequantize().iter().map(|&v| round_to(dtype, f64::from(v))).collect();
+    // The path's weights (module docs of ops::qlinear): exact, or rounded to the dtype.
+    let path = QPath::choose(format, dtype, rows, (k + pad) % dtype.vec16() == 0, [n, k]);
+    let exact = path.exact_weights();
+    let wd: Vec<f64> =
+        packed.dequantize().iter().map(|&v| if exact { f64::from(v) } else { round_to(dtype, f64::from(v)) }).collect();
     let mut expected = reference::linear::linear(&x, &wd, None, k, n)?;
     if accumulate {
         expected.iter_mut().zip(&y0).for_each(|(e, y)| *e += y);
@@ -97,11 +101,7 @@ pub fn qlinear_case(device: &Device, case: QLinearCase) -> Result<CaseResult> {
     Ok(CaseResult {
         op: format!("qlinear {format}{}", if accumulate { " +=" } else { "" }),
         dtype,
-        shape: format!(
-            "{rows}x{k} @ {n}x{k} ({}){}",
-            QPath::choose(dtype, rows, (k + pad) % dtype.vec16() == 0, [n, k]),
-            if pad > 0 { " strided" } else { "" }
-        ),
+        shape: format!("{rows}x{k} @ {n}x{k} ({path}){}", if pad > 0 { " strided" } else { "" }),
         pass: comparison.pass && gaps,
         comparison,
         worst_shape: vec![rows, n],
