@@ -71,17 +71,19 @@ static_assert(kGemvDepth == 2, "the GEMV loop loads one chunk ahead");
 
 // The bytes chunk `chunk` of a weight row is made from: its quantized values (one 16-byte vector,
 // two for Q8_0), Q6_K's top bits, and the fields of its block header that it uses, as stored.
+// Registers, so every field is a full word (narrower fields would cost byte inserts).
 struct RawChunk {
   uint4 q[2];
   uint2 qh;
-  uint16_t h0, h1;  // f16 bits: Q8_0, Q4_0, Q6_K: d; Q4_1: d, m; Q4_K: d, dmin
-  uint8_t b0, b1, b2;  // Q4_K: scale bytes s[j], s[j + 4], s[j - 4] of sub-block j; Q6_K: the
-                       // scales of the chunk's two 16-element groups
-  int sub;             // Q4_K: the sub-block j (from the chunk's position, not from memory)
-  float absmax;        // NF4
+  uint32_t h0, h1;      // f16 bits: Q8_0, Q4_0, Q6_K: d; Q4_1: d, m; Q4_K: d, dmin
+  uint32_t b0, b1, b2;  // Q4_K: scale bytes s[j], s[j + 4], s[j - 4] of sub-block j; Q6_K: the
+                        // scales of the chunk's two 16-element groups
+  int sub;              // Q4_K: the sub-block j (from the chunk's position, not from memory)
+  float absmax;         // NF4
 };
 
-__device__ __forceinline__ float f16_bits(uint16_t h) {
+__device__ __forceinline__ float f16_bits(uint32_t bits) {
+  const uint16_t h = uint16_t(bits);
   __half v;
   memcpy(static_cast<void*>(&v), &h, 2);
   return __half2float(v);
@@ -118,15 +120,20 @@ __device__ __forceinline__ void load_chunk(const QLinearParams& p, const RowPlan
   } else if constexpr (F == LLK_QUANT_Q4_1) {
     c.h0 = ld_u16(meta + blk * 4), c.h1 = ld_u16(meta + blk * 4 + 2);
   } else if constexpr (F == LLK_QUANT_Q4_K) {
-    const uint8_t* e = meta + blk * 16;
-    const int j = int((first % 256) / 32);
+    // The 16-byte header in one load (rows are 16-byte aligned): d, dmin, then scales[12] in
+    // words y, z, w. Sub-block j uses bytes j and j + 4 of the scales, and for j >= 4 also j - 4:
+    // byte j % 4 of words (y, z), or (z, w) and y.
+    const uint4 e = __ldg(reinterpret_cast<const uint4*>(meta + blk * 16));
+    const int j = int(uint32_t(first) & 255u) >> 5, sel = 0x4440 | (j & 3);  // byte j % 4, zero above
     c.sub = j;
-    c.h0 = ld_u16(e), c.h1 = ld_u16(e + 2);
-    c.b0 = __ldg(e + 4 + j), c.b1 = __ldg(e + 4 + j + 4), c.b2 = __ldg(e + 4 + (j >= 4 ? j - 4 : j));
+    c.h0 = e.x & 0xffffu, c.h1 = e.x >> 16;
+    c.b0 = __byte_perm(j < 4 ? e.y : e.z, 0, sel);
+    c.b1 = __byte_perm(j < 4 ? e.z : e.w, 0, sel);
+    c.b2 = __byte_perm(e.y, 0, sel);
   } else if constexpr (F == LLK_QUANT_Q6_K) {
     const uint8_t* e = meta + blk * 18;
     c.qh = __ldg(reinterpret_cast<const uint2*>(r.qh + chunk * 8));
-    const int group = int((first % 256) / 16);  // the chunk's first 16-element scale group
+    const int group = int(uint32_t(first) & 255u) >> 4;  // the chunk's first 16-element scale group
     c.b0 = __ldg(e + group), c.b1 = __ldg(e + group + 1);
     c.h0 = ld_u16(e + 16);
   } else {  // LLK_QUANT_NF4
@@ -485,18 +492,19 @@ static_assert(kMmvGroup == 4 && LLK_QMMV_MAX_ROWS == 8, "a quad's lanes hold one
 
 // How a format's stored values enter the product. Each value v (a nibble, or Q6_K's 6 bits) is
 // placed in the low mantissa bits of the magic number 1024 (f16) or 128 (bf16), whose ulp is 1,
-// so one byte permute turns two of them into the exact T values base + v. Q6_K then subtracts
-// base + 32 exactly (one pair addition), giving v - 32, and scales each 16-element half of its
-// chunk by its own factor (two partial sums). The 4-bit formats keep base + v and fold the base
-// into the chunk's second factor, which multiplies the chunk's activation sum (an mma with A all
-// ones): w = a v + b' per element becomes a (base + v) + (b' - a base), exactly the same sum.
+// so one byte permute turns two of them into the exact T values base + v. The 4-bit formats keep
+// base + v and fold the base into a second factor that multiplies the chunk's activation sum
+// S(x) (an mma with A all ones, on every row): w = a v + m per element gives
+// a S(base + v) + (m - a base) S(x), the same sum (Q4_0: m = -8 d). Q6_K, whose chunk has two
+// scales, subtracts base + 32 exactly instead (one pair addition per two values) and scales each
+// 16-element half's sum by its own factor.
 template <class T>
 constexpr float kMmvBase = std::is_same<T, __half>::value ? 1024.f : 128.f;
 template <LlkQuantFormat F>
-constexpr bool kMmvHalves = F == LLK_QUANT_Q6_K;
+constexpr bool kMmvSum = F != LLK_QUANT_Q6_K;
 
-// The chunk's two f32 factors (a, b): the 4-bit formats' sum is a S(base + v) + b S(x) over the
-// chunk; Q6_K's is a S_lo(v - 32) + b S_hi(v - 32), a and b its two scales.
+// The chunk's two f32 factors (a, b), from the reference's roundings: the 4-bit formats' sum is
+// a S(base + v) + b S(x); Q6_K's a S_lo(v - 32) + b S_hi(v - 32).
 template <LlkQuantFormat F, class T>
 __device__ __forceinline__ float2 mmv_factors(const RawChunk& c) {
   constexpr float kBase = kMmvBase<T>;
@@ -519,7 +527,7 @@ __device__ __forceinline__ float2 mmv_factors(const RawChunk& c) {
 }
 
 // Bytes b0 and b1 (sel 0x0504) or b2 and b3 (sel 0x0706) of `v`, each an integer below 128, as two
-// T values base + b (Q6_K: minus base + 32 as well, one exact pair addition).
+// T values base + b (Q6_K: minus base + 32, exactly).
 template <LlkQuantFormat F, class T>
 __device__ __forceinline__ uint32_t mmv_pair(uint32_t v, uint32_t sel) {
   constexpr bool kF16 = std::is_same<T, __half>::value;
@@ -527,7 +535,7 @@ __device__ __forceinline__ uint32_t mmv_pair(uint32_t v, uint32_t sel) {
   // The magic word is the first operand so that it stays in a register and the selector is the
   // instruction's immediate (the other order makes ptxas rebuild the selector for every PRMT).
   const uint32_t biased = __byte_perm(kMagic, v, sel);
-  if constexpr (!kMmvHalves<F>) {
+  if constexpr (kMmvSum<F>) {
     return biased;
   } else {
     // -(base + 32): the base's sign and exponent bits with 32 as mantissa (its ulp is 1).
@@ -568,8 +576,11 @@ __device__ void qmmv_kernel(const QLinearParams& p) {
   const T* xrow = reinterpret_cast<const T*>(p.x) + min(int64_t(g), p.rows - 1) * p.x_row_stride + 4 * t;
   const RowPlanes rows[2] = {row_planes(p, min(r0 + g, p.n - 1)), row_planes(p, min(r0 + g + 8, p.n - 1))};
   const int swz = (g >> 1) & 3;
-  const uint32_t ones = llk::pack_pair<T>(1.f, 1.f);
-  const uint32_t ones_a[4] = {ones, ones, ones, ones};
+  // A of all ones (the 4-bit formats); four registers the compiler cannot tell apart from other values,
+  // so that it keeps them as one operand instead of rebuilding the quad for every mma.
+  uint32_t ones_a[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ones_a[i] = llk::opaque(llk::pack_pair<T>(1.f, 1.f));
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
 
   // Group `grp`'s chunk t of both rows. In the tail group (k ends inside it) the chunks past k
@@ -639,10 +650,12 @@ __device__ void qmmv_kernel(const QLinearParams& p) {
       const uint32_t b_lo[2] = {xv[j][0].x, xv[j][0].y}, b_hi[2] = {xv[j][1].x, xv[j][1].y};
       float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
       llk::mma_m16n8k16<T>(s0, a_lo, b_lo, s0);
-      if constexpr (kMmvHalves<F>) {  // Q6_K: each half its scale
+      if constexpr (F == LLK_QUANT_Q6_K) {  // each half its scale
         llk::mma_m16n8k16<T>(s1, a_hi, b_hi, s1);
-      } else {  // the chunk's values, then its activation sums (on every row)
+      } else {
         llk::mma_m16n8k16<T>(s0, a_hi, b_hi, s0);
+      }
+      if constexpr (kMmvSum<F>) {  // the chunk's activation sums (on every row)
         llk::mma_m16n8k16<T>(s1, ones_a, b_lo, s1);
         llk::mma_m16n8k16<T>(s1, ones_a, b_hi, s1);
       }

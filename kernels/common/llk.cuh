@@ -210,6 +210,15 @@ __device__ __forceinline__ float fast_rcp(float x) {
 #endif
 }
 
+// The value of `v`, through a copy the compiler cannot see through (no constant folding or
+// rematerialization of the result).
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+#ifdef __CUDA_ARCH__
+  asm volatile("mov.b32 %0, %1;" : "=r"(v) : "r"(v));
+#endif
+  return v;
+}
+
 // ------------------------------------------------------------------------ reductions
 // Sum over aligned groups of `width` lanes (a power of two <= 32): every lane gets its group's sum.
 // The butterfly order is fixed, so the result does not depend on scheduling.
