@@ -566,6 +566,9 @@ typedef enum LlkQuantFormat {
 #define LLK_QMMV_WARPS 4
 #define LLK_QMMV_GROUP 4
 #define LLK_QMMV_MAX_ROWS 8
+// Groups of packed loads each warp of it keeps in flight (the next group is loaded before the
+// current one is exchanged and multiplied). The static performance report's latency term uses it.
+#define LLK_QMMV_DEPTH 2
 
 typedef struct QLinearParams {
   uint64_t x;          // [rows, k] activations, rows x_row_stride elements apart, 16-byte aligned (GEMV, GEMM)

@@ -1,6 +1,7 @@
-// qlinear.cu -- linear layers over packed 4- and 8-bit weights: a GEMV for decode (1 to
-// LLK_QGEMV_MAX_ROWS activation rows) that streams the packed weights once, and a dequantize
-// kernel that expands a band of rows for the dense GEMM of prefill.
+// qlinear.cu -- linear layers over packed 4- and 8-bit weights: two GEMVs for decode that stream
+// the packed weights once (on tensor cores for the integer formats with 16-bit activations, on
+// CUDA cores for the rest), a tensor-core GEMM for prefill that dequantizes weight tiles into
+// shared memory, and a dequantize kernel that expands a band of rows for a dense GEMM.
 //
 // Formats (params.h LlkQuantFormat; the layout and the f32 reference are src/spec/quant.rs):
 // GGUF's Q8_0, Q4_0, Q4_1, Q4_K and Q6_K, and bitsandbytes' NF4. Each is read in chunks of 32
@@ -12,12 +13,12 @@
 // decode_chunk), so a chunk dequantizes to exactly the f32 values llama.cpp's
 // `dequantize_row_*` and bitsandbytes' `dequantize_4bit` produce.
 //
-// Every kernel multiplies by the weight rounded to the activation dtype T: the GEMV rounds each
-// dequantized value in registers, the GEMM stores it as T in shared memory, and the dense GEMM of
-// the fallback path reads the values the dequantize kernel stored as T. So decode and prefill
-// compute with the same weights (for f32, the exact dequantized values), as a
-// dequantize-then-multiply kernel does (Marlin and llama.cpp's dequantize to half before their
-// tensor-core products too).
+// Every kernel but the tensor-core GEMV multiplies by the weight rounded to the activation dtype
+// T: the CUDA-core GEMV rounds each dequantized value in registers, the GEMM stores it as T in
+// shared memory, and the dense GEMM of the fallback path reads the values the dequantize kernel
+// stored as T, as a dequantize-then-multiply kernel does (Marlin and llama.cpp's dequantize to
+// half before their tensor-core products too). The tensor-core GEMV multiplies by the exact
+// values (below), so for its formats decode is the more accurate of the two paths.
 //
 // A chunk is read in two steps, `load_chunk` (its bytes, into registers) and `decode_chunk` (the
 // f32 values), so that the GEMM can issue the loads of its next tile before the math of this one.
@@ -37,6 +38,27 @@
 //   x is read in 16-byte vectors: the host sends activations whose rows are not 16-byte aligned
 //   down the dequantize-and-GEMM path instead.
 //   Bytes: the packed weights once (qs + qh + meta), x once per block from L2, y once.
+//
+// Tensor-core GEMV (qmmv_<format>_<dtype>; Q4_0, Q4_1, Q4_K, Q6_K; bf16, f16): y (+)= x W^T for
+//   1 to LLK_QMMV_MAX_ROWS rows, by mma.sync m16n8k16 with A = 16 rows of W and B = x^T (the
+//   activation rows are the MMA's 8 columns). It multiplies by the exact dequantized values: the
+//   16-bit operands are the stored integers, made exact 16-bit floats by one byte permute into
+//   the mantissa of a magic number (mmv_pair), and each chunk's f32 factors (its scale, and its
+//   minimum times the chunk's activation sum, from an mma with A all ones) are applied to the
+//   chunk's f32 partial sums, as llama.cpp's mmvq applies block scales to integer dot products.
+//   Precision: the partial sums carry the magic number's base (1024 for f16, 128 for bf16) next
+//   to values below 16, so they give up about 7 (f16) or 4 (bf16) of f32's 24 bits to the
+//   cancellation; the products themselves are exact.
+//   Grid mapping: grid.x walks 16-row tiles of W, grid.z splits of `in` (k_steps_per_split groups
+//   each; f32 partials and the reduce kernel as the GEMM's), LLK_QMMV_WARPS warps per block take
+//   the split's groups of LLK_QMMV_GROUP chunks in turn. Lane (g, t) loads chunk t of the group
+//   for rows g and g + 8 (two 16-byte loads; a warp reads 16 rows x 64 contiguous bytes), one
+//   group ahead; the quad transposes its words through shared memory so that lane t holds word t
+//   of every chunk (the k16 slots an MMA fragment gives it: elements 4t..4t+3 of each half of a
+//   chunk, whose activations are one 8-byte load), then per chunk 2 mma for the values (the low
+//   and high nibbles are two k16 steps) and 2 for the activation sums, and 8 fmas of the factors.
+//   The warps' tiles are added in warp order through shared memory: deterministic.
+//   Bytes: the packed weights once, x once per 16 rows of W (from L1/L2), y once.
 //
 // GEMM (qgemm_<format>_<dtype>, bf16 and f16): y = x W^T (+ y) for any number of rows.
 //   Grid mapping: grid.x walks blocks of LLK_QGEMM_BLOCK_M (64) activation rows, grid.y blocks of
@@ -489,6 +511,7 @@ __device__ void qgemm_kernel(const QLinearParams& p) {
 // 16-row tile of W; lane (g, t) loads chunk 4 G + t of rows g and g + 8 (two 16-byte loads).
 constexpr int kMmvWarps = LLK_QMMV_WARPS, kMmvGroup = LLK_QMMV_GROUP, kMmvRows = 16;
 static_assert(kMmvGroup == 4 && LLK_QMMV_MAX_ROWS == 8, "a quad's lanes hold one group; one n-tile");
+static_assert(LLK_QMMV_DEPTH == 2, "the tensor-core GEMV loads one group ahead");
 
 // How a format's stored values enter the product. Each value v (a nibble, or Q6_K's 6 bits) is
 // placed in the low mantissa bits of the magic number 1024 (f16) or 128 (bf16), whose ulp is 1,

@@ -416,6 +416,25 @@ fn packed_gemv_streams_weights_with_128_bit_loads_and_no_local_memory() {
 }
 
 #[test]
+fn tensor_core_gemv_streams_packed_weights_into_mma_without_local_memory() {
+    // Every qmmv kernel (Q4_0, Q4_1, Q4_K, Q6_K; bf16, f16): the packed values by 128-bit
+    // read-only loads (two per lane and group: rows g and g + 8), mma.sync of its dtype, the
+    // values turned into 16-bit floats by byte permutes (PRMT), the quad's transpose through
+    // shared memory (STS, then LDS.128), and no local memory.
+    let funcs = per_function(&sass("qlinear"));
+    let mmv: Vec<_> = funcs.iter().filter(|(n, _)| n.starts_with("qmmv_")).collect();
+    assert_eq!(mmv.len(), 8, "{:?}", mmv.iter().map(|f| &f.0).collect::<Vec<_>>());
+    for (name, ops) in mmv {
+        let hmma = if name.ends_with("_bf16") { "HMMA.16816.F32.BF16" } else { "HMMA.16816.F32" };
+        let has = |op: &str| ops.iter().any(|o| o == op);
+        assert!(has(hmma), "{name}: no {hmma}");
+        assert!(ops.iter().filter(|o| *o == "LDG.E.128.CONSTANT").count() >= 2, "{name}: no 128-bit weight loads");
+        assert!(has("PRMT") && has("LDS.128"), "{name}: no byte permute or 128-bit shared load");
+        assert!(!ops.iter().any(|o| o.starts_with("LDL") || o.starts_with("STL")), "{name}: local memory");
+    }
+}
+
+#[test]
 fn packed_gemm_runs_on_tensor_cores_from_dequantized_shared_tiles() {
     // Every qgemm kernel (bf16, f16; each format): mma.sync (HMMA.16816 of its dtype) fed by
     // ldmatrix.x4 from shared memory, activations by 16-byte cp.async (LDGSTS), the packed

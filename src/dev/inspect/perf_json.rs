@@ -120,27 +120,49 @@ pub fn report_json() -> Value {
 /// The packed linear kernels (`qlinear_model`): the decode GEMV at Llama 3 8B's projections at 1
 /// and 16 rows, the prefill GEMM's loop next to the dense mma.sync GEMM, and the crossover.
 fn packed_json() -> Value {
-    use super::qlinear_model::{SHAPES, gemm_crossover_rows, predict_dense_peer, predict_gemm, predict_gemv};
+    use super::qlinear_model::{
+        SHAPES, gemm_crossover_rows, mma_gemv_and_gemm_slots, predict_dense_peer, predict_gemm, predict_gemv,
+        predict_mma_gemv,
+    };
+    use crate::ops::qlinear::{MAX_MMA_GEMV_ROWS, has_mma_gemv};
     use crate::spec::quant::QuantFormat;
+    let gemv_json = |g: &super::qlinear_model::GemvPrediction| {
+        json!({
+            "kernel": g.kernel,
+            "shape": g.shape,
+            "rows": g.rows,
+            "split": g.split,
+            "bits_per_weight": g.bits_per_weight,
+            "warps_per_sm": g.warps_per_sm,
+            "bytes_in_flight_per_thread": g.bytes_in_flight_per_thread,
+            "issue_slots_per_iteration": g.slots_per_iteration,
+            "bound": g.memory.bound,
+            "steady_fraction_of_copy": g.memory.steady_fraction,
+            "predicted_fraction_of_copy": g.memory.fraction_of_copy,
+            "latency_cover": g.memory.cover,
+        })
+    };
+    let mut mma_gemv = Vec::new();
+    for format in QuantFormat::ALL.into_iter().filter(|&f| has_mma_gemv(f, crate::DType::BF16)) {
+        for &(shape, out, inp) in &SHAPES {
+            mma_gemv.push(match predict_mma_gemv(format, shape, out, inp, 1) {
+                Ok(g) => gemv_json(&g),
+                Err(e) => json!({ "kernel": format!("qmmv_{}_bf16", format.name()), "error": e }),
+            });
+        }
+        let (gemv_slots, gemm_slots) = mma_gemv_and_gemm_slots(format).unwrap_or((f64::NAN, f64::NAN));
+        mma_gemv.push(json!({
+            "format": format.name(),
+            "issue_slots_per_1024_weights": gemv_slots,
+            "gemm_issue_slots_per_1024_weights": gemm_slots,
+        }));
+    }
     let mut gemv = Vec::new();
     for format in QuantFormat::ALL {
         for &(shape, out, inp) in &SHAPES {
             for rows in [1, 16] {
                 gemv.push(match predict_gemv(format, shape, out, inp, rows) {
-                    Ok(g) => json!({
-                        "kernel": g.kernel,
-                        "shape": g.shape,
-                        "rows": g.rows,
-                        "split": g.split,
-                        "bits_per_weight": g.bits_per_weight,
-                        "warps_per_sm": g.warps_per_sm,
-                        "bytes_in_flight_per_thread": g.bytes_in_flight_per_thread,
-                        "issue_slots_per_iteration": g.slots_per_iteration,
-                        "bound": g.memory.bound,
-                        "steady_fraction_of_copy": g.memory.steady_fraction,
-                        "predicted_fraction_of_copy": g.memory.fraction_of_copy,
-                        "latency_cover": g.memory.cover,
-                    }),
+                    Ok(g) => gemv_json(&g),
                     Err(e) => json!({ "kernel": format!("qgemv_{}_bf16", format.name()), "error": e }),
                 });
             }
@@ -176,6 +198,8 @@ fn packed_json() -> Value {
         "gemm": gemm,
         "gemm_crossover_rows": crossover,
         "gemm_from_rows": crate::ops::qlinear::GEMM_FROM_ROWS,
+        "mma_gemv": mma_gemv,
+        "gemm_from_rows_after_mma_gemv": MAX_MMA_GEMV_ROWS + 1,
     })
 }
 

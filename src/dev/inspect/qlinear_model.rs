@@ -13,6 +13,14 @@
 //! when the rows run out; at `rows` rows the model counts the decode and `rows` sixteenths of the
 //! rest (the scheduler may move a few instructions across that line).
 //!
+//! **Tensor-core GEMV (decode, Q4_0, Q4_1, Q4_K, Q6_K).** The same memory model: one loop
+//! iteration is one warp's group (16 weight rows x 4 chunks, 2048 weights), its issue slots the
+//! loop with the most HMMA (they do not depend on the rows, 1 to 8: the rows are the MMA's
+//! columns), its bytes in flight the iteration's `.CONSTANT` loads times `LLK_QMMV_DEPTH`; the
+//! grid is one 4-warp block per 16-row tile per split of `in` ([`mma_gemv_splits`]), whose f32
+//! partials (written and read back by the reduce kernel) count as extra DRAM bytes. The reduce
+//! kernel's own launch is not in the figures.
+//!
 //! **GEMM (prefill).** First order, as for attention's first-order line: clocks per HMMA under
 //! the tensor, shared-memory and issue limits of the loop with the most HMMA, at the tensor-loaded
 //! clock; next to our own dense `mma.sync` GEMM (the MoE grouped GEMM's 64-row `[n, k]` kernel)
@@ -24,10 +32,12 @@ use super::h200::{self, occupancy};
 use super::memory_model::{H200, MemoryLaunch, MemoryPrediction, predict_memory_launch};
 use super::sass::{Sass, loops};
 use super::{KernelCode, kernel_code};
+use crate::dtype::DType;
 use crate::ffi::params::{
-    LLK_QGEMM_SMEM_BYTES, LLK_QGEMM_THREADS, LLK_QGEMV_DEPTH, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_WARPS,
+    LLK_QGEMM_SMEM_BYTES, LLK_QGEMM_THREADS, LLK_QGEMV_DEPTH, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_WARPS, LLK_QMMV_DEPTH,
+    LLK_QMMV_GROUP, LLK_QMMV_WARPS, LLK_QUANT_CHUNK,
 };
-use crate::ops::qlinear::gemv_split;
+use crate::ops::qlinear::{MAX_MMA_GEMV_ROWS, gemv_split, has_mma_gemv, mma_gemv_splits};
 use crate::spec::quant::{QuantFormat, QuantLayout};
 
 /// Llama 3 8B's projections as `[out, in]`: q and o, k and v, gate and up, down.
@@ -127,6 +137,71 @@ pub fn predict_gemv(
         slots_per_iteration: slots,
         memory: predict_memory_launch(&H200, &launch),
     })
+}
+
+/// Weights one warp iteration of the tensor-core GEMV covers: 16 rows x one group of chunks.
+pub const MMA_GEMV_WEIGHTS_PER_ITERATION: usize = 16 * LLK_QMMV_GROUP as usize * LLK_QUANT_CHUNK as usize;
+
+/// The model of `qmmv_<format>_bf16` over an `[out, inp]` weight at `rows` activation rows (1 to 8).
+pub fn predict_mma_gemv(
+    format: QuantFormat,
+    shape: &'static str,
+    out: usize,
+    inp: usize,
+    rows: usize,
+) -> Result<GemvPrediction, String> {
+    if !has_mma_gemv(format, DType::BF16) || !(1..=MAX_MMA_GEMV_ROWS).contains(&rows) {
+        return Err(format!("no tensor-core GEMV for {format} at {rows} rows"));
+    }
+    let name = format!("qmmv_{}_bf16", format.name());
+    let KernelCode { resources: res, code, .. } = kernel_code("qlinear", &name)?;
+    let body = loop_with_most(&code, "HMMA")?;
+    let packed = |i: &&&Sass| i.base() == "LDG" && i.op.contains("CONSTANT");
+    let weight_bytes: usize = body.iter().filter(packed).map(|i| access_bytes(&i.op)).sum();
+    let slots = body.len() as f64;
+
+    let k_splits = mma_gemv_splits(out, inp);
+    let (warps, threads) = (LLK_QMMV_WARPS, LLK_QMMV_WARPS * 32);
+    let tiles = out.div_ceil(16);
+    let blocks = (tiles * k_splits) as f64;
+    let per_sm = occupancy(res.registers, threads, res.smem_bytes) as f64;
+    let warps_per_sm = (per_sm.min(blocks / h200::SMS) * warps as f64).round().max(1.0) as u32;
+    let layout = QuantLayout::new(format, format.default_block(), out, inp).map_err(|e| e.to_string())?;
+    let act = 2.0 * rows as f64 * (inp + out) as f64;
+    let groups = inp.div_ceil(LLK_QMMV_GROUP as usize * LLK_QUANT_CHUNK as usize) as f64;
+    // Split products write f32 partials and the reduce kernel reads them back.
+    let partials = if k_splits > 1 { 8.0 * (k_splits * rows * out) as f64 } else { 0.0 };
+    let launch = MemoryLaunch {
+        counted_bytes: layout.total_bytes() as f64 + act,
+        read_bytes: layout.total_bytes() as f64,
+        harness_bytes: partials,
+        warps_per_sm,
+        bytes_in_flight_per_thread: (LLK_QMMV_DEPTH as usize * weight_bytes) as f64,
+        warp_instructions: tiles as f64 * groups * slots,
+    };
+    Ok(GemvPrediction {
+        kernel: name,
+        shape,
+        rows,
+        split: k_splits,
+        bits_per_weight: layout.bits_per_weight(),
+        warps_per_sm,
+        weight_bytes_per_iteration: weight_bytes,
+        bytes_in_flight_per_thread: launch.bytes_in_flight_per_thread,
+        slots_per_iteration: slots,
+        memory: predict_memory_launch(&H200, &launch),
+    })
+}
+
+/// Issue slots per 1024 weights of the tensor-core GEMV's loop and of the tensor-core GEMM's
+/// (bf16; the GEMM's whole loop per 2048 weights, as in [`gemm_crossover_rows`]). The GEMV's
+/// cost does not grow with the rows, so where it is the cheaper the GEMM takes over only past
+/// its last row (`MAX_MMA_GEMV_ROWS + 1`).
+pub fn mma_gemv_and_gemm_slots(format: QuantFormat) -> Result<(f64, f64), String> {
+    let g = predict_mma_gemv(format, SHAPES[0].0, SHAPES[0].1, SHAPES[0].2, 1)?;
+    let gemm = predict_gemm(format)?;
+    let per = 1024.0 / MMA_GEMV_WEIGHTS_PER_ITERATION as f64;
+    Ok((g.slots_per_iteration * per, gemm.slots_per_hmma * gemm.hmma as f64 / 2.0))
 }
 
 /// The first-order model of a tensor-core loop.
@@ -253,7 +328,43 @@ pub fn qlinear_text() -> String {
     }
     s += "  steady: of copy bandwidth on the packed bytes plus activations, without the launch latency\n\
           \x20 (a CUDA graph hides most of it); w/launch: with the model's 4 us.\n\
-          GEMM (prefill, first order at the tensor-loaded clock, next to our dense mma.sync GEMM):\n";
+          Tensor-core GEMV (bf16, the formats that have it; 1 to 8 rows cost the same issue slots;\n\
+          split: of `in` over the grid, f32 partials counted as extra DRAM bytes, the reduce launch not):\n";
+    s += &format!(
+        "  {:<16} {:<19} {:>4} {:>5} {:>5} {:>6} {:>7} {:>9} {:>8}  bound\n",
+        "kernel", "shape", "rows", "split", "bits", "warps", "flight", "steady", "w/launch"
+    );
+    for format in QuantFormat::ALL.into_iter().filter(|&f| has_mma_gemv(f, DType::BF16)) {
+        for &(shape, out, inp) in &SHAPES {
+            match predict_mma_gemv(format, shape, out, inp, 1) {
+                Ok(g) => {
+                    s += &format!(
+                        "  {:<16} {:<19} {:>4} {:>5} {:>5.2} {:>6} {:>5}B {:>8.0}% {:>7.0}%  {}\n",
+                        g.kernel,
+                        g.shape,
+                        "1-8",
+                        g.split,
+                        g.bits_per_weight,
+                        g.warps_per_sm,
+                        g.bytes_in_flight_per_thread,
+                        100.0 * g.memory.steady_fraction,
+                        100.0 * g.memory.fraction_of_copy,
+                        g.memory.bound
+                    )
+                }
+                Err(e) => s += &format!("  qmmv {format} {shape}: cannot analyze: {e}\n"),
+            }
+        }
+        if let Ok((gemv, gemm)) = mma_gemv_and_gemm_slots(format) {
+            s += &format!(
+                "    {format}: {gemv:.0} issue slots per 1024 weights (the CUDA-core GEMV's at 1 row: {:.0}; the GEMM loop's: {gemm:.0})\n",
+                predict_gemv(format, SHAPES[0].0, SHAPES[0].1, SHAPES[0].2, 1)
+                    .map(|g| g.slots_per_iteration)
+                    .unwrap_or(f64::NAN)
+            );
+        }
+    }
+    s += "GEMM (prefill, first order at the tensor-loaded clock, next to our dense mma.sync GEMM):\n";
     let peer = predict_dense_peer();
     let mut rows: Vec<Result<MmaLoopPrediction, String>> = vec![peer.clone()];
     rows.extend(QuantFormat::ALL.iter().map(|&f| predict_gemm(f)));
@@ -278,15 +389,17 @@ pub fn qlinear_text() -> String {
             Err(e) => s += &format!("  cannot analyze: {e}\n"),
         }
     }
-    s += "  Crossover (issue slots per weight, bf16): the GEMM's loop beats the GEMV's from about\n";
+    s += "  Crossover (issue slots per weight, bf16): the GEMM's loop beats the CUDA-core GEMV's from about\n";
     for format in QuantFormat::ALL {
         if let Ok(r) = gemm_crossover_rows(format) {
             s += &format!("    {format}: {r:.1} rows\n");
         }
     }
     s += &format!(
-        "  so bf16/f16 products of {} rows or more take the GEMM (split along `in` up to one row block).\n",
-        crate::ops::qlinear::GEMM_FROM_ROWS
+        "  so bf16/f16 products of {} rows or more take the GEMM where there is no tensor-core GEMV, and of {}\n\
+         \x20 or more where there is one (split along `in` up to one row block).\n",
+        crate::ops::qlinear::GEMM_FROM_ROWS,
+        MAX_MMA_GEMV_ROWS + 1
     );
     s += "  Left out: the weight-load chain (issued a step ahead), waves and tails, the weight's L2 rereads.\n\n";
     s

@@ -152,9 +152,23 @@ fn branch_target(i: &Sass) -> Option<u32> {
     u32::from_str_radix(target.trim_end_matches(';'), 16).ok()
 }
 
-/// `[start, end]` address ranges of loop bodies (a branch back to an earlier address).
+/// `[start, end]` address ranges of loop bodies (a branch back to an earlier address). The return
+/// of a divergence slow path (`WARPSYNC.COLLECTIVE` ... `ENDCOLLECTIVE`, then a branch back to the
+/// `BRA.DIV` that left the fast path, which ptxas emits for `__syncwarp` and shuffles it cannot
+/// prove convergent) is not a loop.
 pub fn loops(code: &[Sass]) -> Vec<(u32, u32)> {
-    code.iter().filter_map(|i| branch_target(i).filter(|&t| t < i.addr).map(|t| (t, i.addr))).collect()
+    let after_collective = |k: usize| {
+        code[..k]
+            .iter()
+            .rev()
+            .find(|i| i.base() != "NOP")
+            .is_some_and(|i| i.op.starts_with("WARPSYNC.COLLECTIVE") || i.op.starts_with("ENDCOLLECTIVE"))
+    };
+    code.iter()
+        .enumerate()
+        .filter(|&(k, _)| !after_collective(k))
+        .filter_map(|(_, i)| branch_target(i).filter(|&t| t < i.addr).map(|t| (t, i.addr)))
+        .collect()
 }
 
 /// The hot path of a loop body (`region`, in address order): the basic blocks one iteration can
