@@ -11,8 +11,16 @@
 // Vectors: VEC = 16 / sizeof(T) (128-bit loads through the read-only path, 128-bit stores) when
 // hidden, both base pointers and both row strides allow, else VEC = 1. Bytes per call: reads
 // tokens * (hidden * sizeof(T) + 4), writes tokens * hidden * sizeof(T): a memory-bound copy.
+//
+// Packed tables (qembedding_<format>_<dtype>): the same lookup from a table kept in a packed
+// format (common/quant_chunk.cuh), each row dequantized as the reference does and rounded to the
+// dtype: bit for bit the dense lookup of the dequantized table. One thread per 32-element chunk
+// of an output row (grid.x * blockDim.x threads over tokens x chunks): the chunk's packed bytes
+// in one or two 16-byte loads, its values in 16-byte stores when out allows, else one by one.
+// Bytes per call: tokens * (the packed row + 4) read, tokens * hidden * sizeof(T) written.
 #include "common/device_error.cuh"
 #include "common/llk.cuh"
+#include "common/quant_chunk.cuh"
 
 namespace {
 
@@ -40,6 +48,39 @@ __device__ void embedding_kernel(const EmbeddingParams& p) {
   }
 }
 
+template <LlkQuantFormat F, class T>
+__device__ void qembedding_kernel(const QEmbeddingParams& p) {
+  using namespace llk::quant;
+  const int64_t chunks = p.w.k / kChunk;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.tokens * chunks) return;  // no barriers or warp operations below
+  const int64_t t = i / chunks, c = i % chunks;
+  const int32_t id = reinterpret_cast<const int32_t*>(p.ids)[t];
+  const bool valid = id >= 0 && int64_t(id) < p.w.n;
+  if (!valid && c == 0) llk::raise_device_error(p.error_flag, LLK_DEVICE_BAD_TOKEN_ID);
+  float w[kChunk];
+  if (valid) {
+    dequant_chunk<F>(p.w, id, c, w);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) w[j] = 0.f;
+  }
+  T* out = reinterpret_cast<T*>(p.out) + t * p.out_row_stride + c * kChunk;
+  constexpr int V = llk::kVec16<T>;
+  if (p.out % 16 == 0 && p.out_row_stride % V == 0) {  // uniform: 16-byte stores
+#pragma unroll
+    for (int v = 0; v < kChunk / V; ++v) {
+      float part[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) part[j] = w[v * V + j];
+      llk::store_f32<T, V>(out + v * V, part);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) out[j] = llk::from_f32<T>(w[j]);
+  }
+}
+
 }  // namespace
 
 // Symbols: embedding[_vec]_<dtype>. `_vec` is the 16-byte path.
@@ -51,4 +92,19 @@ __device__ void embedding_kernel(const EmbeddingParams& p) {
   X(embedding_vec_f16, EmbeddingParams, (kThreads), (embedding_kernel<__half, 8>))                \
   X(embedding_vec_bf16, EmbeddingParams, (kThreads), (embedding_kernel<__nv_bfloat16, 8>))
 
-LLK_EXPORT_KERNELS(embedding, EMBEDDING_KERNELS)
+// Symbols: qembedding_<format>_<dtype>, the packed tables.
+#define QEMBEDDING_FORMAT(X, fmt, F)                                                                    \
+  X(qembedding_##fmt##_f32, QEmbeddingParams, (kThreads), (qembedding_kernel<F, float>))              \
+  X(qembedding_##fmt##_f16, QEmbeddingParams, (kThreads), (qembedding_kernel<F, __half>))             \
+  X(qembedding_##fmt##_bf16, QEmbeddingParams, (kThreads), (qembedding_kernel<F, __nv_bfloat16>))
+
+#define EMBEDDING_ALL(X)                           \
+  EMBEDDING_KERNELS(X)                             \
+  QEMBEDDING_FORMAT(X, q8_0, LLK_QUANT_Q8_0)       \
+  QEMBEDDING_FORMAT(X, q4_0, LLK_QUANT_Q4_0)       \
+  QEMBEDDING_FORMAT(X, q4_1, LLK_QUANT_Q4_1)       \
+  QEMBEDDING_FORMAT(X, q4_k, LLK_QUANT_Q4_K)       \
+  QEMBEDDING_FORMAT(X, q6_k, LLK_QUANT_Q6_K)       \
+  QEMBEDDING_FORMAT(X, nf4, LLK_QUANT_NF4)
+
+LLK_EXPORT_KERNELS(embedding, EMBEDDING_ALL)

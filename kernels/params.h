@@ -596,6 +596,18 @@ typedef struct QLinearParams {
   int32_t k_steps_per_split;  // per split (the last may take fewer): GEMM 64-deep steps, tensor-core GEMV groups
 } QLinearParams;
 
+// The token embedding lookup from a packed table (embedding.cu, qembedding_<format>_<dtype>):
+// out[t] = the dequantized row ids[t] of W, rounded to the dtype; an id outside [0, vocab) gives
+// a row of zeros and raises LLK_DEVICE_BAD_TOKEN_ID, as the dense lookup does.
+typedef struct QEmbeddingParams {
+  QLinearParams w;       // the table's planes: n = vocab, k = hidden (the other fields unused)
+  uint64_t ids;          // [tokens] i32
+  uint64_t out;          // [tokens, hidden], rows out_row_stride elements apart
+  uint64_t error_flag;   // [1] i32
+  int64_t tokens;
+  int64_t out_row_stride;
+} QEmbeddingParams;
+
 // ---------------------------------------------------------------------------- Self-tests
 // Small kernels that exercise the emulation runtime (and, on a GPU, check that the emulated PTX
 // wrappers match the hardware). See kernels/selftest.cu.

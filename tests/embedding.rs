@@ -1,14 +1,19 @@
 //! The embedding lookup against the reference (emulated, and CUDA when present): every dtype, the
 //! 16-byte and the scalar path (odd widths, strided rows of the table and the output), repeated
 //! and boundary ids, ids outside the vocabulary (zero rows, flagged on the device, never read),
-//! schedules bit for bit, and a named error for each bad host-visible input.
+//! schedules bit for bit, and a named error for each bad host-visible input; the lookup from a
+//! packed table of every format equals the dense lookup of its dequantized rows, bit for bit.
 
 mod common;
 
 use llama_kernels::dev::testing::Rng;
+use llama_kernels::dev::verify::random_packed;
+use llama_kernels::dtype::round_to;
 use llama_kernels::ops::ErrorFlag;
-use llama_kernels::ops::embedding::embedding;
+use llama_kernels::ops::embedding::{embedding, embedding_packed};
+use llama_kernels::ops::qlinear::QWeight;
 use llama_kernels::reference;
+use llama_kernels::spec::quant::QuantFormat;
 use llama_kernels::{DType, Device, Error, Tensor};
 
 /// Table `[vocab, width]` viewed as `[vocab, hidden]` (width >= hidden: strided rows).
@@ -107,4 +112,46 @@ fn every_validation_error_is_named() {
     let none = Tensor::from_slice(&d, &[] as &[i32], &[0]).unwrap();
     embedding(&t, &none, &Tensor::zeros(&d, DType::BF16, &[0, 64]).unwrap(), &errors).unwrap();
     errors.check("embedding").unwrap();
+}
+
+#[test]
+fn packed_tables_give_the_dequantized_rows_rounded_bit_for_bit() {
+    for d in common::devices() {
+        for format in QuantFormat::ALL {
+            let (vocab, hidden) = (37, if format.default_block() == 32 { 96 } else { 256 });
+            let mut rng = Rng::new(format as u64 + 11);
+            let packed = random_packed(&mut rng, format, vocab, hidden).unwrap();
+            let dense = packed.dequantize();
+            let table = QWeight::new(&d, &packed).unwrap();
+            let ids = [0i32, 36, 5, 5, 17, -1, 37, 2];
+            let idt = Tensor::from_slice(&d, &ids, &[ids.len()]).unwrap();
+            for (dtype, width) in [(DType::F32, hidden), (DType::BF16, hidden + 8), (DType::F16, hidden + 3)] {
+                // Rows of a wider poisoned buffer: 16-byte stores, or (odd width) one by one.
+                let out = Tensor::poisoned(&d, dtype, &[ids.len(), width]).unwrap().narrow(1, 0, hidden).unwrap();
+                let errors = ErrorFlag::new(&d).unwrap();
+                embedding_packed(&table, &idt, &out, &errors).unwrap();
+                let got = out.to_f64_vec().unwrap();
+                for (t, &id) in ids.iter().enumerate() {
+                    let row = &got[t * hidden..][..hidden];
+                    let want: Vec<f64> = match usize::try_from(id).ok().filter(|&i| i < vocab) {
+                        Some(i) => {
+                            dense[i * hidden..][..hidden].iter().map(|&v| round_to(dtype, f64::from(v))).collect()
+                        }
+                        None => vec![0.0; hidden],
+                    };
+                    assert!(
+                        row.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{format} {dtype} id {id} on {d:?}: the row differs"
+                    );
+                }
+                assert!(matches!(errors.check("embedding"), Err(Error::DeviceReported { .. })), "{format}: ids -1, 37");
+            }
+            let bad_ids = Tensor::from_slice(&d, &[1.0f32], &[1]).unwrap();
+            let out = Tensor::zeros(&d, DType::F32, &[1, hidden]).unwrap();
+            let errors = ErrorFlag::new(&d).unwrap();
+            assert!(matches!(embedding_packed(&table, &bad_ids, &out, &errors), Err(Error::DTypeMismatch { .. })));
+            let short = Tensor::zeros(&d, DType::F32, &[ids.len(), hidden - 32]).unwrap();
+            assert!(matches!(embedding_packed(&table, &idt, &short, &errors), Err(Error::ShapeMismatch { .. })));
+        }
+    }
 }

@@ -421,7 +421,7 @@ fn tensor_core_gemv_streams_packed_weights_into_mma_without_local_memory() {
     // read-only loads (two per lane and group: rows g and g + 8), mma.sync of its dtype, the
     // values turned into 16-bit floats by byte permutes (PRMT), the quad's transpose through
     // shared memory (STS, then LDS.128), and no local memory.
-    let funcs = per_function(&sass("qlinear"));
+    let funcs = per_function(&sass("qmmv"));
     let mmv: Vec<_> = funcs.iter().filter(|(n, _)| n.starts_with("qmmv_")).collect();
     assert_eq!(mmv.len(), 8, "{:?}", mmv.iter().map(|f| &f.0).collect::<Vec<_>>());
     for (name, ops) in mmv {

@@ -53,5 +53,6 @@ kernel_params!(
     crate::ffi::params::MoeCombineParams,
     crate::ffi::params::SampleParams,
     crate::ffi::params::QLinearParams,
+    crate::ffi::params::QEmbeddingParams,
     crate::ffi::params::SelftestParams,
 );

@@ -3,6 +3,7 @@
 use super::KernelTable;
 use crate::backend::KernelRef;
 use crate::dtype::DType;
+use crate::spec::quant::QuantFormat;
 
 /// Every kernel, by (vectorized, dtype).
 pub(crate) static KERNELS: KernelTable<(bool, DType)> = KernelTable {
@@ -17,7 +18,23 @@ pub(crate) static KERNELS: KernelTable<(bool, DType)> = KernelTable {
     ],
 };
 
+macro_rules! packed {
+    ($($fmt:ident $name:literal),*) => {
+        &[$(
+            ((QuantFormat::$fmt, DType::F32), concat!("qembedding_", $name, "_f32")),
+            ((QuantFormat::$fmt, DType::F16), concat!("qembedding_", $name, "_f16")),
+            ((QuantFormat::$fmt, DType::BF16), concat!("qembedding_", $name, "_bf16")),
+        )*]
+    };
+}
+
+/// The lookups from a packed table, by (format, output dtype).
+pub(crate) static PACKED: KernelTable<(QuantFormat, DType)> = KernelTable {
+    module: "embedding",
+    entries: packed!(Q8_0 "q8_0", Q4_0 "q4_0", Q4_1 "q4_1", Q4_K "q4_k", Q6_K "q6_k", NF4 "nf4"),
+};
+
 /// The symbols of this family, for static checks.
 pub(crate) fn symbols() -> impl Iterator<Item = KernelRef> {
-    KERNELS.symbols()
+    KERNELS.symbols().chain(PACKED.symbols())
 }

@@ -1,4 +1,4 @@
-//! The kernels of `kernels/qlinear.cu`.
+//! The kernels of `kernels/qlinear.cu` and `kernels/qmmv.cu` (the tensor-core GEMV).
 
 use super::KernelTable;
 use crate::backend::KernelRef;
@@ -40,7 +40,7 @@ pub(crate) static KERNELS: KernelTable<(QKernel, QuantFormat, DType)> = KernelTa
 /// The tensor-core GEMV of decode, by (format, activation dtype): the formats whose values are
 /// integers with a scale (and minimum) per 32 or 16 elements; bf16 and f16.
 pub(crate) static MMA_GEMV: KernelTable<(QuantFormat, DType)> = KernelTable {
-    module: "qlinear",
+    module: "qmmv",
     entries: &[
         ((QuantFormat::Q4_0, DType::F16), "qmmv_q4_0_f16"),
         ((QuantFormat::Q4_0, DType::BF16), "qmmv_q4_0_bf16"),

@@ -12,6 +12,7 @@ use crate::backend::Device;
 use crate::block::{DecoderLayer, KvCache, KvCacheConfig, LayerSpec, LayerWorkspace, Proj};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ops::embedding::embedding_packed;
 use crate::ops::qlinear::{QScratch, QWeight};
 use crate::ops::{ErrorFlag, embedding, rms_norm};
 use crate::tensor::Tensor;
@@ -39,6 +40,13 @@ pub enum Logits {
     All,
 }
 
+/// The token embedding on the device: a dense table, or the packed LM head it is tied to.
+#[derive(Debug)]
+enum Embed {
+    Dense(Tensor),
+    Packed(QWeight),
+}
+
 /// The model on the device, with its KV cache and workspaces.
 #[derive(Debug)]
 pub struct Model {
@@ -49,7 +57,7 @@ pub struct Model {
     hidden: usize,
     eps: f32,
     layers: Vec<DecoderLayer>,
-    embed: Tensor,
+    embed: Embed,
     norm: Tensor,
     /// The LM head: its own weight, the embedding (tied), or packed.
     head: Proj,
@@ -82,12 +90,19 @@ impl Model {
             host.layers.iter().map(|(s, w)| DecoderLayer::new(device, dtype, *s, w)).collect::<Result<Vec<_>>>()?;
         let (vocab, hidden) = (host.vocab(), host.hidden());
         let up = |t: &crate::block::HostTensor| crate::block::proj::upload(device, dtype, &t.data, &t.shape);
-        let embed = up(&host.embed)?;
         let norm = up(&host.norm)?;
-        let head = match (&host.lm_head_packed, &host.lm_head) {
-            (Some(p), _) => Proj::Packed(vec![QWeight::new(device, p)?]),
-            (None, Some(h)) => Proj::Dense(up(h)?),
-            (None, None) => Proj::Dense(embed.clone()),
+        // A packed head tied to the embedding (no separate lm_head) is the embedding table too.
+        let (embed, head) = match (&host.lm_head_packed, &host.lm_head) {
+            (Some(p), None) => {
+                let w = QWeight::new(device, p)?;
+                (Embed::Packed(w.clone()), Proj::Packed(vec![w]))
+            }
+            (Some(p), Some(_)) => (Embed::Dense(up(&host.embed)?), Proj::Packed(vec![QWeight::new(device, p)?])),
+            (None, Some(h)) => (Embed::Dense(up(&host.embed)?), Proj::Dense(up(h)?)),
+            (None, None) => {
+                let embed = up(&host.embed)?;
+                (Embed::Dense(embed.clone()), Proj::Dense(embed))
+            }
         };
         let head_scratch = match &head {
             Proj::Packed(w) => Some(QScratch::new(device, dtype, &w.iter().collect::<Vec<_>>())?),
@@ -188,7 +203,10 @@ impl Model {
         let ids_t = self.ids.narrow(0, 0, t)?;
         ids_t.copy_from_slice(&ids)?;
         let hidden = self.hidden_states.narrow(0, 0, t)?;
-        embedding(&self.embed, &ids_t, &hidden, &self.errors)?;
+        match &self.embed {
+            Embed::Dense(table) => embedding(table, &ids_t, &hidden, &self.errors)?,
+            Embed::Packed(table) => embedding_packed(table, &ids_t, &hidden, &self.errors)?,
+        }
         for (i, layer) in self.layers.iter().enumerate() {
             layer.forward(&mut self.ws, &self.cache, i, &step, &hidden)?;
             observe(i, &hidden)?;

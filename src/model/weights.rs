@@ -57,8 +57,8 @@ pub struct HostModel {
     /// Epsilon of the final norm (the config's `rms_norm_eps`).
     pub eps: f32,
     /// The LM head kept packed (a GGUF `output.weight`, or the tied `token_embd.weight`, of a
-    /// packed type); [`HostModel::lm_head`] holds its dequantized values. The embedding lookup
-    /// reads the dense table.
+    /// packed type); [`HostModel::lm_head`] holds its dequantized values. When it is the tied
+    /// embedding, the device model looks tokens up in it too (no dense table on the device).
     pub lm_head_packed: Option<PackedWeight>,
 }
 

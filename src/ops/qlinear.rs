@@ -255,6 +255,10 @@ impl QWeight {
     pub fn device(&self) -> &Device {
         self.data.device()
     }
+    /// The planes' bytes on the device.
+    pub(crate) fn tensor(&self) -> &Tensor {
+        &self.data
+    }
     /// Bytes on the device (what a GEMV reads).
     pub fn bytes(&self) -> usize {
         self.layout.total_bytes()
@@ -345,8 +349,8 @@ pub fn qlinear_add_on(
     run(&queue.queue_device()?, x, w, y, scratch, true)
 }
 
-/// The parameters both kernels share: the planes of `w` at `base`.
-fn weight_params(w: &QWeight, base: u64) -> Result<QLinearParams> {
+/// The parameters every kernel of a packed weight shares: the planes of `w` at `base`.
+pub(crate) fn weight_params(w: &QWeight, base: u64) -> Result<QLinearParams> {
     let l = &w.layout;
     let [qs, qh, meta] = l.planes().map(|o| base + o as u64);
     Ok(QLinearParams {

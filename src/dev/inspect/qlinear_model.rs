@@ -154,7 +154,7 @@ pub fn predict_mma_gemv(
         return Err(format!("no tensor-core GEMV for {format} at {rows} rows"));
     }
     let name = format!("qmmv_{}_bf16", format.name());
-    let KernelCode { resources: res, code, .. } = kernel_code("qlinear", &name)?;
+    let KernelCode { resources: res, code, .. } = kernel_code("qmmv", &name)?;
     let body = loop_with_most(&code, "HMMA")?;
     let packed = |i: &&&Sass| i.base() == "LDG" && i.op.contains("CONSTANT");
     let weight_bytes: usize = body.iter().filter(packed).map(|i| access_bytes(&i.op)).sum();
