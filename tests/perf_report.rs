@@ -570,6 +570,6 @@ fn the_json_report_has_the_packed_kernels() {
     for g in mma.iter().filter(|g| g.get("kernel").is_some()) {
         assert!(g.get("error").is_none(), "{g}");
         let f = g["steady_fraction_of_copy"].as_f64().expect("steady fraction");
-        assert!(f.is_finite() && f > 0.0 && f <= 1.0, "{g}");
+        assert!(f.is_finite() && f > 0.0 && f <= 1.0 + 1e-9, "{g}");
     }
 }
