@@ -65,20 +65,8 @@ __device__ void qembedding_kernel(const QEmbeddingParams& p) {
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) w[j] = 0.f;
   }
-  T* out = reinterpret_cast<T*>(p.out) + t * p.out_row_stride + c * kChunk;
-  constexpr int V = llk::kVec16<T>;
-  if (p.out % 16 == 0 && p.out_row_stride % V == 0) {  // uniform: 16-byte stores
-#pragma unroll
-    for (int v = 0; v < kChunk / V; ++v) {
-      float part[V];
-#pragma unroll
-      for (int j = 0; j < V; ++j) part[j] = w[v * V + j];
-      llk::store_f32<T, V>(out + v * V, part);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kChunk; ++j) out[j] = llk::from_f32<T>(w[j]);
-  }
+  const bool vec = p.out % 16 == 0 && p.out_row_stride % llk::kVec16<T> == 0;  // uniform
+  store_chunk<T>(reinterpret_cast<T*>(p.out) + t * p.out_row_stride + c * kChunk, w, vec);
 }
 
 }  // namespace
@@ -98,13 +86,8 @@ __device__ void qembedding_kernel(const QEmbeddingParams& p) {
   X(qembedding_##fmt##_f16, QEmbeddingParams, (kThreads), (qembedding_kernel<F, __half>))             \
   X(qembedding_##fmt##_bf16, QEmbeddingParams, (kThreads), (qembedding_kernel<F, __nv_bfloat16>))
 
-#define EMBEDDING_ALL(X)                           \
-  EMBEDDING_KERNELS(X)                             \
-  QEMBEDDING_FORMAT(X, q8_0, LLK_QUANT_Q8_0)       \
-  QEMBEDDING_FORMAT(X, q4_0, LLK_QUANT_Q4_0)       \
-  QEMBEDDING_FORMAT(X, q4_1, LLK_QUANT_Q4_1)       \
-  QEMBEDDING_FORMAT(X, q4_k, LLK_QUANT_Q4_K)       \
-  QEMBEDDING_FORMAT(X, q6_k, LLK_QUANT_Q6_K)       \
-  QEMBEDDING_FORMAT(X, nf4, LLK_QUANT_NF4)
+#define EMBEDDING_ALL(X) \
+  EMBEDDING_KERNELS(X)   \
+  LLK_QUANT_FORMATS(QEMBEDDING_FORMAT, X)
 
 LLK_EXPORT_KERNELS(embedding, EMBEDDING_ALL)

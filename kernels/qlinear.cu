@@ -310,15 +310,7 @@ __device__ void qdequant_kernel(const QLinearParams& p) {
   const int64_t r = t / chunks, c = t % chunks;
   float w[kChunk];
   dequant_chunk<F>(p, p.row_first + r, c, w);
-  T* out = reinterpret_cast<T*>(p.y) + r * p.y_row_stride + c * kChunk;
-  constexpr int V = llk::kVec16<T>;
-#pragma unroll
-  for (int v = 0; v < kChunk / V; ++v) {
-    float part[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) part[i] = w[v * V + i];
-    llk::store_f32<T, V>(out + v * V, part);
-  }
+  store_chunk<T>(reinterpret_cast<T*>(p.y) + r * p.y_row_stride + c * kChunk, w, true);  // a dense band
 }
 
 }  // namespace
@@ -335,13 +327,7 @@ __device__ void qdequant_kernel(const QLinearParams& p) {
   X(qdequant_##fmt##_f16, QLinearParams, (LLK_QDEQUANT_THREADS), (qdequant_kernel<F, __half>))             \
   X(qdequant_##fmt##_bf16, QLinearParams, (LLK_QDEQUANT_THREADS), (qdequant_kernel<F, __nv_bfloat16>))
 
-#define QLINEAR_KERNELS(X)                    \
-  QLINEAR_FORMAT(X, q8_0, LLK_QUANT_Q8_0)     \
-  QLINEAR_FORMAT(X, q4_0, LLK_QUANT_Q4_0)     \
-  QLINEAR_FORMAT(X, q4_1, LLK_QUANT_Q4_1)     \
-  QLINEAR_FORMAT(X, q4_k, LLK_QUANT_Q4_K)     \
-  QLINEAR_FORMAT(X, q6_k, LLK_QUANT_Q6_K)     \
-  QLINEAR_FORMAT(X, nf4, LLK_QUANT_NF4)
+#define QLINEAR_KERNELS(X) LLK_QUANT_FORMATS(QLINEAR_FORMAT, X)
 
 #define QLINEAR_REDUCE(X)                                                                     \
   X(qsplit_reduce_f16, QLinearParams, (LLK_QREDUCE_THREADS), (qreduce_kernel<__half>))        \

@@ -26,6 +26,15 @@
 #pragma once
 #include "llk.cuh"
 
+// Every format, for the kernel families' symbol lists: M(X, name, LlkQuantFormat) for each.
+#define LLK_QUANT_FORMATS(M, X)                                                             \
+  M(X, q8_0, LLK_QUANT_Q8_0)                                                                \
+  M(X, q4_0, LLK_QUANT_Q4_0)                                                                \
+  M(X, q4_1, LLK_QUANT_Q4_1)                                                                \
+  M(X, q4_k, LLK_QUANT_Q4_K)                                                                \
+  M(X, q6_k, LLK_QUANT_Q6_K)                                                                \
+  M(X, nf4, LLK_QUANT_NF4)
+
 namespace llk::quant {
 
 constexpr int kChunk = LLK_QUANT_CHUNK;
@@ -212,6 +221,25 @@ __device__ __forceinline__ void dequant_chunk(const QLinearParams& p, int64_t ro
   RawChunk c;
   load_chunk<F>(p, row, chunk, c);
   decode_chunk<F>(p, c, w);
+}
+
+// Stores a chunk's 32 values rounded to T at `out`: 16-byte stores when `vec` (out 16-byte
+// aligned), else one by one.
+template <class T>
+__device__ __forceinline__ void store_chunk(T* out, const float (&w)[kChunk], bool vec) {
+  constexpr int V = llk::kVec16<T>;
+  if (vec) {
+#pragma unroll
+    for (int v = 0; v < kChunk / V; ++v) {
+      float part[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) part[j] = w[v * V + j];
+      llk::store_f32<T, V>(out + v * V, part);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) out[j] = llk::from_f32<T>(w[j]);
+  }
 }
 
 }  // namespace llk::quant

@@ -462,26 +462,6 @@ fn run(
         args.launch(SPLIT_REDUCE.find(op, "y", dtype, dtype)?, dims, p)
     };
     match path {
-        QPath::MmaGemv { k_splits } => {
-            let mut p = io_params()?;
-            let groups = d_in.div_ceil(LLK_QMMV_GROUP as usize * LLK_QUANT_CHUNK as usize);
-            p.k_splits = to_i32(op, "k splits", k_splits)?;
-            p.k_steps_per_split = to_i32(op, "groups", groups.div_ceil(k_splits))?;
-            let split = if k_splits > 1 {
-                let scratch = partials(k_splits)?;
-                p.partial = args.write_tensor("scratch partials", &scratch.partial)?;
-                Some(scratch)
-            } else {
-                None
-            };
-            let grid = (grid_x(op, d_out.div_ceil(16))?, 1, k_splits as u32);
-            let dims = LaunchDims { grid, block: (LLK_QMMV_WARPS * 32, 1, 1), dyn_smem: 0 };
-            args.launch(MMA_GEMV.find(op, "x", (w.layout.format, dtype), dtype)?, dims, &p)?;
-            return match split {
-                Some(scratch) => reduce(&p, scratch, y),
-                None => Ok(()),
-            };
-        }
         QPath::Gemv { split } => {
             let mut p = io_params()?;
             p.split = split as i32;
@@ -490,12 +470,21 @@ fn run(
             let dims = LaunchDims { grid: (grid_x(op, d_out.div_ceil(per_block))?, 1, 1), block, dyn_smem: 0 };
             return args.launch(find(QKernel::Gemv)?, dims, &p);
         }
-        QPath::Gemm { k_splits } => {
-            // With more than one split the GEMM writes f32 partials into the scratch and the
+        QPath::MmaGemv { k_splits } | QPath::Gemm { k_splits } => {
+            // With more than one split the kernel writes f32 partials into the scratch and the
             // reduce kernel adds them in order into y (and its old values), rounding once.
             let mut p = io_params()?;
+            let (kernel, dims, steps) = if matches!(path, QPath::MmaGemv { .. }) {
+                let groups = d_in.div_ceil(LLK_QMMV_GROUP as usize * LLK_QUANT_CHUNK as usize);
+                let grid = (grid_x(op, d_out.div_ceil(16))?, 1, k_splits as u32);
+                let dims = LaunchDims { grid, block: (LLK_QMMV_WARPS * 32, 1, 1), dyn_smem: 0 };
+                (MMA_GEMV.find(op, "x", (w.layout.format, dtype), dtype)?, dims, groups)
+            } else {
+                let steps = d_in.div_ceil(LLK_QGEMM_BLOCK_K as usize);
+                (find(QKernel::Gemm)?, gemm_dims(op, xr.rows, d_out, k_splits)?, steps)
+            };
             p.k_splits = to_i32(op, "k splits", k_splits)?;
-            p.k_steps_per_split = to_i32(op, "steps", d_in.div_ceil(LLK_QGEMM_BLOCK_K as usize).div_ceil(k_splits))?;
+            p.k_steps_per_split = to_i32(op, "steps per split", steps.div_ceil(k_splits))?;
             let split = if k_splits > 1 {
                 let scratch = partials(k_splits)?;
                 p.partial = args.write_tensor("scratch partials", &scratch.partial)?;
@@ -503,7 +492,7 @@ fn run(
             } else {
                 None
             };
-            args.launch(find(QKernel::Gemm)?, gemm_dims(op, xr.rows, d_out, k_splits)?, &p)?;
+            args.launch(kernel, dims, &p)?;
             return match split {
                 Some(scratch) => reduce(&p, scratch, y),
                 None => Ok(()),

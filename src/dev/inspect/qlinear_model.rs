@@ -291,6 +291,23 @@ pub fn gemm_crossover_rows(format: QuantFormat) -> Result<f64, String> {
     Ok((gemm_per_1024 - decode) / per_row.max(1e-9))
 }
 
+/// One GEMV row of the report's tables.
+fn gemv_row(g: &GemvPrediction, rows: &str) -> String {
+    format!(
+        "  {:<16} {:<19} {:>4} {:>5} {:>5.2} {:>6} {:>5}B {:>8.0}% {:>7.0}%  {}\n",
+        g.kernel,
+        g.shape,
+        rows,
+        g.split,
+        g.bits_per_weight,
+        g.warps_per_sm,
+        g.bytes_in_flight_per_thread,
+        100.0 * g.memory.steady_fraction,
+        100.0 * g.memory.fraction_of_copy,
+        g.memory.bound
+    )
+}
+
 /// The report's section on the packed kernels.
 pub fn qlinear_text() -> String {
     let mut s = String::from(
@@ -306,21 +323,7 @@ pub fn qlinear_text() -> String {
         for &(shape, out, inp) in &SHAPES {
             for rows in [1, 16] {
                 match predict_gemv(format, shape, out, inp, rows) {
-                    Ok(g) => {
-                        s += &format!(
-                            "  {:<16} {:<19} {:>4} {:>5} {:>5.2} {:>6} {:>5}B {:>8.0}% {:>7.0}%  {}\n",
-                            g.kernel,
-                            g.shape,
-                            g.rows,
-                            g.split,
-                            g.bits_per_weight,
-                            g.warps_per_sm,
-                            g.bytes_in_flight_per_thread,
-                            100.0 * g.memory.steady_fraction,
-                            100.0 * g.memory.fraction_of_copy,
-                            g.memory.bound
-                        )
-                    }
+                    Ok(g) => s += &gemv_row(&g, &rows.to_string()),
                     Err(e) => s += &format!("  qgemv {format} {shape}: cannot analyze: {e}\n"),
                 }
             }
@@ -337,21 +340,7 @@ pub fn qlinear_text() -> String {
     for format in QuantFormat::ALL.into_iter().filter(|&f| has_mma_gemv(f, DType::BF16)) {
         for &(shape, out, inp) in &SHAPES {
             match predict_mma_gemv(format, shape, out, inp, 1) {
-                Ok(g) => {
-                    s += &format!(
-                        "  {:<16} {:<19} {:>4} {:>5} {:>5.2} {:>6} {:>5}B {:>8.0}% {:>7.0}%  {}\n",
-                        g.kernel,
-                        g.shape,
-                        "1-8",
-                        g.split,
-                        g.bits_per_weight,
-                        g.warps_per_sm,
-                        g.bytes_in_flight_per_thread,
-                        100.0 * g.memory.steady_fraction,
-                        100.0 * g.memory.fraction_of_copy,
-                        g.memory.bound
-                    )
-                }
+                Ok(g) => s += &gemv_row(&g, "1-8"),
                 Err(e) => s += &format!("  qmmv {format} {shape}: cannot analyze: {e}\n"),
             }
         }
