@@ -51,6 +51,8 @@ __device__ void embedding_kernel(const EmbeddingParams& p) {
 template <LlkQuantFormat F, class T>
 __device__ void qembedding_kernel(const QEmbeddingParams& p) {
   using namespace llk::quant;
+  __shared__ float code_smem[16];
+  const float* code = code_book<F>(p.w, code_smem);  // before any thread returns
   const int64_t chunks = p.w.k / kChunk;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.tokens * chunks) return;  // no barriers or warp operations below
@@ -60,7 +62,7 @@ __device__ void qembedding_kernel(const QEmbeddingParams& p) {
   if (!valid && c == 0) llk::raise_device_error(p.error_flag, LLK_DEVICE_BAD_TOKEN_ID);
   float w[kChunk];
   if (valid) {
-    dequant_chunk<F>(p.w, id, c, w);
+    dequant_chunk<F>(p.w, code, id, c, w);
   } else {
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) w[j] = 0.f;

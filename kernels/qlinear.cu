@@ -61,6 +61,8 @@ static_assert(kGemvDepth == 2, "the GEMV loop loads one chunk ahead");
 
 template <LlkQuantFormat F, class T>
 __device__ void qgemv_kernel(const QLinearParams& p) {
+  __shared__ float code_smem[16];
+  const float* code = code_book<F>(p, code_smem);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int split = int(p.split), part = warp % split;
   const int64_t col = int64_t(blockIdx.x) * (kWarps / split) + warp / split;
@@ -80,7 +82,7 @@ __device__ void qgemv_kernel(const QLinearParams& p) {
     RawChunk nxt{};
     if (c + stride < chunks) load_chunk<F>(p, col, c + stride, nxt);
     float w[kChunk];
-    decode_chunk<F>(p, cur, w);
+    decode_chunk<F>(code, cur, w);
     cur = nxt;
     llk::round_to<T>(w);  // the weight as the activation dtype holds it (see the header)
 #pragma unroll
@@ -146,6 +148,8 @@ __device__ void qgemm_kernel(const QLinearParams& p) {
   T* sB = sA + kStages * kBM * kBK;    // [2][kBN][kBK], swizzled
   const int64_t m0 = int64_t(blockIdx.x) * kBM, n0 = int64_t(blockIdx.y) * kBN;
   if (m0 >= p.rows || n0 >= p.n) return;  // the whole block, before any barrier
+  __shared__ float code_smem[16];
+  const float* code = code_book<F>(p, code_smem);
   const int valid = int(min(int64_t(kBM), p.rows - m0));
   const int tid = int(threadIdx.x), warp = tid / 32;
   const int wm = warp / 2, wn = warp % 2;
@@ -190,7 +194,7 @@ __device__ void qgemm_kernel(const QLinearParams& p) {
       int64_t chunk;
       float w[kChunk];
       if (chunk_of(i, ks, r, chunk)) {
-        decode_chunk<F>(p, next[i], w);
+        decode_chunk<F>(code, next[i], w);
       } else {
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) w[j] = 0.f;
@@ -304,12 +308,14 @@ __device__ void qreduce_kernel(const QLinearParams& p) {
 
 template <LlkQuantFormat F, class T>
 __device__ void qdequant_kernel(const QLinearParams& p) {
+  __shared__ float code_smem[16];
+  const float* code = code_book<F>(p, code_smem);  // before any thread returns
   const int64_t chunks = p.k / kChunk;
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= p.n * chunks) return;
   const int64_t r = t / chunks, c = t % chunks;
   float w[kChunk];
-  dequant_chunk<F>(p, p.row_first + r, c, w);
+  dequant_chunk<F>(p, code, p.row_first + r, c, w);
   store_chunk<T>(reinterpret_cast<T*>(p.y) + r * p.y_row_stride + c * kChunk, w, true);  // a dense band
 }
 

@@ -416,6 +416,23 @@ fn packed_gemv_streams_weights_with_128_bit_loads_and_no_local_memory() {
 }
 
 #[test]
+fn nf4_kernels_look_their_code_book_up_in_shared_memory() {
+    // An indexed read of the params (LDC c[0x0][Rn]) serializes a warp over its distinct
+    // indexes: every NF4 kernel (GEMV, GEMM, dequantize, embedding) reads its code book that way
+    // once per block, to stage it in shared memory, and looks values up there (LDS).
+    for module in ["qlinear", "embedding"] {
+        let nf4: Vec<_> = per_function_lines(&sass(module)).into_iter().filter(|(n, _)| n.contains("_nf4_")).collect();
+        assert_eq!(nf4.len(), if module == "qlinear" { 8 } else { 3 }, "{module}");
+        for (name, lines) in nf4 {
+            let by_register = |l: &&String| l.starts_with("LDC") && l.contains("c[0x0][R") && !l.contains("c[0x0][RZ");
+            let indexed = lines.iter().filter(by_register).count();
+            assert!(indexed <= 1, "{name}: {indexed} indexed constant loads");
+            assert!(lines.iter().any(|l| l.starts_with("LDS")), "{name}: no shared-memory lookup");
+        }
+    }
+}
+
+#[test]
 fn tensor_core_gemv_streams_packed_weights_into_mma_without_local_memory() {
     // Every qmmv kernel (Q4_0, Q4_1, Q4_K, Q6_K; bf16, f16): the packed values by 128-bit
     // read-only loads (two per lane and group: rows g and g + 8), mma.sync of its dtype, the

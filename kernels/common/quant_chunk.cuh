@@ -159,9 +159,24 @@ __device__ __forceinline__ void q6k_values(uint32_t qs, uint32_t qh_word, int j,
   hi = ((qs >> 4) & 0x0f0f0f0fu) | (((qh_word >> (2 * (2 + j / 2))) & 0x03030303u) << 4);
 }
 
-// The chunk's 32 values, by the reference formula with each product and sum rounded as written.
+// NF4's code book, staged in shared memory (`smem`) by every block that decodes NF4: read from
+// the params by index it would be a constant-bank load, which serializes a warp's lanes over
+// their distinct indexes; in shared memory its 16 entries sit in 16 banks, so the lookups of a
+// warp are conflict-free. A block-wide barrier for NF4 (a no-op for the other formats): call it
+// before any thread of the block returns.
 template <LlkQuantFormat F>
-__device__ __forceinline__ void decode_chunk(const QLinearParams& p, const RawChunk& c, float (&w)[kChunk]) {
+__device__ __forceinline__ const float* code_book(const QLinearParams& p, float (&smem)[16]) {
+  if constexpr (F == LLK_QUANT_NF4) {
+    if (threadIdx.x < 16) smem[threadIdx.x] = p.code[threadIdx.x];
+    __syncthreads();
+  }
+  return smem;
+}
+
+// The chunk's 32 values, by the reference formula with each product and sum rounded as written;
+// `code`: NF4's code book (code_book), unused by the other formats.
+template <LlkQuantFormat F>
+__device__ __forceinline__ void decode_chunk(const float* code, const RawChunk& c, float (&w)[kChunk]) {
   if constexpr (F == LLK_QUANT_Q8_0) {
     const float d = f16_bits(c.h0);
 #pragma unroll
@@ -210,17 +225,18 @@ __device__ __forceinline__ void decode_chunk(const QLinearParams& p, const RawCh
       }
     } else {  // LLK_QUANT_NF4
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) w[i] = __fmul_rn(p.code[q[i]], c.absmax);
+      for (int i = 0; i < kChunk; ++i) w[i] = __fmul_rn(code[q[i]], c.absmax);
     }
   }
 }
 
 // Chunk `chunk` of row `row` of W, dequantized into w.
 template <LlkQuantFormat F>
-__device__ __forceinline__ void dequant_chunk(const QLinearParams& p, int64_t row, int64_t chunk, float (&w)[kChunk]) {
+__device__ __forceinline__ void dequant_chunk(const QLinearParams& p, const float* code, int64_t row, int64_t chunk,
+                                              float (&w)[kChunk]) {
   RawChunk c;
   load_chunk<F>(p, row, chunk, c);
-  decode_chunk<F>(p, c, w);
+  decode_chunk<F>(code, c, w);
 }
 
 // Stores a chunk's 32 values rounded to T at `out`: 16-byte stores when `vec` (out 16-byte
