@@ -67,6 +67,9 @@ pub enum Kernel {
     /// `fast_exp2`, `fast_rcp` and `__fadd_rn(__fmul_rn(x, x), c)` (`in: f32 [x: n | c: n]`,
     /// `out: f32 [3][n]`).
     FastMath,
+    /// `__byte_perm(x, y, s & 0x7777)` and the bf16 pair sum of x and y (`in: f32 [n][x, y, s]`
+    /// as bits, `out: i32 [n][2]`).
+    BytePerm,
 }
 
 impl Kernel {
@@ -88,9 +91,10 @@ impl Kernel {
             Kernel::OutOfBounds => "selftest_out_of_bounds",
             Kernel::BoundedFill => "selftest_bounded_fill",
             Kernel::FastMath => "selftest_fast_math",
+            Kernel::BytePerm => "selftest_byte_perm",
         }
     }
-    pub const ALL: [Kernel; 16] = [
+    pub const ALL: [Kernel; 17] = [
         Kernel::Stencil,
         Kernel::Deadlock,
         Kernel::DivergentBarrier,
@@ -107,6 +111,7 @@ impl Kernel {
         Kernel::OutOfBounds,
         Kernel::BoundedFill,
         Kernel::FastMath,
+        Kernel::BytePerm,
     ];
     /// Warp-level PTX checks: one warp, fixed input and output sizes (in, out elements).
     fn fixed_io(self) -> Option<(usize, usize)> {
@@ -166,7 +171,10 @@ pub fn launch_with_dyn_smem(
     if block == 0 || block > 1024 {
         return Err(Error::invalid(OP, "block", block, "must be 1..=1024"));
     }
-    let out_dtype = if matches!(kernel, Kernel::WarpOps | Kernel::Atomics | Kernel::Ldmatrix | Kernel::ShflEdges) {
+    let out_dtype = if matches!(
+        kernel,
+        Kernel::WarpOps | Kernel::Atomics | Kernel::Ldmatrix | Kernel::ShflEdges | Kernel::BytePerm
+    ) {
         DType::I32
     } else {
         DType::F32
@@ -180,6 +188,7 @@ pub fn launch_with_dyn_smem(
             Kernel::Guards | Kernel::StackHog => (n, block),
             Kernel::Atomics => (n, 2),
             Kernel::FastMath => (n, 3 * n),
+            Kernel::BytePerm => (n, 2 * n),
             Kernel::Deadlock | Kernel::DivergentBarrier => (n, n.min(block)),
             _ => (n, n),
         },
@@ -190,6 +199,7 @@ pub fn launch_with_dyn_smem(
     let inputs = match kernel {
         Kernel::OutOfBounds => 1,
         Kernel::FastMath => 2 * n,
+        Kernel::BytePerm => 3 * n,
         _ => n,
     };
     if let Some(i) = input {
@@ -197,8 +207,10 @@ pub fn launch_with_dyn_smem(
         if !i.is_contiguous() || i.numel() < inputs {
             return Err(Error::invalid(OP, "in", i.numel(), format!("needs {inputs} contiguous elements")));
         }
-    } else if matches!(kernel, Kernel::Stencil | Kernel::DynSmem | Kernel::OutOfBounds | Kernel::FastMath)
-        || kernel.fixed_io().is_some()
+    } else if matches!(
+        kernel,
+        Kernel::Stencil | Kernel::DynSmem | Kernel::OutOfBounds | Kernel::FastMath | Kernel::BytePerm
+    ) || kernel.fixed_io().is_some()
     {
         return Err(Error::invalid(OP, "in", "None", "this kernel reads an input"));
     }
