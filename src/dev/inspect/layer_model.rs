@@ -13,6 +13,11 @@
 //! `h200::LAUNCH_US`, the one the memory-bound calibration fitted) and an assumed 1 us with one
 //! (the GPU-side gap between dependent kernels a graph does not remove; not measured here). The
 //! stage times below are bodies (no launch) plus that cost per launch.
+//!
+//! **Packed weights** ([`Weights::Packed`], [`predict_step_with`]): batch-1 to 8 decode of the
+//! dense models with the projections and the LM head in a format with the tensor-core GEMV,
+//! each weight stage the GEMV's steady body from [`super::qlinear_model`] (plus the reduce
+//! kernel's launch when it splits `in`; the reduce's own body is left out).
 
 use super::attention_model::{MatrixModel, Workload, predict_launch};
 use super::coverage::{
@@ -20,6 +25,9 @@ use super::coverage::{
 };
 use super::h200;
 use super::memory_model::H200;
+use super::qlinear_model::predict_mma_gemv;
+use crate::ops::qlinear::MAX_MMA_GEMV_ROWS;
+use crate::spec::quant::{QuantFormat, QuantLayout};
 
 /// cuBLAS dense bf16 rate at large shapes (TFLOP/s), the low end of the public 765-786.
 pub const CUBLAS_TFLOPS: f64 = 765.0;
@@ -121,6 +129,15 @@ impl LayerConfig {
     }
 }
 
+/// How a step's dense weights (projections and LM head) are stored.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Weights {
+    /// bf16, multiplied by cuBLAS.
+    Bf16,
+    /// Packed in a format with the tensor-core GEMV (decode of at most 8 rows), multiplied by it.
+    Packed(QuantFormat),
+}
+
 /// One step the report predicts.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Phase {
@@ -191,6 +208,20 @@ pub fn cublas(name: &str, m: usize, n: usize, k: usize, extra: f64) -> Stage {
     stage(name, "cuBLAS", if tf > tb { "tensor" } else { "bandwidth" }, tf.max(tb), 1, true)
 }
 
+/// The projection `[m, k] x [k, n]` with the weight as `weights` stores it: cuBLAS for bf16, the
+/// tensor-core GEMV's steady body for a packed weight (two launches when it splits `in`: the
+/// GEMV and its reduce).
+fn projection(name: &str, weights: Weights, m: usize, n: usize, k: usize, extra: f64) -> Result<Stage, String> {
+    match weights {
+        Weights::Bf16 => Ok(cublas(name, m, n, k, extra)),
+        Weights::Packed(format) => {
+            let g = predict_mma_gemv(format, "layer", n, k, m)?;
+            let launches = if g.split > 1 { 2 } else { 1 };
+            Ok(stage(name, "ours", g.memory.bound, g.memory.seconds - g.memory.t_launch, launches, true))
+        }
+    }
+}
+
 fn ours(name: &str, c: &Covered, weight: bool) -> Stage {
     stage(name, "ours", c.bound, c.body_seconds, 1, weight)
 }
@@ -239,7 +270,12 @@ fn prefill_attention(cfg: &LayerConfig, tokens: usize, attn: &PrefillAttention) 
 }
 
 /// The stages of one layer at `phase`.
-pub fn layer_stages(cfg: &LayerConfig, phase: Phase, attn: &PrefillAttention) -> Result<Vec<Stage>, String> {
+pub fn layer_stages(
+    cfg: &LayerConfig,
+    phase: Phase,
+    attn: &PrefillAttention,
+    weights: Weights,
+) -> Result<Vec<Stage>, String> {
     let t = match phase {
         Phase::Decode { batch, .. } => batch,
         Phase::Prefill { tokens } => tokens,
@@ -248,7 +284,7 @@ pub fn layer_stages(cfg: &LayerConfig, phase: Phase, attn: &PrefillAttention) ->
     let qkv = (cfg.q_heads + 2 * cfg.kv_heads) * d;
     let row = (h * 2) as f64;
     let mut v = vec![ours("rms_norm", &rows_kernel("rms_norm", "rms_norm_vec_bf16", t, row, row, 128)?, false)];
-    v.push(cublas("qkv", t, qkv, h, 0.0));
+    v.push(projection("qkv", weights, t, qkv, h, 0.0)?);
     let (rope_kernel, threads) =
         if cfg.experts > 0 { ("rope_interleaved_norm_vec_bf16", 256) } else { ("rope_half_split_vec_bf16", 320) };
     let rope_row = ((cfg.q_heads + cfg.kv_heads) * d * 2) as f64;
@@ -266,7 +302,7 @@ pub fn layer_stages(cfg: &LayerConfig, phase: Phase, attn: &PrefillAttention) ->
         }
         Phase::Prefill { tokens } => v.push(prefill_attention(cfg, tokens, attn)),
     }
-    v.push(cublas("o_proj", t, h, cfg.q_heads * d, 0.0));
+    v.push(projection("o_proj", weights, t, h, cfg.q_heads * d, 0.0)?);
     v.push(ours(
         "fused_add_rms_norm",
         &rows_kernel("rms_norm", "fused_add_rms_norm_vec_bf16", t, 2.0 * row, 2.0 * row, 128)?,
@@ -274,7 +310,7 @@ pub fn layer_stages(cfg: &LayerConfig, phase: Phase, attn: &PrefillAttention) ->
     ));
     if cfg.experts == 0 {
         let i = cfg.intermediate;
-        v.push(cublas("gate_up", t, 2 * i, h, 0.0));
+        v.push(projection("gate_up", weights, t, 2 * i, h, 0.0)?);
         let sw = LaunchShape {
             counted_bytes: (t * i * 6) as f64,
             read_bytes: (t * i * 4) as f64,
@@ -286,7 +322,9 @@ pub fn layer_stages(cfg: &LayerConfig, phase: Phase, attn: &PrefillAttention) ->
             t_tensor: 0.0,
         };
         v.push(ours("swiglu", &predict("layer", "swiglu", "swiglu_vec_bf16", format!("{t} x {i}"), &sw)?, false));
-        v.push(cublas("down (+ residual)", t, h, i, row * t as f64));
+        v.push(projection("down (+ residual)", weights, t, h, i, row * t as f64)?);
+    } else if weights != Weights::Bf16 {
+        return Err("packed experts: the MoE GEMMs read bf16 weights".into());
     } else {
         let moe =
             MoeCase { tokens: t, hidden: h, experts: cfg.experts, top_k: cfg.top_k, intermediate: cfg.intermediate };
@@ -306,7 +344,21 @@ pub fn layer_stages(cfg: &LayerConfig, phase: Phase, attn: &PrefillAttention) ->
 /// One step: every layer, then the final norm and the LM head on the rows asked for (every
 /// sequence at decode, the last token at prefill).
 pub fn predict_step(cfg: &LayerConfig, phase: Phase, attn: &PrefillAttention) -> Result<StepPrediction, String> {
-    let mut stages = layer_stages(cfg, phase, attn)?;
+    predict_step_with(cfg, phase, attn, Weights::Bf16)
+}
+
+/// [`predict_step`] with the dense weights stored as `weights` (packed: decode of at most
+/// `MAX_MMA_GEMV_ROWS` sequences of a dense model; the embedding stays a bf16 table).
+pub fn predict_step_with(
+    cfg: &LayerConfig,
+    phase: Phase,
+    attn: &PrefillAttention,
+    weights: Weights,
+) -> Result<StepPrediction, String> {
+    if weights != Weights::Bf16 && !matches!(phase, Phase::Decode { batch: 1..=MAX_MMA_GEMV_ROWS, .. }) {
+        return Err(format!("packed weights: decode of 1 to {MAX_MMA_GEMV_ROWS} sequences only"));
+    }
+    let mut stages = layer_stages(cfg, phase, attn, weights)?;
     let sum = |f: &dyn Fn(&Stage) -> f64, s: &[Stage]| s.iter().map(f).sum::<f64>();
     let (layer_eager, layer_graph) = (sum(&|s| s.eager, &stages), sum(&|s| s.graph, &stages));
     for s in &mut stages {
@@ -318,7 +370,7 @@ pub fn predict_step(cfg: &LayerConfig, phase: Phase, attn: &PrefillAttention) ->
     };
     let row = (cfg.hidden * 2) as f64;
     stages.push(ours("final norm", &rows_kernel("rms_norm", "rms_norm_vec_bf16", rows, row, row, 128)?, false));
-    stages.push(cublas("lm_head", rows, cfg.vocab, cfg.hidden, 0.0));
+    stages.push(projection("lm_head", weights, rows, cfg.vocab, cfg.hidden, 0.0)?);
     let total = |f: &dyn Fn(&Stage) -> f64| stages.iter().map(|s| f(s) * s.per_step as f64).sum::<f64>();
     let (step_eager, step_graph) = (total(&|s| s.eager), total(&|s| s.graph));
     for s in &mut stages {
@@ -326,7 +378,17 @@ pub fn predict_step(cfg: &LayerConfig, phase: Phase, attn: &PrefillAttention) ->
     }
     let launches_per_step = stages.iter().map(|s| s.launches * s.per_step).sum();
     let kv = (cfg.layers * kv_tokens * cfg.kv_heads * cfg.head_dim * 2 * 2) as f64;
-    let memory_bytes = 2.0 * cfg.params() + kv;
+    let memory_bytes = match weights {
+        Weights::Bf16 => 2.0 * cfg.params(),
+        Weights::Packed(format) => {
+            // The projections and the LM head at the format's bytes per weight, the rest bf16.
+            let bits =
+                QuantLayout::new(format, format.default_block(), 1, 4096).map_err(|e| e.to_string())?.bits_per_weight();
+            let h = cfg.hidden as f64;
+            let packed = cfg.layers as f64 * (cfg.attn_params() + cfg.ffn_params(cfg.experts)) + cfg.vocab as f64 * h;
+            packed * bits / 8.0 + 2.0 * (cfg.params() - packed)
+        }
+    } + kv;
     Ok(StepPrediction {
         model: *cfg,
         phase,
@@ -342,6 +404,9 @@ pub fn predict_step(cfg: &LayerConfig, phase: Phase, attn: &PrefillAttention) ->
         fits: memory_bytes <= HBM_BYTES,
     })
 }
+
+/// The packed formats the report's packed-decode line shows.
+pub const PACKED_FORMATS: [QuantFormat; 2] = [QuantFormat::Q4_0, QuantFormat::Q4_K];
 
 /// The phases the report predicts.
 pub const PHASES: [Phase; 5] = [
@@ -439,6 +504,21 @@ pub fn layer_text(attn: Result<PrefillAttention, String>) -> String {
             b1,
             100.0 * b1 / m.decode_ceiling()
         );
+    }
+    s += "\n  Batch-1 decode with the projections and LM head packed (the tensor-core GEMV; embedding bf16):";
+    for m in [LLAMA3_8B, LLAMA3_70B] {
+        let bf16 = predict_step(&m, PHASES[0], &attn).map(|p| p.tokens_per_s_graph).unwrap_or(f64::NAN);
+        for format in PACKED_FORMATS {
+            if let Ok(p) = predict_step_with(&m, PHASES[0], &attn, Weights::Packed(format)) {
+                s += &format!(
+                    " {} {format} {:.0} tok/s ({:.1}x bf16, {:.0} GB);",
+                    m.name,
+                    p.tokens_per_s_graph,
+                    p.tokens_per_s_graph / bf16,
+                    p.memory_bytes / 1e9
+                );
+            }
+        }
     }
     s += "\nPublished peers on an H200:\n";
     for (what, source) in PEER_FIGURES {
