@@ -494,6 +494,12 @@ fn packed_decode_is_faster_than_bf16_by_the_bytes_it_saves() {
     let q4 = Weights::Packed(llama_kernels::spec::quant::QuantFormat::Q4_0);
     assert!(predict_step_with(&LLAMA3_8B, Phase::Decode { batch: 32, context: 4096 }, &attn, q4).is_err());
     assert!(predict_step_with(&LLAMA4_SCOUT, PHASES[0], &attn, q4).is_err());
+    let v: serde_json::Value = serde_json::from_str(&report_json_text()).expect("the JSON report parses");
+    let packed = v["layers"]["packed_decode"].as_array().expect("packed_decode");
+    assert_eq!(packed.len(), 2 * PACKED_FORMATS.len());
+    for p in packed {
+        assert!(p["tokens_per_s_graph"].as_f64().is_some_and(|t| t.is_finite() && t > 0.0), "{p}");
+    }
 }
 
 #[test]

@@ -234,7 +234,10 @@ fn coverage_json() -> Vec<Value> {
 
 /// Whole-layer and step predictions of every model and phase.
 fn layers_json() -> Value {
-    use super::layer_model::{CUBLAS_TFLOPS, LAUNCH_EAGER_US, LAUNCH_GRAPH_US, PEER_FIGURES, Phase, layer_predictions};
+    use super::layer_model::{
+        CUBLAS_TFLOPS, LAUNCH_EAGER_US, LAUNCH_GRAPH_US, LLAMA3_8B, LLAMA3_70B, PACKED_FORMATS, PEER_FIGURES, PHASES,
+        Phase, Weights, layer_predictions, predict_step_with,
+    };
     let attn = match super::perf::prefill_attention_model() {
         Ok(a) => a,
         Err(e) => return json!({ "measured": false, "error": e }),
@@ -277,6 +280,22 @@ fn layers_json() -> Value {
             }
         })
         .collect();
+    // Batch-1 decode of the dense models with packed projections and LM head.
+    let packed: Vec<Value> = [LLAMA3_8B, LLAMA3_70B]
+        .iter()
+        .flat_map(|m| PACKED_FORMATS.iter().map(move |&f| (m, f)))
+        .map(|(m, f)| match predict_step_with(m, PHASES[0], &attn, Weights::Packed(f)) {
+            Ok(sp) => json!({
+                "model": m.name,
+                "format": f.name(),
+                "batch": 1,
+                "step_seconds_graph": sp.step_graph,
+                "tokens_per_s_graph": sp.tokens_per_s_graph,
+                "memory_bytes": sp.memory_bytes,
+            }),
+            Err(e) => json!({ "model": m.name, "format": f.name(), "error": e }),
+        })
+        .collect();
     json!({
         "measured": false,
         "assumptions": {
@@ -286,6 +305,7 @@ fn layers_json() -> Value {
             "copy_bytes_per_s": super::h200::COPY_BYTES_PER_S,
         },
         "steps": steps,
+        "packed_decode": packed,
         "peers": PEER_FIGURES.iter().map(|(what, source)| json!({ "what": what, "source": source })).collect::<Vec<Value>>(),
     })
 }
