@@ -124,8 +124,8 @@ __device__ void qmmv_kernel(const QLinearParams& p) {
   const T* xrow = reinterpret_cast<const T*>(p.x) + min(int64_t(g), p.rows - 1) * p.x_row_stride + 4 * t;
   const RowPlanes rows[2] = {row_planes(p, min(r0 + g, p.n - 1)), row_planes(p, min(r0 + g + 8, p.n - 1))};
   const int swz = (g >> 1) & 3;
-  // A of all ones (the 4-bit formats); four registers the compiler cannot tell apart from other values,
-  // so that it keeps them as one operand instead of rebuilding the quad for every mma.
+  // A of all ones (the 4-bit formats), through copies ptxas cannot fold: with one register of
+  // ones it rebuilt the four-register operand before every mma (9 of 211 slots per group, Q4_1).
   uint32_t ones_a[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) ones_a[i] = llk::opaque(llk::pack_pair<T>(1.f, 1.f));

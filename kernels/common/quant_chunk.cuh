@@ -188,11 +188,25 @@ __device__ __forceinline__ void decode_chunk(const float* code, const RawChunk& 
         w[16 * h + i] = __fmul_rn(float(q), d);
       }
     }
+  } else if constexpr (F == LLK_QUANT_Q6_K) {
+    float s0, s1;
+    q6k_scales(c, s0, s1);
+    const uint32_t qs[4] = {c.q[0].x, c.q[0].y, c.q[0].z, c.q[0].w}, qh[2] = {c.qh.x, c.qh.y};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t lo, hi;
+      q6k_values(qs[j], qh[j % 2], j, lo, hi);
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {  // (v - 32) is exact in f32, then one rounded product
+        w[4 * j + b] = __fmul_rn(s0, __fadd_rn(float((lo >> (8 * b)) & 0xffu), -32.f));
+        w[16 + 4 * j + b] = __fmul_rn(s1, __fadd_rn(float((hi >> (8 * b)) & 0xffu), -32.f));
+      }
+    }
   } else {
-    // Q4_0, Q4_1, Q4_K multiply the value as f32; NF4 looks it up (Q6_K reads the words itself).
+    // The nibble formats: Q4_0, Q4_1, Q4_K multiply the value as f32; NF4 looks it up.
     using V = std::conditional_t<F == LLK_QUANT_NF4, int, float>;
     V q[kChunk];
-    if constexpr (F != LLK_QUANT_Q6_K) nibbles(c.q[0], q);
+    nibbles(c.q[0], q);
     // Q4_0 and Q4_1 in one fma each, with the reference's rounding: q * d is exact in f32 (a 4-bit
     // integer times an f16), and so is 8 d, so fma(q, d, -8 d) rounds (q - 8) d once, as
     // (q - 8) * d does, and fma(q, d, m) rounds q d + m once, as q * d + m does.
@@ -209,21 +223,8 @@ __device__ __forceinline__ void decode_chunk(const float* code, const RawChunk& 
       q4k_scale_min(c, d1, m1);
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) w[i] = __fadd_rn(__fmul_rn(d1, q[i]), -m1);
-    } else if constexpr (F == LLK_QUANT_Q6_K) {
-      float s0, s1;
-      q6k_scales(c, s0, s1);
-      const uint32_t qs[4] = {c.q[0].x, c.q[0].y, c.q[0].z, c.q[0].w}, qh[2] = {c.qh.x, c.qh.y};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t lo, hi;
-        q6k_values(qs[j], qh[j % 2], j, lo, hi);
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {  // (v - 32) is exact in f32, then one rounded product
-          w[4 * j + b] = __fmul_rn(s0, __fadd_rn(float((lo >> (8 * b)) & 0xffu), -32.f));
-          w[16 + 4 * j + b] = __fmul_rn(s1, __fadd_rn(float((hi >> (8 * b)) & 0xffu), -32.f));
-        }
-      }
-    } else {  // LLK_QUANT_NF4
+    } else {
+      static_assert(F == LLK_QUANT_NF4, "every format");
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) w[i] = __fmul_rn(code[q[i]], c.absmax);
     }

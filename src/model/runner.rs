@@ -12,7 +12,7 @@ use crate::backend::Device;
 use crate::block::{DecoderLayer, KvCache, KvCacheConfig, LayerSpec, LayerWorkspace, Proj};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::embedding::embedding_packed;
+use crate::ops::embedding::EmbeddingTable;
 use crate::ops::qlinear::{QScratch, QWeight};
 use crate::ops::{ErrorFlag, embedding, rms_norm};
 use crate::tensor::Tensor;
@@ -40,13 +40,6 @@ pub enum Logits {
     All,
 }
 
-/// The token embedding on the device: a dense table, or the packed LM head it is tied to.
-#[derive(Debug)]
-enum Embed {
-    Dense(Tensor),
-    Packed(QWeight),
-}
-
 /// The model on the device, with its KV cache and workspaces.
 #[derive(Debug)]
 pub struct Model {
@@ -57,7 +50,8 @@ pub struct Model {
     hidden: usize,
     eps: f32,
     layers: Vec<DecoderLayer>,
-    embed: Embed,
+    /// The token embedding: a dense table, or the packed LM head it is tied to.
+    embed: EmbeddingTable,
     norm: Tensor,
     /// The LM head: its own weight, the embedding (tied), or packed.
     head: Proj,
@@ -95,13 +89,15 @@ impl Model {
         let (embed, head) = match (&host.lm_head_packed, &host.lm_head) {
             (Some(p), None) => {
                 let w = QWeight::new(device, p)?;
-                (Embed::Packed(w.clone()), Proj::Packed(vec![w]))
+                (EmbeddingTable::Packed(w.clone()), Proj::Packed(vec![w]))
             }
-            (Some(p), Some(_)) => (Embed::Dense(up(&host.embed)?), Proj::Packed(vec![QWeight::new(device, p)?])),
-            (None, Some(h)) => (Embed::Dense(up(&host.embed)?), Proj::Dense(up(h)?)),
+            (Some(p), Some(_)) => {
+                (EmbeddingTable::Dense(up(&host.embed)?), Proj::Packed(vec![QWeight::new(device, p)?]))
+            }
+            (None, Some(h)) => (EmbeddingTable::Dense(up(&host.embed)?), Proj::Dense(up(h)?)),
             (None, None) => {
                 let embed = up(&host.embed)?;
-                (Embed::Dense(embed.clone()), Proj::Dense(embed))
+                (EmbeddingTable::Dense(embed.clone()), Proj::Dense(embed))
             }
         };
         let head_scratch = match &head {
@@ -203,10 +199,7 @@ impl Model {
         let ids_t = self.ids.narrow(0, 0, t)?;
         ids_t.copy_from_slice(&ids)?;
         let hidden = self.hidden_states.narrow(0, 0, t)?;
-        match &self.embed {
-            Embed::Dense(table) => embedding(table, &ids_t, &hidden, &self.errors)?,
-            Embed::Packed(table) => embedding_packed(table, &ids_t, &hidden, &self.errors)?,
-        }
+        self.embed.lookup(&ids_t, &hidden, &self.errors)?;
         for (i, layer) in self.layers.iter().enumerate() {
             layer.forward(&mut self.ws, &self.cache, i, &step, &hidden)?;
             observe(i, &hidden)?;

@@ -186,3 +186,22 @@ pub fn embedding_packed_on(
         LaunchDims { grid: (grid_x(OP, threads.div_ceil(block))?, 1, 1), block: (block as u32, 1, 1), dyn_smem: 0 };
     args.launch(PACKED.find(OP, "out", (table.layout().format, dtype), dtype)?, dims, &params)
 }
+
+/// An embedding table on the device: dense, or packed ([`embedding`] or [`embedding_packed`]).
+#[derive(Clone, Debug)]
+pub enum EmbeddingTable {
+    /// `[vocab, hidden]` of the output dtype.
+    Dense(Tensor),
+    /// `[vocab, hidden]` in a packed format, dequantized and rounded to the output dtype.
+    Packed(QWeight),
+}
+
+impl EmbeddingTable {
+    /// Gathers rows `ids` into `out` with the table's lookup.
+    pub fn lookup(&self, ids: &Tensor, out: &Tensor, errors: &ErrorFlag) -> Result<()> {
+        match self {
+            EmbeddingTable::Dense(table) => embedding(table, ids, out, errors),
+            EmbeddingTable::Packed(table) => embedding_packed(table, ids, out, errors),
+        }
+    }
+}

@@ -15,6 +15,9 @@ pub mod qlinear_model;
 pub mod sass;
 pub mod smem;
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
 use crate::backend::{KernelModuleInfo, kernel_modules};
 
 /// Resources of one kernel, as reported by `ptxas -v`.
@@ -77,22 +80,33 @@ pub fn all_resources(arch: &str) -> crate::Result<Vec<(KernelModuleInfo, Vec<Ker
 
 /// One kernel as the static report reads it: its sm_90 `ptxas -v` resources, its SASS, and the
 /// cubin it came from (for line tables).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct KernelCode {
     pub resources: KernelResources,
     pub code: Vec<sass::Sass>,
     pub cubin: &'static [u8],
 }
 
-/// `kernel` of family `module`, read from the embedded (or external) sm_90 device code.
+/// `kernel` of family `module`, read from the embedded (or external) sm_90 device code. Each
+/// kernel is disassembled once per process (the report reads the same kernel at many shapes).
 pub fn kernel_code(module: &str, kernel: &str) -> Result<KernelCode, String> {
+    type Cache = Mutex<HashMap<(String, String), KernelCode>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let key = (module.to_string(), kernel.to_string());
+    let cache = CACHE.get_or_init(Cache::default);
+    // A poisoned lock only means another thread panicked while inserting: the map is still valid.
+    if let Some(code) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(code.clone());
+    }
     let m =
         kernel_modules().map_err(|e| e.to_string())?.find(|m| m.name == module).ok_or(format!("no module {module}"))?;
     let resources = parse_ptxas(m.ptxas_sm90)
         .into_iter()
         .find(|k| k.name == kernel)
         .ok_or(format!("{kernel} not in the ptxas report"))?;
-    Ok(KernelCode { resources, code: sass::disassemble(m.cubin_sm90, kernel)?, cubin: m.cubin_sm90 })
+    let code = KernelCode { resources, code: sass::disassemble(m.cubin_sm90, kernel)?, cubin: m.cubin_sm90 };
+    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, code.clone());
+    Ok(code)
 }
 
 #[cfg(test)]

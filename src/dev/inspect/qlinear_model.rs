@@ -31,7 +31,7 @@
 use super::h200::{self, occupancy};
 use super::memory_model::{H200, MemoryLaunch, MemoryPrediction, predict_memory_launch};
 use super::sass::{Sass, loops};
-use super::{KernelCode, kernel_code};
+use super::{KernelCode, KernelResources, kernel_code};
 use crate::dtype::DType;
 use crate::ffi::params::{
     LLK_QGEMM_SMEM_BYTES, LLK_QGEMM_THREADS, LLK_QGEMV_DEPTH, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_WARPS, LLK_QMMV_DEPTH,
@@ -89,6 +89,68 @@ pub struct GemvPrediction {
     pub memory: MemoryPrediction,
 }
 
+/// A GEMV kernel's main loop as the model reads it: the loop with the most `op`, its
+/// instructions, and the packed bytes (`.CONSTANT` loads) one lane loads per iteration.
+struct GemvLoop<'a> {
+    body: Vec<&'a Sass>,
+    weight_bytes: usize,
+}
+
+fn gemv_loop<'a>(code: &'a [Sass], op: &str) -> Result<GemvLoop<'a>, String> {
+    let body = loop_with_most(code, op)?;
+    let packed = |i: &&&Sass| i.base() == "LDG" && i.op.contains("CONSTANT");
+    let weight_bytes = body.iter().filter(packed).map(|i| access_bytes(&i.op)).sum();
+    Ok(GemvLoop { body, weight_bytes })
+}
+
+/// How a GEMV launch is laid out, for the memory model.
+struct GemvGrid {
+    /// Warps per block, blocks, and the split of `in` the prediction reports.
+    warps: u32,
+    blocks: f64,
+    split: usize,
+    /// Packed loads each lane keeps in flight, in loop iterations.
+    depth: usize,
+    /// Warp instructions of the whole launch, and DRAM bytes beyond the counted ones.
+    warp_instructions: f64,
+    extra_bytes: f64,
+}
+
+/// The memory model of one GEMV launch of `kernel` over a packed `[out, inp]` weight of `format`
+/// at `rows` rows: the packed bytes plus the activations are counted, the packed bytes read.
+fn predict_packed_launch(
+    res: &KernelResources,
+    name: String,
+    (format, shape, out, inp, rows): (QuantFormat, &'static str, usize, usize, usize),
+    l: &GemvLoop<'_>,
+    slots: f64,
+    g: GemvGrid,
+) -> Result<GemvPrediction, String> {
+    let per_sm = occupancy(res.registers, g.warps * 32, res.smem_bytes) as f64;
+    let warps_per_sm = (per_sm.min(g.blocks / h200::SMS) * g.warps as f64).round().max(1.0) as u32;
+    let layout = QuantLayout::new(format, format.default_block(), out, inp).map_err(|e| e.to_string())?;
+    let launch = MemoryLaunch {
+        counted_bytes: layout.total_bytes() as f64 + 2.0 * rows as f64 * (inp + out) as f64,
+        read_bytes: layout.total_bytes() as f64,
+        harness_bytes: g.extra_bytes,
+        warps_per_sm,
+        bytes_in_flight_per_thread: (g.depth * l.weight_bytes) as f64,
+        warp_instructions: g.warp_instructions,
+    };
+    Ok(GemvPrediction {
+        kernel: name,
+        shape,
+        rows,
+        split: g.split,
+        bits_per_weight: layout.bits_per_weight(),
+        warps_per_sm,
+        weight_bytes_per_iteration: l.weight_bytes,
+        bytes_in_flight_per_thread: launch.bytes_in_flight_per_thread,
+        slots_per_iteration: slots,
+        memory: predict_memory_launch(&H200, &launch),
+    })
+}
+
 /// The model of `qgemv_<format>_bf16` over an `[out, inp]` weight at `rows` activation rows (1 to 16).
 pub fn predict_gemv(
     format: QuantFormat,
@@ -98,45 +160,24 @@ pub fn predict_gemv(
     rows: usize,
 ) -> Result<GemvPrediction, String> {
     let name = format!("qgemv_{}_bf16", format.name());
-    let KernelCode { resources: res, code, .. } = kernel_code("qlinear", &name)?;
-    let body = loop_with_most(&code, "FFMA")?;
-    let packed = |i: &&&Sass| i.base() == "LDG" && i.op.contains("CONSTANT");
-    let weight_bytes: usize = body.iter().filter(packed).map(|i| access_bytes(&i.op)).sum();
+    let kernel = kernel_code("qlinear", &name)?;
+    let l = gemv_loop(&kernel.code, "FFMA")?;
     // The chunk's loads and decode come first in the body; the first activation load starts the
     // 16 row blocks, each left early when the rows run out.
-    let decode = body.iter().position(|i| i.base() == "LDG" && !i.op.contains("CONSTANT")).unwrap_or(body.len());
-    let per_row = (body.len() - decode) as f64 / LLK_QGEMV_MAX_ROWS as f64;
+    let decode = l.body.iter().position(|i| i.base() == "LDG" && !i.op.contains("CONSTANT")).unwrap_or(l.body.len());
+    let per_row = (l.body.len() - decode) as f64 / LLK_QGEMV_MAX_ROWS as f64;
     let slots = decode as f64 + rows as f64 * per_row;
-
     let split = gemv_split(out, inp);
-    let warps = LLK_QGEMV_WARPS;
-    let threads = warps * 32;
-    let blocks = out.div_ceil(warps as usize / split) as f64;
-    let per_sm = occupancy(res.registers, threads, res.smem_bytes) as f64;
-    let warps_per_sm = (per_sm.min(blocks / h200::SMS) * warps as f64).round().max(1.0) as u32;
-    let layout = QuantLayout::new(format, format.default_block(), out, inp).map_err(|e| e.to_string())?;
-    let act = 2.0 * rows as f64 * (inp + out) as f64;
     let iterations = (inp / 32).div_ceil(32 * split) as f64;
-    let launch = MemoryLaunch {
-        counted_bytes: layout.total_bytes() as f64 + act,
-        read_bytes: layout.total_bytes() as f64,
-        harness_bytes: 0.0,
-        warps_per_sm,
-        bytes_in_flight_per_thread: (LLK_QGEMV_DEPTH as usize * weight_bytes) as f64,
-        warp_instructions: (out * split) as f64 * iterations * slots,
-    };
-    Ok(GemvPrediction {
-        kernel: name,
-        shape,
-        rows,
+    let grid = GemvGrid {
+        warps: LLK_QGEMV_WARPS,
+        blocks: out.div_ceil(LLK_QGEMV_WARPS as usize / split) as f64,
         split,
-        bits_per_weight: layout.bits_per_weight(),
-        warps_per_sm,
-        weight_bytes_per_iteration: weight_bytes,
-        bytes_in_flight_per_thread: launch.bytes_in_flight_per_thread,
-        slots_per_iteration: slots,
-        memory: predict_memory_launch(&H200, &launch),
-    })
+        depth: LLK_QGEMV_DEPTH as usize,
+        warp_instructions: (out * split) as f64 * iterations * slots,
+        extra_bytes: 0.0,
+    };
+    predict_packed_launch(&kernel.resources, name, (format, shape, out, inp, rows), &l, slots, grid)
 }
 
 /// Weights one warp iteration of the tensor-core GEMV covers: 16 rows x one group of chunks.
@@ -154,43 +195,22 @@ pub fn predict_mma_gemv(
         return Err(format!("no tensor-core GEMV for {format} at {rows} rows"));
     }
     let name = format!("qmmv_{}_bf16", format.name());
-    let KernelCode { resources: res, code, .. } = kernel_code("qmmv", &name)?;
-    let body = loop_with_most(&code, "HMMA")?;
-    let packed = |i: &&&Sass| i.base() == "LDG" && i.op.contains("CONSTANT");
-    let weight_bytes: usize = body.iter().filter(packed).map(|i| access_bytes(&i.op)).sum();
-    let slots = body.len() as f64;
-
+    let kernel = kernel_code("qmmv", &name)?;
+    let l = gemv_loop(&kernel.code, "HMMA")?;
+    let slots = l.body.len() as f64;
     let k_splits = mma_gemv_splits(out, inp);
-    let (warps, threads) = (LLK_QMMV_WARPS, LLK_QMMV_WARPS * 32);
     let tiles = out.div_ceil(16);
-    let blocks = (tiles * k_splits) as f64;
-    let per_sm = occupancy(res.registers, threads, res.smem_bytes) as f64;
-    let warps_per_sm = (per_sm.min(blocks / h200::SMS) * warps as f64).round().max(1.0) as u32;
-    let layout = QuantLayout::new(format, format.default_block(), out, inp).map_err(|e| e.to_string())?;
-    let act = 2.0 * rows as f64 * (inp + out) as f64;
     let groups = inp.div_ceil(LLK_QMMV_GROUP as usize * LLK_QUANT_CHUNK as usize) as f64;
-    // Split products write f32 partials and the reduce kernel reads them back.
-    let partials = if k_splits > 1 { 8.0 * (k_splits * rows * out) as f64 } else { 0.0 };
-    let launch = MemoryLaunch {
-        counted_bytes: layout.total_bytes() as f64 + act,
-        read_bytes: layout.total_bytes() as f64,
-        harness_bytes: partials,
-        warps_per_sm,
-        bytes_in_flight_per_thread: (LLK_QMMV_DEPTH as usize * weight_bytes) as f64,
-        warp_instructions: tiles as f64 * groups * slots,
-    };
-    Ok(GemvPrediction {
-        kernel: name,
-        shape,
-        rows,
+    let grid = GemvGrid {
+        warps: LLK_QMMV_WARPS,
+        blocks: (tiles * k_splits) as f64,
         split: k_splits,
-        bits_per_weight: layout.bits_per_weight(),
-        warps_per_sm,
-        weight_bytes_per_iteration: weight_bytes,
-        bytes_in_flight_per_thread: launch.bytes_in_flight_per_thread,
-        slots_per_iteration: slots,
-        memory: predict_memory_launch(&H200, &launch),
-    })
+        depth: LLK_QMMV_DEPTH as usize,
+        warp_instructions: tiles as f64 * groups * slots,
+        // Split products write f32 partials and the reduce kernel reads them back.
+        extra_bytes: if k_splits > 1 { 8.0 * (k_splits * rows * out) as f64 } else { 0.0 },
+    };
+    predict_packed_launch(&kernel.resources, name, (format, shape, out, inp, rows), &l, slots, grid)
 }
 
 /// Issue slots per 1024 weights of the tensor-core GEMV's loop and of the tensor-core GEMM's
