@@ -1,7 +1,8 @@
 // qmmv.cu -- the tensor-core GEMV of decode over packed weights (kernels qmmv_<format>_<dtype>;
 // Q4_0, Q4_1, Q4_K and Q6_K, whose values are small integers with a scale, and a minimum, per 32
-// or 16 elements; bf16 and f16 activations). The formats and the chunk reader:
-// common/quant_chunk.cuh; the other packed kernels: qlinear.cu.
+// or 16 elements, and NF4, whose values are a 16-entry code book times a block's absmax; bf16 and
+// f16 activations). The formats and the chunk reader: common/quant_chunk.cuh; the other packed
+// kernels: qlinear.cu.
 //
 // y (+)= x W^T for 1 to LLK_QMMV_MAX_ROWS rows, by mma.sync m16n8k16 with A = 16 rows of W and
 // B = x^T: the activation rows are the MMA's 8 columns, so 1 to 8 rows cost the same.
@@ -14,6 +15,12 @@
 // integer dot products. The products are exact; the 4-bit formats' partial sums carry the magic
 // number's base (1024 for f16, 128 for bf16) next to values below 16, so they give up about 7
 // (f16) or 4 (bf16) of f32's 24 bits to its cancellation.
+//
+// NF4's values are not integers: its 16-bit operands are the code book's entries rounded to T,
+// looked up in registers by byte permutes (nf4_pairs, eight values per word in 21 instructions),
+// and the chunk's absmax (f32) multiplies its f32 partial sum. So NF4 on this path multiplies by
+// T(code[q]) * absmax: the code book rounded once, not each dequantized value (the other paths
+// round code[q] * absmax to T; both are within one rounding of T of the exact weight).
 //
 // Grid mapping: grid.x walks 16-row tiles of W, grid.z splits of `in` (k_steps_per_split groups
 // each; f32 partials and qlinear.cu's reduce kernel, as the GEMM's), and the LLK_QMMV_WARPS warps
@@ -49,10 +56,10 @@ static_assert(LLK_QMMV_DEPTH == 2, "the tensor-core GEMV loads one group ahead")
 template <class T>
 constexpr float kMmvBase = std::is_same<T, __half>::value ? 1024.f : 128.f;
 template <LlkQuantFormat F>
-constexpr bool kMmvSum = F != LLK_QUANT_Q6_K;
+constexpr bool kMmvSum = F != LLK_QUANT_Q6_K && F != LLK_QUANT_NF4;
 
 // The chunk's two f32 factors (a, b), from the reference's roundings: the 4-bit formats' sum is
-// a S(base + v) + b S(x); Q6_K's a S_lo(v - 32) + b S_hi(v - 32).
+// a S(base + v) + b S(x); Q6_K's a S_lo(v - 32) + b S_hi(v - 32); NF4's a S(T(code[q])) (b unused).
 template <LlkQuantFormat F, class T>
 __device__ __forceinline__ float2 mmv_factors(const RawChunk& c) {
   constexpr float kBase = kMmvBase<T>;
@@ -66,11 +73,13 @@ __device__ __forceinline__ float2 mmv_factors(const RawChunk& c) {
     float d1, m1;
     q4k_scale_min(c, d1, m1);
     return make_float2(d1, __fadd_rn(-m1, -kBase * d1));
-  } else {
-    static_assert(F == LLK_QUANT_Q6_K, "the tensor-core GEMV's formats");
+  } else if constexpr (F == LLK_QUANT_Q6_K) {
     float s0, s1;
     q6k_scales(c, s0, s1);
     return make_float2(s0, s1);
+  } else {
+    static_assert(F == LLK_QUANT_NF4, "the tensor-core GEMV's formats");
+    return make_float2(c.absmax, 0.f);
   }
 }
 
@@ -100,6 +109,59 @@ __device__ __forceinline__ uint32_t mmv_pair(uint32_t v, uint32_t sel) {
   }
 }
 
+// NF4's code book rounded to T, in registers as two byte planes: byte e % 4 of lo[e / 4] is the low
+// byte of entry e's bits, of hi[e / 4] the high byte. Empty for the other formats.
+template <LlkQuantFormat F>
+struct MmvCodeBook {
+  uint32_t lo[4], hi[4];
+};
+template <>
+struct MmvCodeBook<LLK_QUANT_Q4_0> {};
+template <>
+struct MmvCodeBook<LLK_QUANT_Q4_1> {};
+template <>
+struct MmvCodeBook<LLK_QUANT_Q4_K> {};
+template <>
+struct MmvCodeBook<LLK_QUANT_Q6_K> {};
+
+template <LlkQuantFormat F, class T>
+__device__ __forceinline__ MmvCodeBook<F> mmv_code_book(const QLinearParams& p) {
+  MmvCodeBook<F> b{};
+  if constexpr (F == LLK_QUANT_NF4) {
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      const T v = llk::from_f32<T>(p.code[e]);
+      uint16_t bits;
+      memcpy(&bits, static_cast<const void*>(&v), 2);
+      b.lo[e / 4] |= uint32_t(bits & 0xffu) << (8 * (e % 4));
+      b.hi[e / 4] |= uint32_t(bits >> 8) << (8 * (e % 4));
+    }
+  }
+  return b;
+}
+
+// One byte plane's bytes for four nibbles q_n: `m` holds q_n & 7 in nibble n, `pick` holds n + 4
+// (q_n >> 3) (entries 0-7 from the first permute, 8-15 from the second). llama.cpp's
+// get_int_from_table_16 selects the same way; llk::prmt spares the selector masks of __byte_perm.
+__device__ __forceinline__ uint32_t code_bytes(const uint32_t (&plane)[4], uint32_t m, uint32_t pick) {
+  return llk::prmt(llk::prmt(plane[0], plane[1], m), llk::prmt(plane[2], plane[3], m), pick);
+}
+
+// The T values of the eight nibbles of qs word u (elements 4t..4t+3 of a chunk in the low
+// nibbles, 16+4t.. in the high ones, byte by byte), as the MMA's pairs: lo[s] = elements 4t+2s,
+// 4t+2s+1 (the low-nibble k16 step), hi[s] = 16 plus those (the high-nibble step).
+__device__ __forceinline__ void nf4_pairs(const MmvCodeBook<LLK_QUANT_NF4>& b, uint32_t u, uint32_t (&lo)[2],
+                                          uint32_t (&hi)[2]) {
+  const uint32_t m = u & 0x77777777u, pick = ((u >> 1) & 0x44444444u) | 0x32103210u;
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    // Nibbles 4s..4s+3: elements 4t+2s, 16+4t+2s, 4t+2s+1, 16+4t+2s+1, in the bytes of l and h.
+    const uint32_t ms = m >> (16 * s), ps = pick >> (16 * s);
+    const uint32_t l = code_bytes(b.lo, ms, ps), h = code_bytes(b.hi, ms, ps);
+    lo[s] = llk::prmt(l, h, 0x6240u), hi[s] = llk::prmt(l, h, 0x7351u);
+  }
+}
+
 // The quad's exchange of one group (per warp, double-buffered): lane (g, t) holds chunk t's words
 // and wants word t of every chunk (a 4 x 4 transpose per row), Q6_K's high bits alike, and every
 // chunk's factors. qs rows are [word ^ swizzle(g)][chunk], so both the scalar stores and the
@@ -126,9 +188,12 @@ __device__ void qmmv_kernel(const QLinearParams& p) {
   const int swz = (g >> 1) & 3;
   // A of all ones (the 4-bit formats), through copies ptxas cannot fold: with one register of
   // ones it rebuilt the four-register operand before every mma (9 of 211 slots per group, Q4_1).
-  uint32_t ones_a[4];
+  [[maybe_unused]] uint32_t ones_a[4];
+  if constexpr (kMmvSum<F>) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) ones_a[i] = llk::opaque(llk::pack_pair<T>(1.f, 1.f));
+    for (int i = 0; i < 4; ++i) ones_a[i] = llk::opaque(llk::pack_pair<T>(1.f, 1.f));
+  }
+  [[maybe_unused]] const MmvCodeBook<F> book = mmv_code_book<F, T>(p);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
 
   // Group `grp`'s chunk t of both rows. In the tail group (k ends inside it) the chunks past k
@@ -177,24 +242,35 @@ __device__ void qmmv_kernel(const QLinearParams& p) {
 #pragma unroll
     for (int j = 0; j < kMmvGroup; ++j) {
       const float4 f = e.f[g][j];
-      uint32_t lo[2], hi[2];
+      uint32_t a_lo[4], a_hi[4];  // the A fragments of the low- and high-nibble k16 steps
+      if constexpr (F == LLK_QUANT_NF4) {
+        uint32_t lo[2][2], hi[2][2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t u = j == 0 ? mine[h].x : j == 1 ? mine[h].y : j == 2 ? mine[h].z : mine[h].w;
-        if constexpr (F == LLK_QUANT_Q6_K) {
-          const uint32_t qh = j == 0 ? mine_qh[h].x : j == 1 ? mine_qh[h].y : j == 2 ? mine_qh[h].z : mine_qh[h].w;
-          q6k_values(u, qh, t, lo[h], hi[h]);
-        } else {
-          lo[h] = u & 0x0f0f0f0fu, hi[h] = (u >> 4) & 0x0f0f0f0fu;
+        for (int h = 0; h < 2; ++h) nf4_pairs(book, j == 0 ? mine[h].x : j == 1 ? mine[h].y : j == 2 ? mine[h].z : mine[h].w, lo[h], hi[h]);
+#pragma unroll
+        for (int s = 0; s < 2; ++s) a_lo[2 * s] = lo[0][s], a_lo[2 * s + 1] = lo[1][s], a_hi[2 * s] = hi[0][s], a_hi[2 * s + 1] = hi[1][s];
+      } else {
+        uint32_t lo[2], hi[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t u = j == 0 ? mine[h].x : j == 1 ? mine[h].y : j == 2 ? mine[h].z : mine[h].w;
+          if constexpr (F == LLK_QUANT_Q6_K) {
+            const uint32_t qh = j == 0 ? mine_qh[h].x : j == 1 ? mine_qh[h].y : j == 2 ? mine_qh[h].z : mine_qh[h].w;
+            q6k_values(u, qh, t, lo[h], hi[h]);
+          } else {
+            lo[h] = u & 0x0f0f0f0fu, hi[h] = (u >> 4) & 0x0f0f0f0fu;
+          }
+        }
+        // Slots 2t, 2t+1 of the k16 step hold elements 4t, 4t+1 of its 16; slots 2t+8, 2t+9 hold
+        // 4t+2, 4t+3 (the activations' order in xv): the low nibbles are one step, the high ones
+        // the next.
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const uint32_t sel = s == 0 ? 0x0504u : 0x0706u;
+          a_lo[2 * s] = mmv_pair<F, T>(lo[0], sel), a_lo[2 * s + 1] = mmv_pair<F, T>(lo[1], sel);
+          a_hi[2 * s] = mmv_pair<F, T>(hi[0], sel), a_hi[2 * s + 1] = mmv_pair<F, T>(hi[1], sel);
         }
       }
-      // Slots 2t, 2t+1 of the k16 step hold elements 4t, 4t+1 of its 16; slots 2t+8, 2t+9 hold
-      // 4t+2, 4t+3 (the activations' order in xv): the low nibbles are one step, the high ones
-      // the next.
-      const uint32_t a_lo[4] = {mmv_pair<F, T>(lo[0], 0x0504), mmv_pair<F, T>(lo[1], 0x0504),
-                                mmv_pair<F, T>(lo[0], 0x0706), mmv_pair<F, T>(lo[1], 0x0706)};
-      const uint32_t a_hi[4] = {mmv_pair<F, T>(hi[0], 0x0504), mmv_pair<F, T>(hi[1], 0x0504),
-                                mmv_pair<F, T>(hi[0], 0x0706), mmv_pair<F, T>(hi[1], 0x0706)};
       const uint32_t b_lo[2] = {xv[j][0].x, xv[j][0].y}, b_hi[2] = {xv[j][1].x, xv[j][1].y};
       float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
       llk::mma_m16n8k16<T>(s0, a_lo, b_lo, s0);
@@ -210,7 +286,7 @@ __device__ void qmmv_kernel(const QLinearParams& p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {  // c[0], c[1]: row g; c[2], c[3]: row g + 8
         acc[i] = fmaf(i < 2 ? f.x : f.z, s0[i], acc[i]);
-        acc[i] = fmaf(i < 2 ? f.y : f.w, s1[i], acc[i]);
+        if constexpr (F != LLK_QUANT_NF4) acc[i] = fmaf(i < 2 ? f.y : f.w, s1[i], acc[i]);
       }
     }
   };
@@ -260,6 +336,7 @@ __device__ void qmmv_kernel(const QLinearParams& p) {
   QMMV_FORMAT(X, q4_0, LLK_QUANT_Q4_0)  \
   QMMV_FORMAT(X, q4_1, LLK_QUANT_Q4_1)  \
   QMMV_FORMAT(X, q4_k, LLK_QUANT_Q4_K)  \
-  QMMV_FORMAT(X, q6_k, LLK_QUANT_Q6_K)
+  QMMV_FORMAT(X, q6_k, LLK_QUANT_Q6_K)  \
+  QMMV_FORMAT(X, nf4, LLK_QUANT_NF4)
 
 LLK_EXPORT_KERNELS(qmmv, QMMV_KERNELS)

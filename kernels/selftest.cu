@@ -204,21 +204,23 @@ __device__ void fast_math_kernel(const SelftestParams& p) {
   out[2 * p.n + i] = __fadd_rn(__fmul_rn(x, x), c);
 }
 
-// __byte_perm and the 16-bit pair addition the packed GEMVs build their operands with: for i < n,
-// with x, y, s the bits of in[3i], in[3i + 1], in[3i + 2], out[2i] = __byte_perm(x, y, s & 0x7777)
-// and out[2i + 1] = the bf16 pair sum of x and y (bits, as f32 words).
+// The byte permutes and the 16-bit pair addition the packed GEMVs build their operands with: for
+// i < n, with x, y, s the bits of in[3i], in[3i + 1], in[3i + 2], out[3i] = __byte_perm(x, y, s &
+// 0x7777), out[3i + 1] = the bf16 pair sum of x and y (bits, as f32 words) and out[3i + 2] =
+// llk::prmt(x, y, s) (bit 3 of a selector nibble replicates the byte's sign).
 __device__ void byte_perm_kernel(const SelftestParams& p) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.n) return;
   const float* in = reinterpret_cast<const float*>(p.input);
   uint32_t* out = reinterpret_cast<uint32_t*>(p.out);
   const uint32_t x = __float_as_uint(in[3 * i]), y = __float_as_uint(in[3 * i + 1]), s = __float_as_uint(in[3 * i + 2]);
-  out[2 * i] = __byte_perm(x, y, s & 0x7777u);
+  out[3 * i] = __byte_perm(x, y, s & 0x7777u);
   __nv_bfloat162 a, b;
   memcpy(static_cast<void*>(&a), &x, 4);
   memcpy(static_cast<void*>(&b), &y, 4);
   const __nv_bfloat162 r = __hadd2(a, b);
-  memcpy(&out[2 * i + 1], &r, 4);
+  memcpy(&out[3 * i + 1], &r, 4);
+  out[3 * i + 2] = llk::prmt(x, y, s);
 }
 
 // out[i] = 1 for i < n: a kernel whose __launch_bounds__ (128 threads) a launch can exceed.

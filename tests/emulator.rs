@@ -368,15 +368,28 @@ fn ftz_approximations_flush_subnormals_like_the_hardware() {
     }
 }
 
-/// The emulator's __byte_perm (default mode) and bf16 pair sum against scalar definitions, on
+/// The emulator's __byte_perm, llk::prmt (prmt.b32's default mode, sign replication included) and
+/// bf16 pair sum against scalar definitions, on
 /// random words and selectors and on the selectors the packed GEMVs use; on a GPU the same test
 /// compares the hardware instructions with the definitions.
 #[test]
 fn byte_perm_and_bf16_pair_sums_match_their_definitions() {
     use llama_kernels::dev::testing::Rng;
+    // prmt.b32 (PTX ISA): byte n is byte (s_n & 7) of {y:x}, or its sign replicated when s_n & 8.
     let perm = |x: u32, y: u32, s: u32| {
         let v = (u64::from(y) << 32) | u64::from(x);
-        (0..4).map(|n| (((v >> (8 * ((s >> (4 * n)) & 7))) & 0xff) as u32) << (8 * n)).fold(0, |a, b| a | b)
+        let byte = |n: u32| {
+            let sn = (s >> (4 * n)) & 15;
+            let b = ((v >> (8 * (sn & 7))) & 0xff) as u32;
+            if sn & 8 == 0 {
+                b
+            } else if b & 0x80 != 0 {
+                0xff
+            } else {
+                0
+            }
+        };
+        (0..4).map(|n| byte(n) << (8 * n)).fold(0, |a, b| a | b)
     };
     let bf16_sum = |a: u16, b: u16| {
         let f = |h: u16| f32::from_bits(u32::from(h) << 16);
@@ -385,7 +398,7 @@ fn byte_perm_and_bf16_pair_sums_match_their_definitions() {
     let mut rng = Rng::new(77);
     let mut words: Vec<[u32; 3]> =
         (0..200).map(|_| [rng.next_u64() as u32, rng.next_u64() as u32, rng.next_u64() as u32]).collect();
-    for sel in [0x0504u32, 0x0706, 0x4440, 0x4441, 0x4442, 0x4443, 0x3210, 0x7654] {
+    for sel in [0x0504u32, 0x0706, 0x4440, 0x4441, 0x4442, 0x4443, 0x3210, 0x7654, 0x6240, 0x7351, 0xfc8b, 0x32107654] {
         words.push([0x0f3c_5a96, 0x4343_4343, sel]);
         words.push([0x1234_5678, 0x6464_6464, sel]);
     }
@@ -396,15 +409,16 @@ fn byte_perm_and_bf16_pair_sums_match_their_definitions() {
         let n = words.len();
         let input: Vec<f32> = words.iter().flatten().map(|&w| f32::from_bits(w)).collect();
         let x = Tensor::from_slice(&device, &input, &[3 * n]).unwrap();
-        let out = Tensor::poisoned(&device, DType::I32, &[2 * n]).unwrap();
+        let out = Tensor::poisoned(&device, DType::I32, &[3 * n]).unwrap();
         selftest::launch(Kernel::BytePerm, Variant::Correct, Some(&x), &out, n, n, 64).unwrap();
         let got: Vec<i32> = out.to_vec().unwrap();
         for (i, &[x, y, s]) in words.iter().enumerate() {
-            assert_eq!(got[2 * i] as u32, perm(x, y, s & 0x7777), "{device:?}: __byte_perm({x:#x}, {y:#x}, {s:#x})");
+            assert_eq!(got[3 * i] as u32, perm(x, y, s & 0x7777), "{device:?}: __byte_perm({x:#x}, {y:#x}, {s:#x})");
+            assert_eq!(got[3 * i + 2] as u32, perm(x, y, s), "{device:?}: prmt({x:#x}, {y:#x}, {s:#x})");
             for h in 0..2 {
                 let (a, b) = ((x >> (16 * h)) as u16, (y >> (16 * h)) as u16);
                 let want = bf16_sum(a, b);
-                let g = f32::from_bits(((got[2 * i + 1] as u32 >> (16 * h)) & 0xffff) << 16);
+                let g = f32::from_bits(((got[3 * i + 1] as u32 >> (16 * h)) & 0xffff) << 16);
                 if want.is_nan() {
                     assert!(g.is_nan(), "{device:?}: bf16 {a:#x} + {b:#x}");
                 } else {

@@ -11,7 +11,8 @@ mod common;
 use llama_kernels::dev::testing::Rng;
 use llama_kernels::dev::verify::{QLinearCase, qdequant_case, qlinear_case, random_packed};
 use llama_kernels::ops::qlinear::{
-    QPath, QScratch, QWeight, gemm_splits, gemv_split, has_mma_gemv, mma_gemv_splits, qlinear, qlinear_add,
+    QPath, QScratch, QWeight, WeightValues, gemm_splits, gemv_split, has_mma_gemv, mma_gemv_splits, qlinear,
+    qlinear_add,
 };
 use llama_kernels::spec::quant::{NF4_CODE, PackedWeight, QuantFormat, QuantLayout};
 use llama_kernels::{DType, Device, Error, Tensor};
@@ -153,7 +154,9 @@ fn tensor_core_gemv_matches_the_exact_reference_with_splits_tails_strides_and_ac
                 continue;
             }
             let path = QPath::choose(format, dtype, rows, true, [n, k]);
-            assert!(matches!(path, QPath::MmaGemv { .. }) && path.exact_weights(), "{path}");
+            assert!(matches!(path, QPath::MmaGemv { .. }), "{path}");
+            let exact = if format == QuantFormat::NF4 { WeightValues::RoundedCodeBook } else { WeightValues::Exact };
+            assert_eq!(path.weight_values(format), exact);
             let case = QLinearCase { format, dtype, rows, n, k, pad: 8 * (i % 2), accumulate: i % 3 == 1 };
             let r = qlinear_case(&device, case).unwrap();
             assert!(r.pass, "{case:?}: {}", r.describe());

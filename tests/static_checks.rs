@@ -434,13 +434,20 @@ fn nf4_kernels_look_their_code_book_up_in_shared_memory() {
 
 #[test]
 fn tensor_core_gemv_streams_packed_weights_into_mma_without_local_memory() {
-    // Every qmmv kernel (Q4_0, Q4_1, Q4_K, Q6_K; bf16, f16): the packed values by 128-bit
+    // Every qmmv kernel (Q4_0, Q4_1, Q4_K, Q6_K, NF4; bf16, f16): the packed values by 128-bit
     // read-only loads (two per lane and group: rows g and g + 8), mma.sync of its dtype, the
     // values turned into 16-bit floats by byte permutes (PRMT), the quad's transpose through
-    // shared memory (STS, then LDS.128), and no local memory.
+    // shared memory (STS, then LDS.128), and no local memory. NF4 looks its code book up in
+    // registers: no indexed constant load (LDC c[0x0][Rn]), which would serialize the warp.
     let funcs = per_function(&sass("qmmv"));
     let mmv: Vec<_> = funcs.iter().filter(|(n, _)| n.starts_with("qmmv_")).collect();
-    assert_eq!(mmv.len(), 8, "{:?}", mmv.iter().map(|f| &f.0).collect::<Vec<_>>());
+    assert_eq!(mmv.len(), 10, "{:?}", mmv.iter().map(|f| &f.0).collect::<Vec<_>>());
+    for (name, lines) in per_function_lines(&sass("qmmv")).into_iter().filter(|(n, _)| n.contains("_nf4_")) {
+        let by_register = |l: &&String| l.starts_with("LDC") && l.contains("c[0x0][R") && !l.contains("c[0x0][RZ");
+        assert_eq!(lines.iter().filter(by_register).count(), 0, "{name}: an indexed constant load");
+        let prmt = lines.iter().filter(|l| l.starts_with("PRMT")).count();
+        assert!(prmt >= 128, "{name}: {prmt} byte permutes; the register lookup needs 16 per word of nibbles");
+    }
     for (name, ops) in mmv {
         let hmma = if name.ends_with("_bf16") { "HMMA.16816.F32.BF16" } else { "HMMA.16816.F32" };
         let has = |op: &str| ops.iter().any(|o| o == op);

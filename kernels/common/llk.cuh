@@ -210,6 +210,27 @@ __device__ __forceinline__ float fast_rcp(float x) {
 #endif
 }
 
+// prmt.b32 in its default mode (PTX ISA, "prmt"): byte n of the result is byte (s_n & 7) of the
+// 8 bytes {b:a} (a holds bytes 0-3), where s_n is nibble n of `s`; when s_n's bit 3 is set, the
+// selected byte's sign bit replicated instead. CUDA's __byte_perm masks the selector to its low
+// three bits first (an extra LOP3 when the selector is not a constant); this wrapper does not, so
+// a caller whose selectors have bit 3 clear pays for the permute alone.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
+#ifdef __CUDA_ARCH__
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+  return r;
+#else
+  const uint64_t v = (uint64_t(b) << 32) | a;
+  uint32_t r = 0;
+  for (int n = 0; n < 4; ++n) {
+    const uint32_t sn = (s >> (4 * n)) & 15u, byte = uint32_t(v >> (8 * (sn & 7u))) & 0xffu;
+    r |= (sn & 8u ? (byte & 0x80u ? 0xffu : 0u) : byte) << (8 * n);
+  }
+  return r;
+#endif
+}
+
 // The value of `v`, through a copy the compiler cannot see through (no constant folding or
 // rematerialization of the result).
 __device__ __forceinline__ uint32_t opaque(uint32_t v) {

@@ -17,8 +17,9 @@
 // T: the CUDA-core GEMV rounds each dequantized value in registers, the GEMM stores it as T in
 // shared memory, and the dense GEMM of the fallback path reads the values the dequantize kernel
 // stored as T, as a dequantize-then-multiply kernel does (Marlin and llama.cpp's dequantize to
-// half before their tensor-core products too). The tensor-core GEMV multiplies by the exact
-// values (below), so for its formats decode is the more accurate of the two paths.
+// half before their tensor-core products too). The tensor-core GEMV (qmmv.cu) multiplies the
+// integer formats by their exact values and NF4 by its code book rounded to T times the f32
+// absmax.
 //
 // A chunk is read in two steps, `load_chunk` (its bytes, into registers) and `decode_chunk` (the
 // f32 values), so that the GEMM can issue the loads of its next tile before the math of this one.

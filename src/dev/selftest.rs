@@ -67,8 +67,8 @@ pub enum Kernel {
     /// `fast_exp2`, `fast_rcp` and `__fadd_rn(__fmul_rn(x, x), c)` (`in: f32 [x: n | c: n]`,
     /// `out: f32 [3][n]`).
     FastMath,
-    /// `__byte_perm(x, y, s & 0x7777)` and the bf16 pair sum of x and y (`in: f32 [n][x, y, s]`
-    /// as bits, `out: i32 [n][2]`).
+    /// `__byte_perm(x, y, s & 0x7777)`, the bf16 pair sum of x and y and `llk::prmt(x, y, s)`
+    /// (`prmt.b32`, sign replication included; `in: f32 [n][x, y, s]` as bits, `out: i32 [n][3]`).
     BytePerm,
 }
 
@@ -188,7 +188,7 @@ pub fn launch_with_dyn_smem(
             Kernel::Guards | Kernel::StackHog => (n, block),
             Kernel::Atomics => (n, 2),
             Kernel::FastMath => (n, 3 * n),
-            Kernel::BytePerm => (n, 2 * n),
+            Kernel::BytePerm => (n, 3 * n),
             Kernel::Deadlock | Kernel::DivergentBarrier => (n, n.min(block)),
             _ => (n, n),
         },

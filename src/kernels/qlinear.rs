@@ -37,8 +37,8 @@ pub(crate) static KERNELS: KernelTable<(QKernel, QuantFormat, DType)> = KernelTa
     entries: rows!(Q8_0 "q8_0", Q4_0 "q4_0", Q4_1 "q4_1", Q4_K "q4_k", Q6_K "q6_k", NF4 "nf4"),
 };
 
-/// The tensor-core GEMV of decode, by (format, activation dtype): the formats whose values are
-/// integers with a scale (and minimum) per 32 or 16 elements; bf16 and f16.
+/// The tensor-core GEMV of decode, by (format, activation dtype): the 4- and 6-bit formats; bf16
+/// and f16.
 pub(crate) static MMA_GEMV: KernelTable<(QuantFormat, DType)> = KernelTable {
     module: "qmmv",
     entries: &[
@@ -50,6 +50,8 @@ pub(crate) static MMA_GEMV: KernelTable<(QuantFormat, DType)> = KernelTable {
         ((QuantFormat::Q4_K, DType::BF16), "qmmv_q4_k_bf16"),
         ((QuantFormat::Q6_K, DType::F16), "qmmv_q6_k_f16"),
         ((QuantFormat::Q6_K, DType::BF16), "qmmv_q6_k_bf16"),
+        ((QuantFormat::NF4, DType::F16), "qmmv_nf4_f16"),
+        ((QuantFormat::NF4, DType::BF16), "qmmv_nf4_bf16"),
     ],
 };
 

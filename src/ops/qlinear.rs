@@ -22,13 +22,14 @@
 //!
 //! # Four paths ([`QPath`]), chosen by the format, the number of rows and the dtype
 //!
-//! - **Decode on tensor cores, 1 to [`MAX_MMA_GEMV_ROWS`] rows of bf16 or f16**, for the formats
-//!   whose values are small integers with a scale (and minimum) per 32 or 16 elements (Q4_0,
-//!   Q4_1, Q4_K, Q6_K; [`has_mma_gemv`]): one kernel streams the packed weight once with 16-byte
-//!   loads, turns each value into a 16-bit float with one byte permute (exactly), multiplies
-//!   16-row tiles of it by the activations with `mma.sync` (the rows are the MMA's 8 columns),
-//!   and applies each chunk's scale and minimum to the chunk's f32 partial sums, as llama.cpp's
-//!   `mmvq` applies block scales to integer dot products. `in` is split over the grid
+//! - **Decode on tensor cores, 1 to [`MAX_MMA_GEMV_ROWS`] rows of bf16 or f16**, for every
+//!   4- and 6-bit format (Q4_0, Q4_1, Q4_K, Q6_K, NF4; [`has_mma_gemv`]): one kernel streams the
+//!   packed weight once with 16-byte loads, turns each value into a 16-bit float by byte permutes
+//!   in registers (the integer formats' values exactly, with one permute per two; NF4's by a
+//!   lookup of its code book rounded to the dtype), multiplies 16-row tiles of them by the
+//!   activations with `mma.sync` (the rows are the MMA's 8 columns), and applies each chunk's
+//!   scale and minimum (NF4: its absmax) to the chunk's f32 partial sums, as llama.cpp's `mmvq`
+//!   applies block scales to integer dot products. `in` is split over the grid
 //!   ([`mma_gemv_splits`], from the shape alone) when the weight has too few 16-row tiles to
 //!   fill the GPU; a split product needs a [`QScratch`] for its f32 partials.
 //! - **Decode on CUDA cores, 1 to [`MAX_GEMV_ROWS`] rows** (the other formats, f32, or the
@@ -48,22 +49,30 @@
 //!
 //! # Which weight values each path multiplies by
 //!
-//! The GEMM, the CUDA-core GEMV and the dequantize path multiply by each dequantized value
-//! rounded to the activation dtype (exact for f32), products and sums in f32, one rounding of the
-//! output: their reference is [`reference::linear`](crate::reference::linear) over
-//! `round_to(dtype, PackedWeight::dequantize())`. The tensor-core GEMV multiplies by the exact
-//! dequantized values (the 16-bit operands are the stored integers, the f32 factors the
-//! reference's), so its reference is `reference::linear` over `PackedWeight::dequantize()`
-//! itself; its f32 sums carry the base of the integers' encoding (a few bits of the f32
-//! significand, see kernels/qlinear.cu) and cancel it per chunk. [`QPath::exact_weights`] says
-//! which reference applies.
+//! Products and sums are f32 on every path, with one rounding of the output; the weight values
+//! differ by path ([`QPath::weight_values`], [`WeightValues`]):
+//!
+//! - The GEMM, the CUDA-core GEMV and the dequantize path multiply by each dequantized value
+//!   rounded to the activation dtype (exact for f32): their reference is
+//!   [`reference::linear`](crate::reference::linear) over `round_to(dtype,
+//!   PackedWeight::dequantize())`.
+//! - The tensor-core GEMV of the integer formats multiplies by the exact dequantized values (the
+//!   16-bit operands are the stored integers, the f32 factors the reference's), so its reference
+//!   is `reference::linear` over `PackedWeight::dequantize()` itself; its f32 sums carry the base
+//!   of the integers' encoding (a few bits of the f32 significand, see kernels/qmmv.cu) and
+//!   cancel it per chunk.
+//! - The tensor-core GEMV of NF4 multiplies by its code book rounded to the activation dtype,
+//!   times each block's absmax in f32: `T(code[q]) * absmax` instead of `T(code[q] * absmax)`,
+//!   the same size of error (one rounding to T of each weight), never an error of the product.
+//!   bitsandbytes' own batch-1 kernel rounds the code book and the absmax to T and multiplies in
+//!   T.
 //!
 //! Shapes: `x` is `[..., in]` (leading dimensions collapse into rows; any row stride), `y` is
 //! `[..., out]` with the same leading dimensions (any row stride), one float dtype for both
 //! (f32, f16 or bf16), `y` disjoint from `x`. The sum of [`qlinear_add`] is rounded once.
 
 use crate::backend::{Device, LaunchDims, Queue};
-use crate::dtype::DType;
+use crate::dtype::{DType, round_to};
 use crate::error::{Error, Result};
 use crate::ffi::params::{
     LLK_QDEQUANT_THREADS, LLK_QGEMM_BLOCK_K, LLK_QGEMM_BLOCK_M, LLK_QGEMM_BLOCK_N, LLK_QGEMM_MAX_SPLITS,
@@ -98,8 +107,8 @@ pub fn gemv_split(out: usize, inp: usize) -> usize {
     split
 }
 
-/// 16-bit activations with this many rows or more take the tensor-core GEMM, for the formats
-/// without the tensor-core GEMV (Q8_0, NF4): below it the CUDA-core GEMV spends fewer issue slots
+/// 16-bit activations with this many rows or more take the tensor-core GEMM, for the format
+/// without the tensor-core GEMV (Q8_0): below it the CUDA-core GEMV spends fewer issue slots
 /// per weight (its dequantization is shared by every row, but each row adds its fmas; the static
 /// report's packed-kernel section shows the crossover near 5 rows). The other formats take the
 /// GEMM from `MAX_MMA_GEMV_ROWS + 1` rows.
@@ -196,10 +205,40 @@ impl QPath {
     pub fn needs_scratch(self) -> bool {
         matches!(self, QPath::DequantGemm | QPath::Gemm { k_splits: 2.. } | QPath::MmaGemv { k_splits: 2.. })
     }
-    /// Whether the path multiplies by the exact dequantized values (the tensor-core GEMV) rather
-    /// than by their roundings to the activation dtype (module docs).
-    pub fn exact_weights(self) -> bool {
-        matches!(self, QPath::MmaGemv { .. })
+    /// Which values of a `format` weight the path multiplies by (module docs).
+    pub fn weight_values(self, format: QuantFormat) -> WeightValues {
+        match self {
+            QPath::MmaGemv { .. } if format == QuantFormat::NF4 => WeightValues::RoundedCodeBook,
+            QPath::MmaGemv { .. } => WeightValues::Exact,
+            _ => WeightValues::Rounded,
+        }
+    }
+}
+
+/// The values of a packed weight that a product multiplies by (module docs): what its f64
+/// reference multiplies by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightValues {
+    /// The dequantized values ([`PackedWeight::dequantize`]).
+    Exact,
+    /// Each dequantized value rounded to the activation dtype.
+    Rounded,
+    /// NF4: the code book rounded to the activation dtype, times each block's absmax (f32).
+    RoundedCodeBook,
+}
+
+impl WeightValues {
+    /// These values of `w` for activations of `dtype`, row-major `[out, in]`.
+    pub fn of(self, w: &PackedWeight, dtype: DType) -> Vec<f64> {
+        match self {
+            WeightValues::Exact => w.dequantize().into_iter().map(f64::from).collect(),
+            WeightValues::Rounded => w.dequantize().into_iter().map(|v| round_to(dtype, f64::from(v))).collect(),
+            WeightValues::RoundedCodeBook => {
+                let code = w.code.map(|c| round_to(dtype, f64::from(c)) as f32);
+                let rounded = PackedWeight { layout: w.layout, bytes: w.bytes.clone(), code };
+                rounded.dequantize().into_iter().map(f64::from).collect()
+            }
+        }
     }
 }
 

@@ -405,8 +405,8 @@ pub fn predict_step_with(
     })
 }
 
-/// The packed formats the report's packed-decode line shows.
-pub const PACKED_FORMATS: [QuantFormat; 2] = [QuantFormat::Q4_0, QuantFormat::Q4_K];
+/// The packed formats the report's packed-decode line shows (GGUF's common 4-bit files and QLoRA's NF4).
+pub const PACKED_FORMATS: [QuantFormat; 3] = [QuantFormat::Q4_0, QuantFormat::Q4_K, QuantFormat::NF4];
 
 /// The phases the report predicts.
 pub const PHASES: [Phase; 5] = [

@@ -13,7 +13,7 @@
 //! when the rows run out; at `rows` rows the model counts the decode and `rows` sixteenths of the
 //! rest (the scheduler may move a few instructions across that line).
 //!
-//! **Tensor-core GEMV (decode, Q4_0, Q4_1, Q4_K, Q6_K).** The same memory model: one loop
+//! **Tensor-core GEMV (decode, Q4_0, Q4_1, Q4_K, Q6_K, NF4).** The same memory model: one loop
 //! iteration is one warp's group (16 weight rows x 4 chunks, 2048 weights), its issue slots the
 //! loop with the most HMMA (they do not depend on the rows, 1 to 8: the rows are the MMA's
 //! columns), its bytes in flight the iteration's `.CONSTANT` loads times `LLK_QMMV_DEPTH`; the

@@ -10,7 +10,7 @@ use super::block::linear_tolerance;
 use super::common::*;
 use crate::backend::Device;
 use crate::dev::testing::{Rng, Tolerance, compare};
-use crate::dtype::{DType, round_to};
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::qlinear::{QPath, QScratch, QWeight, dequantize, qlinear, qlinear_add};
 use crate::reference;
@@ -84,11 +84,9 @@ pub fn qlinear_case(device: &Device, case: QLinearCase) -> Result<CaseResult> {
     if accumulate { qlinear_add(&xt, &w, &yt, Some(&scratch)) } else { qlinear(&xt, &w, &yt, Some(&scratch)) }?;
     device.synchronize()?;
     let millis = start.elapsed().as_secs_f64() * 1e3;
-    // The path's weights (module docs of ops::qlinear): exact, or rounded to the dtype.
+    // The path's weights (module docs of ops::qlinear).
     let path = QPath::choose(format, dtype, rows, (k + pad) % dtype.vec16() == 0, [n, k]);
-    let exact = path.exact_weights();
-    let wd: Vec<f64> =
-        packed.dequantize().iter().map(|&v| if exact { f64::from(v) } else { round_to(dtype, f64::from(v)) }).collect();
+    let wd = path.weight_values(format).of(&packed, dtype);
     let mut expected = reference::linear::linear(&x, &wd, None, k, n)?;
     if accumulate {
         expected.iter_mut().zip(&y0).for_each(|(e, y)| *e += y);
