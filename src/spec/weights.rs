@@ -86,7 +86,8 @@ pub struct HostLayerWeights {
     /// Projections also kept in a packed format, by their Hugging Face name
     /// (`self_attn.q_proj.weight`, `mlp.down_proj.weight`, ...): the device runs these packed
     /// ([`crate::ops::qlinear`]), and the dense tensor of the same name holds their dequantized
-    /// values (what the reference computes with). Empty for a dense checkpoint.
+    /// values rounded to the run dtype (verify's references take the values each product's path
+    /// multiplies by, `QPath::weight_values`). Empty for a dense checkpoint.
     pub packed: std::collections::BTreeMap<String, crate::spec::quant::PackedWeight>,
 }
 
@@ -164,8 +165,9 @@ impl HostLayerWeights {
     /// Quantizes every projection not yet packed (see [`Self::projections_mut`]) to NF4 in
     /// blocks of `block`, as bitsandbytes' `quantize_4bit` does
     /// ([`crate::spec::quant::PackedWeight::quantize_nf4`]); the dense tensors then hold the
-    /// dequantized values rounded to `dtype` (the run dtype), so the reference computes with what
-    /// the device multiplies by.
+    /// dequantized values rounded to `dtype` (the run dtype), what a dense run multiplies by and
+    /// what the packed GEMM does (the tensor-core GEMV of decode multiplies by other roundings of
+    /// the same values: `ops::qlinear::QPath::weight_values`, which verify's references follow).
     pub fn quantize_nf4(&mut self, spec: &LayerSpec, block: usize, dtype: crate::dtype::DType) -> Result<()> {
         let mut packed = std::mem::take(&mut self.packed);
         for (name, t) in self.projections_mut(spec) {

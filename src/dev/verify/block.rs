@@ -29,8 +29,10 @@ use crate::dev::verify::moe as vm;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::moe::{MoeRouting, WeightLayout};
+use crate::ops::qlinear::{QPath, WeightValues};
 use crate::reference::block as rb;
 use crate::reference::moe as rm;
+use crate::spec::quant::PackedWeight;
 use crate::tensor::Tensor;
 
 /// One row of the stage table.
@@ -149,6 +151,49 @@ impl Stages {
     }
 }
 
+/// The reference layers of a schedule's steps: a packed projection's reference multiplies by the
+/// values the device multiplies by at the step's row count ([`QPath::weight_values`]: exact,
+/// rounded to the dtype, or NF4's rounded code book), so the tolerances compare roundings of the
+/// same product. One [`rb::RefLayer`] per distinct choice.
+#[derive(Default)]
+pub(crate) struct StepReferences {
+    layers: Vec<(Vec<WeightValues>, rb::RefLayer)>,
+}
+
+impl StepReferences {
+    pub(crate) fn get(
+        &mut self,
+        spec: LayerSpec,
+        host: &HostLayerWeights,
+        dtype: DType,
+        tokens: usize,
+    ) -> Result<&rb::RefLayer> {
+        let values = |p: &PackedWeight| step_values(p, dtype, tokens);
+        let key: Vec<WeightValues> = host.packed.values().map(values).collect();
+        let at = match self.layers.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let mut h = host.clone();
+                for (name, t) in h.projections_mut(&spec) {
+                    if let Some(p) = host.packed.get(&name) {
+                        t.data = values(p).of(p, dtype).into_iter().map(|v| v as f32).collect();
+                    }
+                }
+                self.layers.push((key, rb::RefLayer::new(spec, &h)?));
+                self.layers.len() - 1
+            }
+        };
+        Ok(&self.layers[at].1)
+    }
+}
+
+/// The values of `p` the device multiplies by in a product of `tokens` rows of `dtype` (the
+/// model's activations are 16-byte aligned).
+pub(crate) fn step_values(p: &PackedWeight, dtype: DType, tokens: usize) -> WeightValues {
+    let [n, k] = [p.layout.rows, p.layout.cols];
+    QPath::choose(p.layout.format, dtype, tokens, true, [n, k]).weight_values(p.layout.format)
+}
+
 /// Runs one layer through the schedule on `device` and compares every stage. `seed` picks the
 /// inputs.
 pub fn check_layer(
@@ -166,7 +211,7 @@ pub fn check_layer(
     let mut cache = KvCache::for_layers(device, dtype, &[spec], SLOTS, max_len)?;
     let mut ws = LayerWorkspace::plan(device, dtype, &[spec], max_tokens, &cache)?;
     ws.plan_packed(&[&layer])?;
-    let rl = rb::RefLayer::new(spec, host)?;
+    let mut refs = StepReferences::default();
     let moe_weights = MoeRefWeights::new(&spec, host);
     let (mut e2e_cache, mut mirror) = (rb::RefCache::new(SLOTS), rb::RefCache::new(SLOTS));
     let mut rng = Rng::new(seed ^ (spec.index as u64) << 24);
@@ -181,6 +226,7 @@ pub fn check_layer(
     );
     for batch in steps {
         let tokens: usize = batch.iter().map(|b| b.1).sum();
+        let rl = refs.get(spec, host, dtype, tokens)?;
         let x = rng.normal_vec(tokens * h, 1.0, dtype);
         let step = ws.begin_step(&mut cache, batch)?;
         let hidden = Tensor::from_f64(device, dtype, &x, &[tokens, h])?;
@@ -190,33 +236,33 @@ pub fn check_layer(
         let pos = rb::positions(&spec, &mirror, batch);
         // Stage-local checks.
         let normed = get("norm")?;
-        st.add("norm", normed, &rb::norm(&rl, &x, false)?, round_tol);
+        st.add("norm", normed, &rb::norm(rl, &x, false)?, round_tol);
         let qkv = get("qkv")?;
-        st.add("qkv", qkv, &rb::qkv(&rl, normed)?, linear_tolerance(dtype, h, max_abs(normed) * qkv_w));
+        st.add("qkv", qkv, &rb::qkv(rl, normed)?, linear_tolerance(dtype, h, max_abs(normed) * qkv_w));
         let roped = if spec.rope.is_some() {
             let r = get("rope")?;
-            st.add("rope", r, &rb::rope(&rl, qkv, &pos)?, rope_tol);
+            st.add("rope", r, &rb::rope(rl, qkv, &pos)?, rope_tol);
             r
         } else {
             qkv
         };
         let attn = get("attention")?;
-        st.add("attention", attn, &rb::attention(&rl, roped, &mirror, batch)?, attn_tol);
+        st.add("attention", attn, &rb::attention(rl, roped, &mirror, batch)?, attn_tol);
         rb::append(&spec, &mut mirror, roped, batch)?;
         let o = get("o_proj")?;
         let qd = spec.q_heads * spec.head_dim;
-        st.add("o_proj", o, &rb::o_proj(&rl, attn)?, linear_tolerance(dtype, qd, max_abs(attn) * o_w));
+        st.add("o_proj", o, &rb::o_proj(rl, attn)?, linear_tolerance(dtype, qd, max_abs(attn) * o_w));
         let residual = get("residual")?;
         st.add("residual", residual, &rb::add(&x, o)?, round_tol);
         let post = get("post_norm")?;
-        st.add("post_norm", post, &rb::norm(&rl, residual, true)?, round_tol);
+        st.add("post_norm", post, &rb::norm(rl, residual, true)?, round_tol);
         // The end-to-end reference.
-        let full = rb::forward(&rl, &mut e2e_cache, batch, &x)?;
+        let full = rb::forward(rl, &mut e2e_cache, batch, &x)?;
         match spec.ffn {
             FfnSpec::Dense { intermediate, .. } => {
                 check_dense_ffn(
                     &mut st,
-                    &FfnCheck { rl: &rl, host, dtype, hidden: h, post, residual, full: &full },
+                    &FfnCheck { rl, host, dtype, hidden: h, post, residual, full: &full },
                     &tr,
                     intermediate,
                 )?;
@@ -228,7 +274,7 @@ pub fn check_layer(
                 })?;
                 check_moe_ffn(
                     &mut st,
-                    &FfnCheck { rl: &rl, host, dtype, hidden: h, post, residual, full: &full },
+                    &FfnCheck { rl, host, dtype, hidden: h, post, residual, full: &full },
                     &tr,
                     moe_w,
                     tokens,

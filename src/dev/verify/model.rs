@@ -8,10 +8,10 @@ use crate::dev::testing::{Comparison, Tolerance, compare};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::model::{HostModel, Logits, Model, ModelPlan};
-use crate::reference::block::{RefCache, RefLayer, forward};
+use crate::reference::block::{RefCache, forward};
 use crate::reference::{linear::linear, rms_norm::rms_norm};
 
-use super::block::e2e_tolerance;
+use super::block::{StepReferences, e2e_tolerance, step_values};
 
 /// The outcome of [`check_model`].
 #[derive(Clone, Debug)]
@@ -70,11 +70,12 @@ pub fn check_model(device: &Device, host: &HostModel, dtype: DType, steps: &[Vec
     let max_tokens = steps.iter().map(Vec::len).max().unwrap_or(1).max(1);
     let plan = ModelPlan { slots: 1, max_len: total.max(1), max_tokens };
     let mut model = Model::new(device, host, dtype, plan)?;
-    let refs = host.layers.iter().map(|(s, w)| RefLayer::new(*s, w)).collect::<Result<Vec<_>>>()?;
+    // Each step's reference multiplies packed projections by what the device does at its rows.
+    let mut refs: Vec<StepReferences> = host.layers.iter().map(|_| StepReferences::default()).collect();
     let (hidden, vocab) = (host.hidden(), host.vocab());
     let embed = host.embed.f64();
     let norm = host.norm.f64();
-    let head = host.lm_head().f64();
+    let dense_head = host.lm_head().f64();
     let mut local_caches: Vec<RefCache> = refs.iter().map(|_| RefCache::new(1)).collect();
     let mut chain_caches: Vec<RefCache> = refs.iter().map(|_| RefCache::new(1)).collect();
     let mut layers: Vec<Option<(Comparison, Tolerance)>> = vec![None; refs.len()];
@@ -92,7 +93,8 @@ pub fn check_model(device: &Device, host: &HostModel, dtype: DType, steps: &[Vec
         let got_logits = logits.to_f64_vec()?;
         model.check_errors()?;
         // Stage-local: each reference layer on the device's input to it.
-        for (i, layer) in refs.iter().enumerate() {
+        for (i, (spec, w)) in host.layers.iter().enumerate() {
+            let layer = refs[i].get(*spec, w, dtype, t)?;
             let input = if i == 0 { &x0 } else { &outputs[i - 1] };
             let want = forward(layer, &mut local_caches[i], &[(0, t)], input)?;
             let want = want.get("output").unwrap_or_default();
@@ -109,10 +111,19 @@ pub fn check_model(device: &Device, host: &HostModel, dtype: DType, steps: &[Vec
         }
         // End to end: the reference chain from the token ids alone.
         let mut x = x0;
-        for (layer, cache) in refs.iter().zip(chain_caches.iter_mut()) {
-            x = forward(layer, cache, &[(0, t)], &x)?.get("output").unwrap_or_default().to_vec();
+        for (i, (spec, w)) in host.layers.iter().enumerate() {
+            let layer = refs[i].get(*spec, w, dtype, t)?;
+            x = forward(layer, &mut chain_caches[i], &[(0, t)], &x)?.get("output").unwrap_or_default().to_vec();
         }
-        let want_logits = linear(&rms_norm(&x, &norm, hidden, f64::from(host.eps))?, &head, None, hidden, vocab)?;
+        let step_head;
+        let head = match &host.lm_head_packed {
+            Some(p) => {
+                step_head = step_values(p, dtype, t).of(p, dtype);
+                &step_head
+            }
+            None => &dense_head,
+        };
+        let want_logits = linear(&rms_norm(&x, &norm, hidden, f64::from(host.eps))?, head, None, hidden, vocab)?;
         for p in 0..t {
             let (g, w) = (&got_logits[p * vocab..][..vocab], &want_logits[p * vocab..][..vocab]);
             let (lg, lw) = (log_softmax(g), log_softmax(w));
