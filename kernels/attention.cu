@@ -27,7 +27,9 @@
 // once; its A-fragments stay in registers up to head_dim 64 and are re-read from shared memory at
 // every k-step above, so that the registers hold the accumulators (2 x 64 of O and 2 x 32 scores
 // per thread at head_dim 128; the few loop-invariant values that do not fit are spilled once to
-// L1). K/V tiles of 64 keys stream through a 2-stage cp.async pipeline (16-byte copies; interior
+// L1). K/V tiles of 64 keys (32 in the _k32 kernels at head_dim 96 and 128: Q plus two stages of
+// 32-key K and V take 64 KiB instead of 96, so that an A100's 164 KiB per SM holds two blocks)
+// stream through a 2-stage cp.async pipeline (16-byte copies; interior
 // tiles without predicates, rows past the sequence zero-filled) into shared memory with an XOR
 // swizzle (16-byte chunk c of row r lives at c ^ (r % 8)), which makes every ldmatrix
 // conflict-free; each lane's swizzled ldmatrix offsets are computed once (SwizzledRows). Per tile
@@ -57,7 +59,6 @@
 
 namespace {
 
-constexpr int kBlockN = LLK_ATTN_KEYS;  // keys per K/V tile (tensor-core path)
 constexpr int kThreads = LLK_ATTN_THREADS;
 constexpr int kWarps = kThreads / 32;
 using llk::kLn2;
@@ -190,8 +191,11 @@ struct SwizzledRows {
   __device__ __forceinline__ int at(int R, int kk) const { return base[kk & 3] + R * kPitch<D> * 8 + 64 * (kk >> 2); }
 };
 
-template <class T, int D>
+// N: keys per K/V tile, LLK_ATTN_KEYS, or LLK_ATTN_KEYS_SMALL (head_dim 96, 128) where two
+// 64-key blocks do not fit on an SM (the host picks).
+template <class T, int D, int N = LLK_ATTN_KEYS>
 __device__ void attention_mma_kernel(const AttentionParams& p) {
+  constexpr int kBlockN = N;
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr int kRow = kPitch<D> * 8;  // elements per shared-memory row
   static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256, "head_dim 32, 64, 96, 128 or 256");
@@ -201,7 +205,9 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
   // Q A-fragments stay in registers while they are few (head_dim <= 64: 32 registers); above,
   // each k-step re-reads them from shared memory, so that the registers hold the accumulators.
   constexpr bool kQInRegs = kMT * D <= 128;
-  constexpr int kSubN = D <= 128 ? 8 : 2;  // n-tiles of 8 keys per softmax step
+  static_assert(N == LLK_ATTN_KEYS || (N == LLK_ATTN_KEYS_SMALL && (D == 96 || D == 128)), "a configured key tile");
+  constexpr int kTileN = N / 8;                // n-tiles of 8 keys per K/V tile
+  constexpr int kSubN = D <= 128 ? kTileN : 2;  // n-tiles per softmax step
   LLK_DYN_SMEM(raw);
   T* sQ = reinterpret_cast<T*>(raw);    // [kRows][kRow], later the output staging tile
   T* sK = sQ + kRows * kRow;            // [2][kBlockN][kRow]
@@ -358,14 +364,14 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
     const T* tk = sK + stage * kBlockN * kRow;
     const T* tv = sV + stage * kBlockN * kRow;
 
-    // The tile in sub-steps of kSubN n-tiles of 8 keys: all 64 keys at once, or (head_dim 256,
+    // The tile in sub-steps of kSubN n-tiles of 8 keys: all N keys at once, or (head_dim 256,
     // whose 128 accumulators leave fewer registers) 16 keys at a time, one after the other.
     const int n0 = int(tile * kBlockN);
     // Mask, only on tiles that cross a mask or sequence boundary; paged K/V: every tile (a key
     // may sit on a bad page).
     const bool needs_mask = paged || tile < free_lo || tile >= free_hi;
 #pragma unroll 1
-    for (int sub = 0; sub < 8 / kSubN; ++sub) {
+    for (int sub = 0; sub < kTileN / kSubN; ++sub) {
       const int j0 = sub * kSubN;  // first n-tile of the sub-step
       // S = Q K^T for this warp's rows and the sub-step's keys, one k-step (16 head dims) at a
       // time: an ldmatrix.x4 of K holds two n-tiles, and each feeds every m-tile's mma.
@@ -655,6 +661,10 @@ __device__ void attention_plan_kernel(const AttentionPlanParams& p) {
   X(attention_hd64_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 64>))             \
   X(attention_hd96_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 96>))             \
   X(attention_hd128_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 128>))           \
+  X(attention_hd96_k32_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 96, 32>))   \
+  X(attention_hd128_k32_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 128, 32>)) \
+  X(attention_hd96_k32_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 96, 32>))           \
+  X(attention_hd128_k32_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 128, 32>))         \
   X(attention_hd64_f32, AttentionParams, (kThreads), (attention_simt_kernel<64>))                    \
   X(attention_hd96_f32, AttentionParams, (kThreads), (attention_simt_kernel<96>))                    \
   X(attention_hd128_f32, AttentionParams, (kThreads), (attention_simt_kernel<128>))                  \

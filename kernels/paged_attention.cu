@@ -236,12 +236,15 @@ struct DecodeLayout {
   static constexpr int kStages = kQBytes + 3 * 2 * kTileBytes + 3 * kKeys <= 131072 ? 3 : 2;
 };
 
-template <class T, class P, int D>
+// S: K/V stages, 0 for DecodeLayout's (3 where they fit in 128 KiB), or LLK_DECODE_STAGES_SMALL
+// (head_dim 96 and 128, 16-bit pages: 80 KiB, two blocks on an A100's SM; the host picks).
+template <class T, class P, int D, int S = 0>
 __device__ void paged_decode_mma_kernel(const PagedDecodeParams& p) {
   static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256, "head_dim 32, 64, 96, 128 or 256");
+  static_assert(S == 0 || (S == LLK_DECODE_STAGES_SMALL && (D == 96 || D == 128) && sizeof(P) == 2), "a configured stage count");
   constexpr bool kFp8 = sizeof(P) == 1;
   using L = DecodeLayout<D, int(sizeof(P))>;
-  constexpr int kStages = L::kStages;
+  constexpr int kStages = S != 0 ? S : L::kStages;
   constexpr int kKVChunks = D * int(sizeof(P)) / 16;
   constexpr int kChunkElems = 16 / int(sizeof(P));
   constexpr bool kQInRegs = D <= 128;
@@ -680,6 +683,10 @@ __device__ void merge_kernel(const MergeStatesParams& p) {
   PAGED_DECODE(X, 96)                                                                                   \
   PAGED_DECODE(X, 128)                                                                                  \
   PAGED_DECODE(X, 256)                                                                                  \
+  X(paged_decode_hd96_s2_bf16, PagedDecodeParams, (kThreads), (paged_decode_mma_kernel<__nv_bfloat16, __nv_bfloat16, 96, 2>))   \
+  X(paged_decode_hd128_s2_bf16, PagedDecodeParams, (kThreads), (paged_decode_mma_kernel<__nv_bfloat16, __nv_bfloat16, 128, 2>)) \
+  X(paged_decode_hd96_s2_f16, PagedDecodeParams, (kThreads), (paged_decode_mma_kernel<__half, __half, 96, 2>))                   \
+  X(paged_decode_hd128_s2_f16, PagedDecodeParams, (kThreads), (paged_decode_mma_kernel<__half, __half, 128, 2>))                 \
   X(paged_decode_merge_f32, MergeStatesParams, (kThreads), (merge_kernel<float, true>))                \
   X(paged_decode_merge_f16, MergeStatesParams, (kThreads), (merge_kernel<__half, true>))               \
   X(paged_decode_merge_bf16, MergeStatesParams, (kThreads), (merge_kernel<__nv_bfloat16, true>))       \

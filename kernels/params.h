@@ -169,6 +169,10 @@ typedef enum LlkKvSource {
 #define LLK_ATTN_ROWS_MMA 128
 #define LLK_ATTN_ROWS_MMA_HD256 64
 #define LLK_ATTN_ROWS_SIMT 32
+// Keys per K/V tile of the tensor-core kernel's second configuration (head_dim 96 and 128,
+// symbols attention_hd<D>_k32_<dtype>): on GPUs whose SM does not hold two 64-key blocks but holds
+// two of these (A100: 164 KiB per SM), ops::attention picks it.
+#define LLK_ATTN_KEYS_SMALL 32
 
 typedef struct AttentionParams {
   uint64_t q;             // [total_q, q_heads, head_dim]
@@ -233,6 +237,11 @@ typedef struct AttentionPlanParams {
 #define LLK_DECODE_ROWS_MMA 64    // rows (query token x q head of one KV group) per tensor-core block
 #define LLK_DECODE_ROWS_SIMT 32   // rows per f32 (SIMT) block
 #define LLK_DECODE_THREADS 128
+// K/V stages of the tensor-core decode kernel's second configuration (head_dim 96 and 128 with
+// 16-bit pages, symbols paged_decode_hd<D>_s2_<dtype>; the first has 3 there): picked by
+// ops::attention where it gives more resident blocks per SM (A100: two instead of one; 8.6/8.9:
+// one instead of none).
+#define LLK_DECODE_STAGES_SMALL 2
 #define LLK_DECODE_MAX_SPLITS 256
 
 // kv_append: writes new tokens' k and v into their slots, converting to the page dtype.

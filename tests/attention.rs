@@ -133,6 +133,47 @@ fn schedules_agree_bit_for_bit() {
 }
 
 #[test]
+fn a100_class_gpus_run_32_key_tiles_at_head_dim_96_and_128() {
+    // The configuration (ops::attention::mma_keys): where two 64-key blocks (98,432 B) do not fit
+    // on an SM and two 32-key ones (65,600 B) do -- an A100's 164 KiB -- head_dim 96 and 128 take
+    // 32-key tiles; Hopper (two of either) and 8.6/8.9 (one of either) keep 64, as do the head
+    // dims without a 32-key kernel.
+    use llama_kernels::EmuArch;
+    use llama_kernels::ops::attention::mma_keys;
+    for dtype in [DType::BF16, DType::F16] {
+        for (head_dim, a100) in [(32, 64), (64, 64), (96, 32), (128, 32), (256, 64)] {
+            assert_eq!(mma_keys(EmuArch::Sm80.max_shared_memory_per_sm(), dtype, head_dim), a100, "{dtype} {head_dim}");
+            assert_eq!(mma_keys(EmuArch::Sm90.max_shared_memory_per_sm(), dtype, head_dim), 64);
+            assert_eq!(mma_keys(EmuArch::Sm86.max_shared_memory_per_sm(), dtype, head_dim), 64);
+        }
+    }
+    // The 32-key kernels against the reference on an emulated A100: tile edges of 32 keys, every
+    // mask, a varlen batch after cached prefixes with GQA packing, temperature tuning, paged K/V
+    // and fused QKV views; each under every schedule, bit for bit.
+    let mut cases = Vec::new();
+    for (i, dtype) in [DType::BF16, DType::F16].into_iter().enumerate() {
+        for head_dim in [96, 128] {
+            for (j, len) in [31, 32, 33, 97].into_iter().enumerate() {
+                cases.push(AttentionCase::single(dtype, len, 4, 1, head_dim, MASKS[(i + j) % 3]));
+            }
+            let seqs = [(17, 17), (0, 0), (5, 70), (3, 0), (1, 129), (40, 100)];
+            let mut case = AttentionCase::new(dtype, &seqs, 8, 2, head_dim, MASKS[1 + i]);
+            case.opts.gqa_pack = Some(4);
+            case.opts.temperature = Some(Llama4Temperature { floor_scale: 16.0, attn_scale: 0.1 });
+            cases.push(case.clone());
+            case.paged = Some(16);
+            cases.push(case);
+            let mut fused = AttentionCase::new(dtype, &[(21, 21), (40, 40)], 8, 2, head_dim, AttentionMask::Causal);
+            fused.fused_qkv = true;
+            cases.push(fused);
+        }
+    }
+    for case in &cases {
+        common::assert_schedules_agree_on(EmuArch::Sm80, &format!("{case:?}"), |d| attention_case(d, case));
+    }
+}
+
+#[test]
 fn every_validation_error_is_named() {
     let d = Device::emulated();
     let t = |dtype, shape: &[usize]| Tensor::zeros(&d, dtype, shape).unwrap();

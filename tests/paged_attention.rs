@@ -861,15 +861,44 @@ fn planning_an_absurd_batch_is_a_named_error_or_allocates_nothing() {
 }
 
 #[test]
+fn decode_takes_two_stages_where_that_holds_more_blocks_per_sm() {
+    // ops::attention::decode_stages: 16-bit pages at head_dim 96 and 128 take 2 K/V stages on an
+    // A100 (two 82,048 B blocks per SM instead of one of 114,880) and on 8.6/8.9 (where 3 stages
+    // exceed the 99 KiB per block); Hopper, with two blocks of either, keeps 3; fp8 pages and the
+    // other head dims keep their first configuration.
+    use llama_kernels::EmuArch;
+    use llama_kernels::ops::attention::decode_stages;
+    let stages = |arch: EmuArch, page, hd| {
+        decode_stages(arch.max_shared_memory_per_sm(), arch.max_shared_memory_per_block(), DType::BF16, page, hd)
+    };
+    for hd in [96, 128] {
+        assert_eq!(stages(EmuArch::Sm90, DType::BF16, hd), 3);
+        assert_eq!(stages(EmuArch::Sm80, DType::BF16, hd), 2);
+        assert_eq!(stages(EmuArch::Sm86, DType::BF16, hd), 2);
+        assert_eq!(stages(EmuArch::Sm80, DType::F8E4M3, hd), 3);
+    }
+    assert_eq!(stages(EmuArch::Sm80, DType::BF16, 64), 3);
+    assert_eq!(stages(EmuArch::Sm80, DType::BF16, 256), 2);
+    // The 2-stage kernels against the reference on an emulated A100 and on 8.6 (where only they
+    // fit), with splits, GQA, q_len > 1 and ragged lengths, under every schedule bit for bit.
+    for arch in [EmuArch::Sm80, EmuArch::Sm86] {
+        for (dtype, hd) in [(DType::BF16, 128), (DType::F16, 96)] {
+            let mut case = PagedDecodeCase::new(dtype, dtype, &[200, 3, 64, 129], 8, 2, hd, 16);
+            (case.q_len, case.num_splits) = if hd == 96 { (3, Some(3)) } else { (1, None) };
+            common::assert_schedules_agree_on(arch, &format!("{arch:?} {case:?}"), |d| paged_decode_case(d, &case));
+        }
+    }
+}
+
+#[test]
 fn what_does_not_fit_an_architecture_is_refused_by_name() {
-    // 8.6/8.9 have 99 KiB of shared memory per block: decode with 16-bit pages at head_dim 96,
-    // 128 and 256 and prefill at head_dim 256 do not fit (the README's table), fp8 pages do.
+    // 8.6/8.9 have 99 KiB of shared memory per block: decode with 16-bit pages at head_dim 256
+    // and prefill at head_dim 256 do not fit (the README's table), fp8 pages do; at head_dim 96
+    // and 128 decode runs there with 2 K/V stages (82,048 B; 3 stages need 114,880).
     use llama_kernels::{EmuArch, EmuOptions};
     let on = |arch| Device::emulated_with(EmuOptions { arch, ..EmuOptions::default() });
     let (d86, d80) = (on(EmuArch::Sm86), on(EmuArch::Sm80));
-    for hd in [96, 128, 256] {
-        named(PagedDecodeWorkspace::plan(&d86, &bf16_shape(1, 8, 2, hd, 64)).map(drop), "head_dim");
-    }
+    named(PagedDecodeWorkspace::plan(&d86, &bf16_shape(1, 8, 2, 256, 64)).map(drop), "head_dim");
     decode_pass(&d86, &PagedDecodeCase::new(DType::BF16, DType::F8E4M3, &[20, 3], 8, 2, 128, 16));
     decode_pass(&d86, &PagedDecodeCase::new(DType::F16, DType::F16, &[20, 3], 8, 2, 64, 16));
     decode_pass(&d80, &PagedDecodeCase::new(DType::BF16, DType::BF16, &[20, 3], 8, 2, 128, 16));

@@ -605,3 +605,23 @@ fn the_json_report_has_the_packed_kernels() {
         assert!(f.is_finite() && f > 0.0 && f <= 1.0 + 1e-9, "{g}");
     }
 }
+
+/// The report's shared-memory section: on an A100 (8.0) the main prefill and decode shapes at
+/// head_dim 128 run two blocks per SM in the configuration the op uses, as on Hopper.
+#[test]
+fn a100_runs_two_attention_blocks_per_sm_at_head_dim_128() {
+    let v: serde_json::Value = serde_json::from_str(&report_json_text()).expect("the JSON report parses");
+    let rows = v["shared_memory"].as_array().expect("shared_memory");
+    for what in ["prefill attention, bf16, head_dim 128", "paged decode, bf16 q, bf16 pages, head_dim 128"] {
+        for arch in ["8.0 (A100, A30)", "9.0 (H100, H200)"] {
+            let used: Vec<_> = rows
+                .iter()
+                .filter(|r| r["configuration"].as_str().is_some_and(|c| c.starts_with(what)))
+                .flat_map(|r| r["archs"].as_array().into_iter().flatten())
+                .filter(|a| a["arch"] == arch && a["used"] == true)
+                .collect();
+            assert_eq!(used.len(), 1, "{what} on {arch}: one configuration used: {used:?}");
+            assert_eq!(used[0]["blocks_per_sm"], 2, "{what} on {arch}: {used:?}");
+        }
+    }
+}

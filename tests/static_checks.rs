@@ -197,10 +197,10 @@ fn vectorized_rope_rotates_with_128_bit_accesses() {
 
 #[test]
 fn attention_runs_on_tensor_cores() {
-    // bf16/f16 kernels: HMMA (mma.sync), LDSM and LDSM.MT (ldmatrix and .trans), LDGSTS
-    // (cp.async); f32 kernels stay on the SIMT path.
+    // bf16/f16 kernels (64-key tiles, and 32-key tiles at head_dim 96 and 128): HMMA (mma.sync),
+    // LDSM and LDSM.MT (ldmatrix and .trans), LDGSTS (cp.async); f32 kernels stay on the SIMT path.
     let funcs: Vec<_> = per_function(&sass("attention")).into_iter().filter(|f| f.0 != "attention_plan").collect();
-    assert_eq!(funcs.len(), 15, "{:?}", funcs.iter().map(|f| &f.0).collect::<Vec<_>>());
+    assert_eq!(funcs.len(), 19, "{:?}", funcs.iter().map(|f| &f.0).collect::<Vec<_>>());
     for (name, ops) in &funcs {
         let has = |prefix: &str| ops.iter().any(|o| o.starts_with(prefix));
         if name.ends_with("_f32") {
@@ -224,11 +224,12 @@ fn attention_runs_on_tensor_cores() {
 
 #[test]
 fn paged_decode_runs_on_tensor_cores() {
-    // bf16/f16 q with same-dtype or fp8 pages: HMMA, LDSM (K) and LDSM.MT (V), 16-byte LDGSTS,
-    // no local memory; the f32 kernels stay on the SIMT path.
+    // bf16/f16 q with same-dtype or fp8 pages (and the 2-stage kernels of 16-bit pages at
+    // head_dim 96 and 128): HMMA, LDSM (K) and LDSM.MT (V), 16-byte LDGSTS, no local memory; the
+    // f32 kernels stay on the SIMT path.
     let funcs: Vec<_> =
         per_function(&sass("paged_attention")).into_iter().filter(|f| f.0.starts_with("paged_decode_hd")).collect();
-    assert_eq!(funcs.len(), 25, "{:?}", funcs.iter().map(|f| &f.0).collect::<Vec<_>>());
+    assert_eq!(funcs.len(), 29, "{:?}", funcs.iter().map(|f| &f.0).collect::<Vec<_>>());
     for (name, ops) in &funcs {
         let has = |prefix: &str| ops.iter().any(|o| o.starts_with(prefix));
         assert!(!has("LDL") && !has("STL"), "{name} uses local memory");

@@ -83,6 +83,7 @@ pub(crate) struct CudaShared {
     name: String,
     cc: (i32, i32),
     pub(crate) max_optin_smem: usize,
+    pub(crate) max_sm_smem: usize,
     modules: Mutex<HashMap<&'static str, (Arc<CudaModule>, ImageKind)>>,
     /// Loaded kernels, with the dynamic shared memory they were opted in to.
     functions: Mutex<HashMap<KernelRef, (CudaFunction, u32)>>,
@@ -118,6 +119,9 @@ impl CudaShared {
         let sm_count = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
         let max_optin_smem =
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as usize;
+        let max_sm_smem = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?
+            .max(0) as usize;
         let name = ctx.name()?;
         Ok(CudaShared {
             ctx,
@@ -127,6 +131,7 @@ impl CudaShared {
             name,
             cc,
             max_optin_smem,
+            max_sm_smem,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
         })

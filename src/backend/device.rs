@@ -33,6 +33,15 @@ pub struct Selection {
     pub cuda_skipped: Option<Error>,
 }
 
+/// Shared memory the CUDA runtime reserves for each resident block on 8.0 and later (the device
+/// attribute `cudaDevAttrReservedSharedMemoryPerBlock`).
+pub const RESERVED_SMEM_PER_BLOCK: usize = 1024;
+
+/// Blocks of `block_bytes` shared memory (static + dynamic) that fit in `per_sm` bytes of one SM.
+pub const fn blocks_per_sm_by_smem(per_sm: usize, block_bytes: usize) -> usize {
+    per_sm / (block_bytes + RESERVED_SMEM_PER_BLOCK)
+}
+
 impl Device {
     /// The GPU with this ordinal, on a new non-blocking stream of its primary context. Fails
     /// cleanly (never panics) when there is no CUDA driver or no such device.
@@ -132,6 +141,14 @@ impl Device {
         match &*self.0 {
             DeviceInner::Cuda(c) => c.shared.max_optin_smem,
             DeviceInner::Emulated(e) => e.arch().max_shared_memory_per_block(),
+        }
+    }
+    /// The shared memory of one SM, in bytes (228 KiB on 9.0, 164 KiB on 8.0, 100 KiB on 8.6 and
+    /// 8.9); the emulated target reports that of the architecture it emulates.
+    pub fn max_shared_memory_per_sm(&self) -> usize {
+        match &*self.0 {
+            DeviceInner::Cuda(c) => c.shared.max_sm_smem,
+            DeviceInner::Emulated(e) => e.arch().max_shared_memory_per_sm(),
         }
     }
     /// The PTX architecture of the images loaded on this device (`sm_90`, `sm_80`), or `None`

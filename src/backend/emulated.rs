@@ -75,6 +75,15 @@ impl EmuArch {
             EmuArch::Sm90 => 90,
         }
     }
+    /// The shared memory of one SM, in bytes (164 KiB on 8.0, 100 KiB on 8.6 and 8.9, 228 KiB on
+    /// 9.0): with [`RESERVED_SMEM_PER_BLOCK`](super::RESERVED_SMEM_PER_BLOCK), how many blocks of a size fit on an SM.
+    pub const fn max_shared_memory_per_sm(self) -> usize {
+        match self {
+            EmuArch::Sm80 => 164 * 1024,
+            EmuArch::Sm86 | EmuArch::Sm89 => 100 * 1024,
+            EmuArch::Sm90 => 228 * 1024,
+        }
+    }
     /// The most shared memory (static + dynamic) one block may use on this architecture, in
     /// bytes. The emulation runtime enforces the same table (kernels/emu/emu_runtime.h).
     pub const fn max_shared_memory_per_block(self) -> usize {

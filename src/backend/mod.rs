@@ -31,7 +31,7 @@ pub use crate::target::Target;
 pub(crate) use counters::Count;
 pub use counters::DeviceCounters;
 pub use cuda::{CudaKernelInfo, ImageKind};
-pub use device::{Device, Queue, Selection};
+pub use device::{Device, Queue, RESERVED_SMEM_PER_BLOCK, Selection, blocks_per_sm_by_smem};
 pub use emulated::{
     CpAsyncTiming, EmuArch, EmuOptions, EmulatedKernelInfo, Schedule, emulated_kernel_info, emulated_kernel_names,
 };

@@ -30,10 +30,23 @@ pub(crate) static KERNELS: KernelTable<(DType, usize)> = KernelTable {
     ],
 };
 
+/// The tensor-core kernels with `LLK_ATTN_KEYS_SMALL`-key tiles (head_dim 96 and 128), by
+/// (dtype, head_dim): the configuration for GPUs whose SM holds two of these blocks but not two of
+/// the 64-key ones (`ops::attention`'s `mma_keys`).
+pub(crate) static SMALL_KEY_KERNELS: KernelTable<(DType, usize)> = KernelTable {
+    module: "attention",
+    entries: &[
+        ((DType::BF16, 96), "attention_hd96_k32_bf16"),
+        ((DType::BF16, 128), "attention_hd128_k32_bf16"),
+        ((DType::F16, 96), "attention_hd96_k32_f16"),
+        ((DType::F16, 128), "attention_hd128_k32_f16"),
+    ],
+};
+
 /// The plan kernel for device-resident sequence offsets.
 pub(crate) const PLAN: KernelRef = KernelRef { module: "attention", symbol: "attention_plan" };
 
 /// The symbols of this family, for static checks.
 pub(crate) fn symbols() -> impl Iterator<Item = KernelRef> {
-    KERNELS.symbols().chain(std::iter::once(PLAN))
+    KERNELS.symbols().chain(SMALL_KEY_KERNELS.symbols()).chain(std::iter::once(PLAN))
 }

@@ -38,6 +38,19 @@ macro_rules! decode_entries {
 pub(crate) static DECODE_KERNELS: KernelTable<(DType, DType, usize)> =
     KernelTable { module: "paged_attention", entries: decode_entries!(32, 64, 96, 128, 256) };
 
+/// The tensor-core decode kernels with `LLK_DECODE_STAGES_SMALL` K/V stages (16-bit pages of the
+/// q dtype, head_dim 96 and 128), by (dtype, head_dim): the configuration for GPUs where it gives
+/// more resident blocks per SM (`ops::attention`'s `decode_stages`).
+pub(crate) static FEW_STAGE_DECODE_KERNELS: KernelTable<(DType, usize)> = KernelTable {
+    module: "paged_attention",
+    entries: &[
+        ((DType::BF16, 96), "paged_decode_hd96_s2_bf16"),
+        ((DType::BF16, 128), "paged_decode_hd128_s2_bf16"),
+        ((DType::F16, 96), "paged_decode_hd96_s2_f16"),
+        ((DType::F16, 128), "paged_decode_hd128_s2_f16"),
+    ],
+};
+
 /// Merge kernels by (split variant, dtype).
 pub(crate) static MERGE_KERNELS: KernelTable<(bool, DType)> = KernelTable {
     module: "paged_attention",
@@ -53,5 +66,9 @@ pub(crate) static MERGE_KERNELS: KernelTable<(bool, DType)> = KernelTable {
 
 /// The symbols of this family, for static checks.
 pub(crate) fn symbols() -> impl Iterator<Item = KernelRef> {
-    APPEND_KERNELS.symbols().chain(DECODE_KERNELS.symbols()).chain(MERGE_KERNELS.symbols())
+    APPEND_KERNELS
+        .symbols()
+        .chain(DECODE_KERNELS.symbols())
+        .chain(FEW_STAGE_DECODE_KERNELS.symbols())
+        .chain(MERGE_KERNELS.symbols())
 }

@@ -1,7 +1,7 @@
 //! Shared test helpers: the devices every parity test runs on.
 #![allow(dead_code)]
 
-use llama_kernels::{CpAsyncTiming, Device, EmuOptions, Schedule};
+use llama_kernels::{CpAsyncTiming, Device, EmuArch, EmuOptions, Schedule};
 
 /// The emulated target always; CUDA device 0 too when a GPU is usable (then the same tests run
 /// on it automatically). The reason for skipping CUDA is printed, never hidden.
@@ -17,7 +17,14 @@ pub fn devices() -> Vec<Device> {
 /// Emulated devices whose schedules differ (forward, reverse, seeded random, and one warp at a
 /// time from the last), with cp.async copies landing at the wait or at the issue.
 pub fn schedule_devices() -> [Device; 4] {
-    let dev = |schedule, cp_async| Device::emulated_with(EmuOptions { schedule, cp_async, ..EmuOptions::default() });
+    schedule_devices_on(EmuArch::Sm90)
+}
+
+/// The schedules of [`schedule_devices`], emulating `arch` (its shared-memory limits, and so the
+/// kernel configurations the ops pick for it).
+pub fn schedule_devices_on(arch: EmuArch) -> [Device; 4] {
+    let dev =
+        |schedule, cp_async| Device::emulated_with(EmuOptions { schedule, cp_async, arch, ..EmuOptions::default() });
     [
         dev(Schedule::Forward, CpAsyncTiming::AtWait),
         dev(Schedule::Reverse, CpAsyncTiming::AtIssue),
@@ -37,7 +44,17 @@ pub fn assert_schedules_agree(
     what: &str,
     run: impl Fn(&Device) -> llama_kernels::Result<llama_kernels::dev::verify::CaseResult>,
 ) {
-    let runs: Vec<_> = schedule_devices().iter().map(|d| run(d).unwrap_or_else(|e| panic!("{what}: {e}"))).collect();
+    assert_schedules_agree_on(EmuArch::Sm90, what, run)
+}
+
+/// [`assert_schedules_agree`] on an emulated `arch`.
+pub fn assert_schedules_agree_on(
+    arch: EmuArch,
+    what: &str,
+    run: impl Fn(&Device) -> llama_kernels::Result<llama_kernels::dev::verify::CaseResult>,
+) {
+    let runs: Vec<_> =
+        schedule_devices_on(arch).iter().map(|d| run(d).unwrap_or_else(|e| panic!("{what}: {e}"))).collect();
     for r in &runs {
         assert!(r.pass, "{}", r.describe());
         assert!(bitwise_equal(&runs[0].outputs, &r.outputs), "{what}: schedules disagree");

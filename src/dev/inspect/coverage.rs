@@ -31,8 +31,9 @@ use crate::ffi::params::{
     LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE, LLK_MOE_GEMM_STAGES, LLK_MOE_GEMM_STAGES_DECODE,
     LLK_MOE_GEMM_THREADS, LLK_MOE_ROUTE_WARPS, LLK_MOE_ROW_THREADS,
 };
-use crate::ops::attention::{decode_smem_bytes, plan_splits};
+use crate::ops::attention::{decode_smem_bytes, decode_stages, plan_splits};
 use crate::ops::moe::{padded_rows, preferred_block_m};
+use crate::{DType, EmuArch};
 
 /// What one kernel's SASS gives the launch model.
 #[derive(Clone, Debug)]
@@ -244,10 +245,12 @@ pub fn predict_decode(c: &DecodeCase) -> Result<(Covered, Option<Covered>), Stri
     let q_out = tokens * (c.q_heads * c.head_dim) as f64 * 2.0 * 2.0;
     let partial = if splits > 1 { (splits * c.batch * c.q_heads * (c.head_dim + 1) * 4) as f64 } else { 0.0 };
     // cp.async: every stage but the one being read is in flight (3 stages when they fit).
-    let smem = decode_smem_bytes(c.head_dim, c.page_bytes);
+    // The stages the op picks on an H200 (its SM and block limits are Hopper's).
+    let page = if fp8 { DType::F8E4M3 } else { DType::BF16 };
+    let (per_sm, per_block) = (EmuArch::Sm90.max_shared_memory_per_sm(), EmuArch::Sm90.max_shared_memory_per_block());
+    let stages_n = decode_stages(per_sm, per_block, DType::BF16, page, c.head_dim);
+    let (smem, stages) = (decode_smem_bytes(c.head_dim, c.page_bytes, stages_n), stages_n as f64);
     let tile = (keys * c.head_dim * c.page_bytes) as f64;
-    let q_bytes = (LLK_DECODE_ROWS_MMA as usize * c.head_dim * 2) as f64;
-    let stages = if smem as f64 >= q_bytes + 3.0 * 2.0 * tile { 3.0 } else { 2.0 };
     let facts = kernel_facts("paged_attention", &kernel)?;
     let hmma = facts.loop_hmma as f64 * (LLK_DECODE_THREADS / 32) as f64 * tiles_per_block * blocks;
     let t_tensor = hmma / (h200::HMMA_PER_CLK * h200::SMS * h200::TENSOR_CLOCK_GHZ * 1e9);

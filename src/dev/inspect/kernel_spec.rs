@@ -128,7 +128,7 @@ pub const SPECS: &[Spec] = &[
         shape: "causal prefill, head_dim 128",
         region: Region::MatrixLoop,
         threads: 128,
-        dyn_smem: crate::ops::attention::mma_smem_bytes(128),
+        dyn_smem: crate::ops::attention::mma_smem_bytes(128, crate::ffi::params::LLK_ATTN_KEYS as usize),
         vec: 0,
         stores_per_elem: 0,
         bytes_per_elem: 0.0,

@@ -384,6 +384,12 @@ pub fn report() -> String {
     }
     s += &super::qlinear_model::qlinear_text();
     s += &super::coverage::coverage_text();
+    s += "Shared memory per architecture (bytes per block; per GPU: blocks per SM by shared memory, \
+          and for attention whether the op uses that configuration there):\n";
+    match super::smem::table() {
+        Ok(t) => s += &t,
+        Err(e) => s += &format!("  cannot read the ptxas reports: {e}\n"),
+    }
     s += &super::layer_model::layer_text(prefill_attention_model());
     s += &calibration_text();
     s += &memory_calibration_text();

@@ -114,6 +114,7 @@ pub fn report_json() -> Value {
         "coverage": coverage_json(),
         "packed": packed_json(),
         "layers": layers_json(),
+        "shared_memory": super::smem::json().unwrap_or_else(|e| json!({ "error": e.to_string() })),
     })
 }
 

@@ -4,16 +4,20 @@
 //! A block's shared memory is its static arrays (from the `ptxas -v` report of the image the
 //! architecture loads: sm_90 for 9.x, sm_80 for every 8.x) plus the dynamic size its planner
 //! requests (the formulas the ops launch with). A configuration over an architecture's per-block
-//! limit cannot run there: the op returns a named error before launching. The README's table
-//! "Shared memory per architecture" is [`table`], checked by `tests/static_checks.rs`.
+//! limit cannot run there: the op returns a named error before launching. Below it, the SM's
+//! shared memory bounds the blocks resident per SM ([`blocks_per_sm_by_smem`]), which is what
+//! the prefill kernel's second configuration (32-key tiles on GPUs where it makes two blocks per
+//! SM, [`mma_keys`]) is for. The README's table "Shared memory per architecture" is [`table`],
+//! checked by `tests/static_checks.rs`.
 
-use crate::backend::EmuArch;
+use crate::backend::{EmuArch, blocks_per_sm_by_smem};
 use crate::dtype::DType;
+use crate::ffi::params::{LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL, LLK_DECODE_STAGES_SMALL};
 use crate::ffi::params::{LLK_MOE_GEMM_BLOCK_M, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE};
-use crate::kernels::attention::KERNELS as PREFILL;
+use crate::kernels::attention::{KERNELS as PREFILL, SMALL_KEY_KERNELS};
 use crate::kernels::moe::GEMM;
-use crate::kernels::paged_attention::DECODE_KERNELS;
-use crate::ops::attention::{decode_smem_bytes, mma_smem_bytes};
+use crate::kernels::paged_attention::{DECODE_KERNELS, FEW_STAGE_DECODE_KERNELS};
+use crate::ops::attention::{decode_smem_bytes, decode_stages, mma_keys, mma_smem_bytes};
 
 use super::{KernelResources, all_resources};
 
@@ -26,6 +30,8 @@ pub struct ArchLimit {
     pub image: &'static str,
     /// Bytes of shared memory per block (`cudaDevAttrMaxSharedMemoryPerBlockOptin`).
     pub max_block_bytes: usize,
+    /// Bytes of shared memory per SM (`cudaDevAttrMaxSharedMemoryPerMultiprocessor`).
+    pub max_sm_bytes: usize,
 }
 
 /// The architectures the crate builds for, by per-block shared memory: Hopper (227 KiB), A100
@@ -35,12 +41,19 @@ pub const ARCHS: [ArchLimit; 3] = [
         name: "9.0 (H100, H200)",
         image: "sm_90",
         max_block_bytes: EmuArch::Sm90.max_shared_memory_per_block(),
+        max_sm_bytes: EmuArch::Sm90.max_shared_memory_per_sm(),
     },
-    ArchLimit { name: "8.0 (A100, A30)", image: "sm_80", max_block_bytes: EmuArch::Sm80.max_shared_memory_per_block() },
+    ArchLimit {
+        name: "8.0 (A100, A30)",
+        image: "sm_80",
+        max_block_bytes: EmuArch::Sm80.max_shared_memory_per_block(),
+        max_sm_bytes: EmuArch::Sm80.max_shared_memory_per_sm(),
+    },
     ArchLimit {
         name: "8.6, 8.9 (RTX 30xx/40xx, A10, L4, L40)",
         image: "sm_80",
         max_block_bytes: EmuArch::Sm86.max_shared_memory_per_block(),
+        max_sm_bytes: EmuArch::Sm86.max_shared_memory_per_sm(),
     },
 ];
 
@@ -53,6 +66,29 @@ pub struct SmemUse {
     pub symbol: &'static str,
     /// Dynamic bytes the planner requests.
     pub dynamic: usize,
+    /// For the attention kernels, which of their configurations this is (the op picks one per GPU).
+    pub choice: Option<Choice>,
+}
+
+/// An attention configuration the op picks per GPU ([`mma_keys`], [`decode_stages`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// Prefill with `keys`-key tiles.
+    Prefill { dtype: DType, head_dim: usize, keys: usize },
+    /// Decode with `stages` K/V stages.
+    Decode { dtype: DType, page: DType, head_dim: usize, stages: usize },
+}
+
+impl Choice {
+    /// Whether the op picks this configuration on `arch`.
+    fn picked_on(self, arch: &ArchLimit) -> bool {
+        match self {
+            Choice::Prefill { dtype, head_dim, keys } => mma_keys(arch.max_sm_bytes, dtype, head_dim) == keys,
+            Choice::Decode { dtype, page, head_dim, stages } => {
+                decode_stages(arch.max_sm_bytes, arch.max_block_bytes, dtype, page, head_dim) == stages
+            }
+        }
+    }
 }
 
 fn dtype_name(d: DType) -> &'static str {
@@ -66,17 +102,35 @@ fn dtype_name(d: DType) -> &'static str {
 /// only static arrays), with the bytes its planner requests.
 pub fn dynamic_uses() -> Vec<SmemUse> {
     let mut out = Vec::new();
-    for &((dtype, head_dim), symbol) in PREFILL.entries {
-        if dtype != DType::F32 {
-            let what = format!("prefill attention, {}, head_dim {head_dim}", dtype_name(dtype));
-            out.push(SmemUse { what, symbol, dynamic: mma_smem_bytes(head_dim) as usize });
+    let keys = [(LLK_ATTN_KEYS as usize, PREFILL.entries), (LLK_ATTN_KEYS_SMALL as usize, SMALL_KEY_KERNELS.entries)];
+    for (keys, entries) in keys {
+        for &((dtype, head_dim), symbol) in entries {
+            if dtype != DType::F32 {
+                let what = format!("prefill attention, {}, head_dim {head_dim}, {keys}-key tiles", dtype_name(dtype));
+                let dynamic = mma_smem_bytes(head_dim, keys) as usize;
+                out.push(SmemUse { what, symbol, dynamic, choice: Some(Choice::Prefill { dtype, head_dim, keys }) });
+            }
         }
     }
-    for &((dtype, page, head_dim), symbol) in DECODE_KERNELS.entries {
+    // The first configuration's stages are what the planner picks on Hopper (which holds the most).
+    let hopper = |dtype, page, head_dim| {
+        let (sm, block) = (EmuArch::Sm90.max_shared_memory_per_sm(), EmuArch::Sm90.max_shared_memory_per_block());
+        decode_stages(sm, block, dtype, page, head_dim)
+    };
+    let few = FEW_STAGE_DECODE_KERNELS
+        .entries
+        .iter()
+        .map(|&((d, hd), sym)| ((d, d, hd), sym, LLK_DECODE_STAGES_SMALL as usize));
+    let first = DECODE_KERNELS.entries.iter().map(|&((d, p, hd), sym)| ((d, p, hd), sym, hopper(d, p, hd)));
+    for ((dtype, page, head_dim), symbol, stages) in first.chain(few) {
         if dtype != DType::F32 {
-            let what =
-                format!("paged decode, {} q, {} pages, head_dim {head_dim}", dtype_name(dtype), dtype_name(page));
-            out.push(SmemUse { what, symbol, dynamic: decode_smem_bytes(head_dim, page.size()) });
+            let what = format!(
+                "paged decode, {} q, {} pages, head_dim {head_dim}, {stages} stages",
+                dtype_name(dtype),
+                dtype_name(page)
+            );
+            let dynamic = decode_smem_bytes(head_dim, page.size(), stages);
+            out.push(SmemUse { what, symbol, dynamic, choice: Some(Choice::Decode { dtype, page, head_dim, stages }) });
         }
     }
     // Both weight layouts and both epilogues stage the same tiles.
@@ -88,7 +142,7 @@ pub fn dynamic_uses() -> Vec<SmemUse> {
                 LLK_MOE_GEMM_SMEM_BYTES_DECODE
             };
             let what = format!("MoE grouped GEMM, {}, {block_m}-row blocks", dtype_name(dtype));
-            out.push(SmemUse { what, symbol, dynamic: bytes as usize });
+            out.push(SmemUse { what, symbol, dynamic: bytes as usize, choice: None });
         }
     }
     out
@@ -117,17 +171,59 @@ pub fn totals() -> crate::Result<Vec<(SmemUse, [usize; ARCHS.len()])>> {
         .collect())
 }
 
-/// The README table: one row per distinct (configuration family, size), each architecture's
-/// column `yes` or `no` (over its limit). Configurations of both 16-bit dtypes share a row.
+/// What one configuration does on `arch` with `total` bytes per block: `no` over the per-block
+/// limit, else the blocks per SM its shared memory allows, and for a prefill configuration
+/// whether the op picks it there.
+fn cell(u: &SmemUse, arch: &ArchLimit, total: usize) -> String {
+    if total > arch.max_block_bytes {
+        return "**no**".into();
+    }
+    let blocks = blocks_per_sm_by_smem(arch.max_sm_bytes, total);
+    match u.choice {
+        Some(c) if c.picked_on(arch) => format!("{blocks}, used"),
+        Some(_) => format!("{blocks}, not used"),
+        None => blocks.to_string(),
+    }
+}
+
+/// The configurations as JSON rows: what, symbol, bytes per block and, per architecture, the
+/// blocks per SM its shared memory holds (0: over the per-block limit) and whether the op uses it
+/// there (null for kernels with one configuration).
+pub fn json() -> crate::Result<serde_json::Value> {
+    let rows: Vec<serde_json::Value> = totals()?
+        .into_iter()
+        .map(|(u, total)| {
+            let archs: Vec<serde_json::Value> = ARCHS
+                .iter()
+                .zip(total)
+                .map(|(a, t)| {
+                    let fits = t <= a.max_block_bytes;
+                    serde_json::json!({
+                        "arch": a.name,
+                        "bytes": t,
+                        "blocks_per_sm": if fits { blocks_per_sm_by_smem(a.max_sm_bytes, t) } else { 0 },
+                        "used": u.choice.map(|c| fits && c.picked_on(a)),
+                    })
+                })
+                .collect();
+            serde_json::json!({ "configuration": u.what, "symbol": u.symbol, "archs": archs })
+        })
+        .collect();
+    Ok(serde_json::Value::Array(rows))
+}
+
+/// The README table: one row per distinct (configuration family, size); each architecture's
+/// column says `no` (over its per-block limit) or how many blocks fit on an SM by shared memory
+/// (and, for prefill, which configuration the op uses). Both 16-bit dtypes share a row.
 pub fn table() -> crate::Result<String> {
-    let mut rows: Vec<(String, usize, [bool; ARCHS.len()])> = Vec::new();
+    let mut rows: Vec<(String, usize, Vec<String>)> = Vec::new();
     for (u, total) in totals()? {
         // bf16 and f16 have the same layout: one row for both.
         let what = u.what.replace("bf16", "16-bit").replace("f16", "16-bit");
-        let fits = std::array::from_fn(|i| total[i] <= ARCHS[i].max_block_bytes);
+        let cells = ARCHS.iter().zip(total).map(|(a, t)| cell(&u, a, t)).collect();
         let bytes = total[0].max(total[1]);
         if !rows.iter().any(|(w, b, _)| *w == what && *b == bytes) {
-            rows.push((what, bytes, fits));
+            rows.push((what, bytes, cells));
         }
     }
     let mut s = String::from("| kernel configuration | shared memory per block |");
@@ -137,10 +233,10 @@ pub fn table() -> crate::Result<String> {
     s += "\n| --- | ---: |";
     s += &" :---: |".repeat(ARCHS.len());
     s.push('\n');
-    for (what, bytes, fits) in rows {
+    for (what, bytes, cells) in rows {
         s += &format!("| {what} | {bytes} |");
-        for f in fits {
-            s += if f { " yes |" } else { " **no** |" };
+        for c in cells {
+            s += &format!(" {c} |");
         }
         s.push('\n');
     }

@@ -7,13 +7,14 @@
 
 use super::paged::PagedKvView;
 use super::variant::Variant;
-use crate::backend::LaunchDims;
+use crate::backend::{LaunchDims, blocks_per_sm_by_smem};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
-    LLK_DECODE_KEYS, LLK_DECODE_ROWS_MMA, LLK_DECODE_THREADS, MergeStatesParams, PagedDecodeParams,
+    LLK_DECODE_KEYS, LLK_DECODE_ROWS_MMA, LLK_DECODE_STAGES_SMALL, LLK_DECODE_THREADS, MergeStatesParams,
+    PagedDecodeParams,
 };
-use crate::kernels::paged_attention::{DECODE_KERNELS, MERGE_KERNELS};
+use crate::kernels::paged_attention::{DECODE_KERNELS, FEW_STAGE_DECODE_KERNELS, MERGE_KERNELS};
 use crate::launch::pool::{Pool, check_block_table, check_pools, table_rows};
 use crate::launch::{Arg, Heads, KernelArgs, Rows, check_disjoint, check_dtype, grid_x, to_i64};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
@@ -47,9 +48,16 @@ pub struct DecodeShape {
     pub page_dtype: DType,
 }
 
-/// Dynamic shared memory of a tensor-core decode kernel (DecodeLayout in
-/// kernels/paged_attention.cu): Q rows, and 2 or 3 stages of K and V tiles plus a byte per key.
-pub(crate) fn decode_smem_bytes(head_dim: usize, page_elem: usize) -> usize {
+/// Dynamic shared memory of a tensor-core decode kernel with `stages` K/V stages (DecodeLayout in
+/// kernels/paged_attention.cu; [`decode_stages`]): Q rows, and per stage K and V tiles plus a
+/// byte per key.
+pub(crate) fn decode_smem_bytes(head_dim: usize, page_elem: usize, stages: usize) -> usize {
+    let (q, tile) = decode_tiles(head_dim, page_elem);
+    q + stages * (2 * tile + KEYS_PER_TILE)
+}
+
+/// Bytes of the Q rows and of one K or V tile.
+fn decode_tiles(head_dim: usize, page_elem: usize) -> (usize, usize) {
     let pitch = |chunks: usize| {
         if chunks <= 8 {
             8
@@ -60,10 +68,34 @@ pub(crate) fn decode_smem_bytes(head_dim: usize, page_elem: usize) -> usize {
         }
     };
     let rows = LLK_DECODE_ROWS_MMA as usize;
-    let q = rows * pitch(head_dim / 8) * 16;
-    let tile = KEYS_PER_TILE * pitch(head_dim * page_elem / 16) * 16;
-    let stages = if q + 3 * 2 * tile + 3 * KEYS_PER_TILE <= 131072 { 3 } else { 2 };
-    q + stages * (2 * tile + KEYS_PER_TILE)
+    (rows * pitch(head_dim / 8) * 16, KEYS_PER_TILE * pitch(head_dim * page_elem / 16) * 16)
+}
+
+/// The stages of the first configuration: three when they fit in 128 KiB with Q, else two
+/// (DecodeLayout::kStages).
+fn default_stages(head_dim: usize, page_elem: usize) -> usize {
+    let (q, tile) = decode_tiles(head_dim, page_elem);
+    if q + 3 * 2 * tile + 3 * KEYS_PER_TILE <= 131072 { 3 } else { 2 }
+}
+
+/// K/V stages of the tensor-core decode kernel on a GPU with `per_sm` bytes of shared memory
+/// per SM and `per_block` per block: the first configuration's, or [`LLK_DECODE_STAGES_SMALL`]
+/// (16-bit pages at head_dim 96 and 128) where that gives more resident blocks (168 registers
+/// per thread allow three): on an A100 two 80 KiB blocks instead of one of 112 KiB, on 8.6/8.9
+/// one instead of none (112 KiB is over their 99 KiB per block). Hopper, with two blocks of
+/// either, keeps three stages.
+pub fn decode_stages(per_sm: usize, per_block: usize, dtype: DType, page_dtype: DType, head_dim: usize) -> usize {
+    let elem = page_dtype.size();
+    let blocks = |stages| {
+        let bytes = decode_smem_bytes(head_dim, elem, stages);
+        if bytes > per_block { 0 } else { blocks_per_sm_by_smem(per_sm, bytes) }
+    };
+    let (first, small) = (default_stages(head_dim, elem), LLK_DECODE_STAGES_SMALL as usize);
+    if page_dtype == dtype && FEW_STAGE_DECODE_KERNELS.has((dtype, head_dim)) && blocks(small) > blocks(first) {
+        small
+    } else {
+        first
+    }
 }
 
 /// Checks the dtypes of one call against the plan.
@@ -298,7 +330,7 @@ pub(super) fn params(
 }
 
 /// Grid, block and shared memory of the decode kernel.
-pub(super) fn launch_dims(plan: &DecodeShape, b: &DecodeBound, o: &Outputs) -> Result<LaunchDims> {
+pub(super) fn launch_dims(plan: &DecodeShape, b: &DecodeBound, o: &Outputs, stages: usize) -> Result<LaunchDims> {
     let grid_y = plan
         .kv_heads
         .checked_mul(o.row_blocks)
@@ -316,13 +348,18 @@ pub(super) fn launch_dims(plan: &DecodeShape, b: &DecodeBound, o: &Outputs) -> R
             1,
         ),
         block: (THREADS, 1, 1),
-        dyn_smem: if mma { decode_smem_bytes(plan.head_dim, b.kp.dtype.size()) as u32 } else { 0 },
+        dyn_smem: if mma { decode_smem_bytes(plan.head_dim, b.kp.dtype.size(), stages) as u32 } else { 0 },
     })
 }
 
-/// The decode kernel of the plan's dtypes.
-pub(super) fn kernel(plan: &DecodeShape, page_dtype: DType) -> Result<crate::backend::KernelRef> {
-    DECODE_KERNELS.find(OP, "q", (plan.dtype, page_dtype, plan.head_dim), plan.dtype)
+/// The decode kernel of the plan's dtypes with `stages` K/V stages ([`decode_stages`]).
+pub(super) fn kernel(plan: &DecodeShape, page_dtype: DType, stages: usize) -> Result<crate::backend::KernelRef> {
+    let small = plan.dtype != DType::F32 && stages == LLK_DECODE_STAGES_SMALL as usize;
+    if small && page_dtype == plan.dtype && FEW_STAGE_DECODE_KERNELS.has((plan.dtype, plan.head_dim)) {
+        FEW_STAGE_DECODE_KERNELS.find(OP, "q", (plan.dtype, plan.head_dim), plan.dtype)
+    } else {
+        DECODE_KERNELS.find(OP, "q", (plan.dtype, page_dtype, plan.head_dim), plan.dtype)
+    }
 }
 
 /// Merges the splits' partial outputs (f32, in the workspace) into `out` (and `lse`), in split

@@ -3,8 +3,8 @@
 
 use super::paged::{PagedKvCache, PagedKvView};
 use super::prefill_launch::{
-    Bound, CuSeqlens, KvSrc, OP, Tiles, batch_of, check_dtypes, gqa_pack, kernel, launch_dims, params, plan_on_device,
-    tokens_per_block,
+    Bound, CuSeqlens, KvSrc, OP, Tiles, batch_of, check_dtypes, gqa_pack, kernel, launch_dims, mma_keys, params,
+    plan_on_device, tokens_per_block,
 };
 use super::variant::Variant;
 use crate::backend::{Device, PinnedStaging, Queue};
@@ -267,7 +267,8 @@ impl AttentionWorkspace {
         if grid_tiles == 0 {
             return Ok(()); // every sequence is empty
         }
-        let dims = launch_dims(&b, dtype, grid_tiles, pack)?;
+        let keys = mma_keys(device.max_shared_memory_per_sm(), dtype, d);
+        let dims = launch_dims(&b, dtype, keys, grid_tiles, pack)?;
         let tiles = Tiles {
             cu_q,
             cu_k,
@@ -276,7 +277,7 @@ impl AttentionWorkspace {
         };
         let params = params(&b, table.as_ref(), &tiles, batch, pack, &variant)?;
         b.check_aligned(dtype)?;
-        args.launch(kernel(dtype, d)?, dims, &params)
+        args.launch(kernel(dtype, d, keys)?, dims, &params)
     }
 
     /// Host offsets: the three arrays as they lie in the workspace (capacity entries each: the

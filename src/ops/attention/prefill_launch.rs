@@ -7,14 +7,14 @@
 
 use super::paged::PagedKvView;
 use super::variant::Variant;
-use crate::backend::{Device, LaunchDims};
+use crate::backend::{Device, LaunchDims, blocks_per_sm_by_smem};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
-    AttentionParams, AttentionPlanParams, LLK_ATTN_KEYS, LLK_ATTN_ROWS_MMA, LLK_ATTN_ROWS_MMA_HD256,
-    LLK_ATTN_ROWS_SIMT, LLK_ATTN_THREADS, LlkKvSource,
+    AttentionParams, AttentionPlanParams, LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL, LLK_ATTN_ROWS_MMA,
+    LLK_ATTN_ROWS_MMA_HD256, LLK_ATTN_ROWS_SIMT, LLK_ATTN_THREADS, LlkKvSource,
 };
-use crate::kernels::attention::{KERNELS, PLAN, SUPPORTED_HEAD_DIMS};
+use crate::kernels::attention::{KERNELS, PLAN, SMALL_KEY_KERNELS, SUPPORTED_HEAD_DIMS};
 use crate::launch::pool::{Pool, check_block_table, check_pools, table_rows};
 use crate::launch::{Arg, Heads, KernelArgs, Region, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::tensor::{TensorView, TensorViewMut};
@@ -23,8 +23,9 @@ pub(super) const OP: &str = "gqa_attention";
 /// Rows (query token x q head) per block of the f32 SIMT kernel.
 const ROWS_SIMT: usize = LLK_ATTN_ROWS_SIMT as usize;
 const THREADS: u32 = LLK_ATTN_THREADS;
-/// Keys per K/V tile.
+/// Keys per K/V tile, and of the second configuration at head_dim 96 and 128.
 const KEYS: usize = LLK_ATTN_KEYS as usize;
+const KEYS_SMALL: usize = LLK_ATTN_KEYS_SMALL as usize;
 /// Largest GQA pack (q heads sharing one block's K/V tiles).
 pub const MAX_PACK: usize = 16;
 
@@ -34,9 +35,9 @@ const fn rows_mma(head_dim: usize) -> usize {
     (if head_dim <= 128 { LLK_ATTN_ROWS_MMA } else { LLK_ATTN_ROWS_MMA_HD256 }) as usize
 }
 
-/// Dynamic shared memory of the tensor-core kernel: Q, and two stages of K and V, in rows padded
-/// to a power of two of 16-byte chunks (kPitch in kernels/attention.cu).
-pub(crate) const fn mma_smem_bytes(head_dim: usize) -> u32 {
+/// Dynamic shared memory of the tensor-core kernel with `keys`-key tiles: Q, and two stages of K
+/// and V, in rows padded to a power of two of 16-byte chunks (kPitch in kernels/attention.cu).
+pub(crate) const fn mma_smem_bytes(head_dim: usize, keys: usize) -> u32 {
     let row = if head_dim <= 64 {
         64
     } else if head_dim <= 128 {
@@ -45,7 +46,29 @@ pub(crate) const fn mma_smem_bytes(head_dim: usize) -> u32 {
         256
     };
     // Q, two stages of K and V, and (paged K/V) a byte per key of each stage.
-    ((rows_mma(head_dim) + 4 * KEYS) * row * 2 + 2 * KEYS) as u32
+    ((rows_mma(head_dim) + 4 * keys) * row * 2 + 2 * keys) as u32
+}
+
+/// Blocks per SM the tensor-core prefill kernel is built for: two (its registers, 249-255 per
+/// thread at head_dim 96 and 128, allow no more).
+pub const MMA_BLOCKS_PER_SM: usize = 2;
+
+/// Keys per K/V tile of the tensor-core kernel for `dtype` and `head_dim` on a GPU with
+/// `smem_per_sm` bytes of shared memory per SM: 64, or 32 (head_dim 96 and 128) where
+/// [`MMA_BLOCKS_PER_SM`] blocks of 64 keys do not fit on an SM and of 32 keys do. So an A100 (164
+/// KiB per SM) runs two 64 KiB blocks of 32 keys instead of one 96 KiB block of 64 (FlashAttention-2
+/// shrinks its tiles on 8.x for the same reason); Hopper (228 KiB) and the 100 KiB 8.6/8.9 parts,
+/// which hold one block either way, keep 64.
+pub fn mma_keys(smem_per_sm: usize, dtype: DType, head_dim: usize) -> usize {
+    let blocks = |keys| blocks_per_sm_by_smem(smem_per_sm, mma_smem_bytes(head_dim, keys) as usize);
+    if SMALL_KEY_KERNELS.has((dtype, head_dim))
+        && blocks(KEYS) < MMA_BLOCKS_PER_SM
+        && blocks(KEYS_SMALL) >= MMA_BLOCKS_PER_SM
+    {
+        KEYS_SMALL
+    } else {
+        KEYS
+    }
 }
 
 /// Checks cumulative sequence offsets and returns the batch size.
@@ -481,8 +504,8 @@ pub(super) fn params(
     })
 }
 
-/// Grid, block and shared memory of the attention kernel.
-pub(super) fn launch_dims(b: &Bound, dtype: DType, grid_tiles: usize, pack: usize) -> Result<LaunchDims> {
+/// Grid, block and shared memory of the attention kernel with `keys`-key tiles ([`mma_keys`]).
+pub(super) fn launch_dims(b: &Bound, dtype: DType, keys: usize, grid_tiles: usize, pack: usize) -> Result<LaunchDims> {
     let group = b.qh.heads / b.kh.heads;
     let grid_y = u32::try_from(b.kh.heads * (group / pack))
         .ok()
@@ -492,11 +515,15 @@ pub(super) fn launch_dims(b: &Bound, dtype: DType, grid_tiles: usize, pack: usiz
     Ok(LaunchDims {
         grid: (grid_x(OP, grid_tiles)?, grid_y, 1),
         block: (THREADS, 1, 1),
-        dyn_smem: if dtype == DType::F32 { 0 } else { mma_smem_bytes(d) },
+        dyn_smem: if dtype == DType::F32 { 0 } else { mma_smem_bytes(d, keys) },
     })
 }
 
-/// The kernel for `dtype` and `head_dim`.
-pub(super) fn kernel(dtype: DType, head_dim: usize) -> Result<crate::backend::KernelRef> {
-    KERNELS.find(OP, "q", (dtype, head_dim), dtype)
+/// The kernel for `dtype` and `head_dim` with `keys`-key tiles ([`mma_keys`]).
+pub(super) fn kernel(dtype: DType, head_dim: usize, keys: usize) -> Result<crate::backend::KernelRef> {
+    if keys == KEYS_SMALL && dtype != DType::F32 {
+        SMALL_KEY_KERNELS.find(OP, "q", (dtype, head_dim), dtype)
+    } else {
+        KERNELS.find(OP, "q", (dtype, head_dim), dtype)
+    }
 }
