@@ -5,8 +5,10 @@
 // LLK_DEVICE_BAD_TOKEN_ID in the error flag, which the host reads after the step.
 //
 // Grid mapping: grid.x * blockDim.x threads cover the VEC-element vectors of a row; grid.y walks
-// the tokens (t, t + gridDim.y, ...). Each token's id is read once per thread (a broadcast load
-// within the warp). Accesses are coalesced along the row.
+// the tokens LLK_EMBEDDING_ROWS at a time (rows R y .. R y + R - 1, then R gridDim.y further), so
+// that each thread has R row loads in flight before its first store (one 16-byte load left a
+// large gather latency-bound in the static model). Each token's id is read once per thread (a
+// broadcast load within the warp). Accesses are coalesced along the row.
 //
 // Vectors: VEC = 16 / sizeof(T) (128-bit loads through the read-only path, 128-bit stores) when
 // hidden, both base pointers and both row strides allow, else VEC = 1. Bytes per call: reads
@@ -30,20 +32,37 @@ template <class T, int VEC>
 __device__ void embedding_kernel(const EmbeddingParams& p) {
   const int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (v >= p.hidden / VEC) return;  // no barriers or warp operations below
+  constexpr int R = LLK_EMBEDDING_ROWS;
   const int32_t* ids = reinterpret_cast<const int32_t*>(p.ids);
   const T* table = reinterpret_cast<const T*>(p.table);
-  for (int64_t t = blockIdx.y; t < p.tokens; t += gridDim.y) {
-    const int32_t id = ids[t];
-    T* out = reinterpret_cast<T*>(p.out) + t * p.out_row_stride + v * VEC;
-    const bool valid = id >= 0 && int64_t(id) < p.vocab;
-    if (!valid && v == 0) llk::raise_device_error(p.error_flag, LLK_DEVICE_BAD_TOKEN_ID);
-    const T* src = table + (valid ? int64_t(id) * p.table_row_stride : 0) + v * VEC;
+  for (int64_t t0 = int64_t(blockIdx.y) * R; t0 < p.tokens; t0 += int64_t(gridDim.y) * R) {
+    // The rows' sources first (a row past the tokens reads nothing), then their loads, then the
+    // stores.
+    const T* src[R];
+    bool valid[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t t = t0 + r;
+      const int32_t id = t < p.tokens ? ids[t] : -1;
+      valid[r] = id >= 0 && int64_t(id) < p.vocab;
+      if (!valid[r] && t < p.tokens && v == 0) llk::raise_device_error(p.error_flag, LLK_DEVICE_BAD_TOKEN_ID);
+      src[r] = table + (valid[r] ? int64_t(id) * p.table_row_stride : 0) + v * VEC;
+    }
     if constexpr (VEC * sizeof(T) == 16) {
-      const uint4 raw = valid ? __ldg(reinterpret_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
-      llk::store_u4(out, raw);
+      uint4 raw[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) raw[r] = valid[r] ? __ldg(reinterpret_cast<const uint4*>(src[r])) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (t0 + r < p.tokens) llk::store_u4(reinterpret_cast<T*>(p.out) + (t0 + r) * p.out_row_stride + v * VEC, raw[r]);
     } else {
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) out[i] = valid ? __ldg(src + i) : llk::from_f32<T>(0.f);
+      for (int r = 0; r < R; ++r) {
+        if (t0 + r >= p.tokens) continue;
+        T* out = reinterpret_cast<T*>(p.out) + (t0 + r) * p.out_row_stride + v * VEC;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) out[i] = valid[r] ? __ldg(src[r] + i) : llk::from_f32<T>(0.f);
+      }
     }
   }
 }

@@ -104,6 +104,7 @@ typedef struct SwiGluParams {
 // ---------------------------------------------------------------------------- Embedding
 // out[t] = table[ids[t]], a row gather; see embedding.cu.
 #define LLK_EMBEDDING_THREADS 256
+#define LLK_EMBEDDING_ROWS 2  // consecutive tokens per thread and grid.y step (loads in flight)
 typedef struct EmbeddingParams {
   uint64_t table;       // [vocab, hidden], rows table_row_stride elements apart
   uint64_t ids;         // [tokens] i32

@@ -522,6 +522,9 @@ fn the_json_report_has_the_coverage_and_the_layers() {
         "moe_gather_vec_bf16",
         "moe_combine_vec_bf16",
         "moe_grouped_gemm_kn_swiglu_m64_bf16",
+        "embedding_vec_bf16",
+        "qembedding_q8_0_bf16",
+        "qembedding_q6_k_bf16",
     ] {
         assert!(cov.iter().any(|c| c["kernel"] == k), "{k} missing from the JSON coverage");
     }
@@ -624,4 +627,23 @@ fn a100_runs_two_attention_blocks_per_sm_at_head_dim_128() {
             assert_eq!(used[0]["blocks_per_sm"], 2, "{what} on {arch}: {used:?}");
         }
     }
+}
+
+/// The embedding lookups in the coverage model: a 4096-token prefill's gather streams at 85% of
+/// copy bandwidth or more in steady state from a dense or a packed table, and a packed table
+/// reads its packed bytes only (Q6_K's row is about 0.41 of bf16's, so the launch is shorter).
+#[test]
+fn embedding_lookups_stream_at_copy_bandwidth() {
+    use llama_kernels::dev::inspect::coverage::predict_embedding;
+    use llama_kernels::spec::quant::QuantFormat;
+    let dense = predict_embedding(4096, 4096, None).unwrap();
+    for table in [None, Some(QuantFormat::Q8_0), Some(QuantFormat::Q6_K)] {
+        let c = predict_embedding(4096, 4096, table).unwrap();
+        assert!(c.steady_fraction >= 0.85, "{table:?}: {c:?}");
+        assert!(c.memory.cover >= 1.0, "{table:?}: latency not covered: {c:?}");
+    }
+    let q6 = predict_embedding(4096, 4096, Some(QuantFormat::Q6_K)).unwrap();
+    assert!(q6.body_seconds < 0.85 * dense.body_seconds, "{q6:?} vs {dense:?}");
+    let one = predict_embedding(1, 4096, None).unwrap();
+    assert_eq!(one.bound, "launch", "a decode step's single row is launch-bound: {one:?}");
 }

@@ -35,7 +35,9 @@
 use crate::backend::{LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ffi::params::{EmbeddingParams, LLK_EMBEDDING_THREADS, LLK_QUANT_CHUNK, QEmbeddingParams};
+use crate::ffi::params::{
+    EmbeddingParams, LLK_EMBEDDING_ROWS, LLK_EMBEDDING_THREADS, LLK_QUANT_CHUNK, QEmbeddingParams,
+};
 use crate::kernels::embedding::{KERNELS, PACKED};
 use crate::launch::KernelArgs;
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
@@ -126,7 +128,7 @@ pub fn embedding_on(
     let nvec = if vectorized { hidden / v } else { hidden };
     let block = nvec.div_ceil(32).min(LLK_EMBEDDING_THREADS as usize / 32) * 32;
     let dims = LaunchDims {
-        grid: (grid_x(OP, nvec.div_ceil(block))?, tokens.min(65535) as u32, 1),
+        grid: (grid_x(OP, nvec.div_ceil(block))?, tokens.div_ceil(LLK_EMBEDDING_ROWS as usize).min(65535) as u32, 1),
         block: (block as u32, 1, 1),
         dyn_smem: 0,
     };

@@ -27,12 +27,14 @@ use super::qlinear_model::{MmaLoopPrediction, predict_mma_loop};
 use super::sass::{Sass, load_bytes_in_flight, loops};
 use super::{KernelCode, KernelResources, kernel_code};
 use crate::ffi::params::{
-    LLK_DECODE_KEYS, LLK_DECODE_ROWS_MMA, LLK_DECODE_THREADS, LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_BLOCK_N_DECODE,
-    LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE, LLK_MOE_GEMM_STAGES, LLK_MOE_GEMM_STAGES_DECODE,
-    LLK_MOE_GEMM_THREADS, LLK_MOE_ROUTE_WARPS, LLK_MOE_ROW_THREADS,
+    LLK_DECODE_KEYS, LLK_DECODE_ROWS_MMA, LLK_DECODE_THREADS, LLK_EMBEDDING_ROWS, LLK_EMBEDDING_THREADS,
+    LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_BLOCK_N_DECODE, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE,
+    LLK_MOE_GEMM_STAGES, LLK_MOE_GEMM_STAGES_DECODE, LLK_MOE_GEMM_THREADS, LLK_MOE_ROUTE_WARPS, LLK_MOE_ROW_THREADS,
+    LLK_QUANT_CHUNK,
 };
 use crate::ops::attention::{decode_smem_bytes, decode_stages, plan_splits};
 use crate::ops::moe::{padded_rows, preferred_block_m};
+use crate::spec::quant::{QuantFormat, QuantLayout};
 use crate::{DType, EmuArch};
 
 /// What one kernel's SASS gives the launch model.
@@ -332,6 +334,51 @@ pub fn predict_merge_states(tokens: usize, heads: usize, head_dim: usize) -> Res
     predict("attention merge", "paged_attention", "merge_states_bf16", shape, &l)
 }
 
+/// The embedding lookup of `tokens` ids into `hidden`-wide bf16 rows: from a dense bf16 table (the
+/// 16-byte kernel: up to 256 threads of 8 elements per row, `LLK_EMBEDDING_ROWS` rows per grid.y)
+/// or a packed one (a thread per 32-element chunk, 256 per block). Bytes: the rows read (packed: their packed bytes),
+/// the rows written, the ids.
+pub fn predict_embedding(tokens: usize, hidden: usize, packed: Option<QuantFormat>) -> Result<Covered, String> {
+    let out = (tokens * hidden * 2) as f64;
+    let threads = LLK_EMBEDDING_THREADS as usize;
+    let (kernel, row_bytes, blocks, block) = match packed {
+        None => {
+            let nvec = hidden / 8;
+            let block = nvec.div_ceil(32).min(threads / 32) * 32;
+            let row_steps = tokens.div_ceil(LLK_EMBEDDING_ROWS as usize);
+            ("embedding_vec_bf16".to_string(), (hidden * 2) as f64, row_steps * nvec.div_ceil(block), block)
+        }
+        Some(f) => {
+            let row = QuantLayout::new(f, f.default_block(), 1, hidden).map_err(|e| e.to_string())?.total_bytes();
+            let chunks = tokens * hidden / LLK_QUANT_CHUNK as usize;
+            (format!("qembedding_{}_bf16", f.name()), row as f64, chunks.div_ceil(threads), threads)
+        }
+    };
+    let read = tokens as f64 * row_bytes;
+    // A gather's first load is the token id, whose value is only the address of the row loads
+    // (and which the warp's lanes share, from L1 after the first): the DRAM bytes a thread keeps
+    // in flight are its 128-bit row loads before its first store, read from the SASS.
+    let code = kernel_code("embedding", &kernel)?.code;
+    let first_store = code.iter().position(|i| i.base() == "STG").unwrap_or(code.len());
+    let row_loads: usize = code[..first_store]
+        .iter()
+        .filter(|i| i.base() == "LDG" && i.op.contains(".128"))
+        .map(|i| lane_bytes(i) as usize)
+        .sum();
+    let l = LaunchShape {
+        counted_bytes: read + out + 4.0 * tokens as f64,
+        read_bytes: read,
+        extra_bytes: 0.0,
+        blocks: blocks.max(1) as f64,
+        threads: block as u32,
+        dyn_smem: 0,
+        in_flight_per_block: Some((row_loads * block) as f64),
+        t_tensor: 0.0,
+    };
+    let table = packed.map_or("bf16".to_string(), |f| f.name().to_string());
+    predict("embedding", "embedding", &kernel, format!("{tokens} ids x {hidden}, {table} table"), &l)
+}
+
 /// An MoE layer's shape (Llama 4 Scout: hidden 5120, 16 experts top-1, expert and shared
 /// intermediate 8192).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -531,6 +578,11 @@ pub fn coverage() -> Vec<Result<Covered, String>> {
     for (tokens, fp8) in [(128, false), (128, true), (4096, false)] {
         v.push(predict_kv_append(tokens, 8, 128, fp8));
     }
+    for tokens in [1, 4096] {
+        for table in [None, Some(QuantFormat::Q8_0), Some(QuantFormat::Q6_K)] {
+            v.push(predict_embedding(tokens, 4096, table));
+        }
+    }
     for tokens in [1, 128, 4096] {
         match predict_moe(&scout_moe(tokens)) {
             Ok(all) => v.extend(all.into_iter().map(Ok)),
@@ -543,7 +595,7 @@ pub fn coverage() -> Vec<Result<Covered, String>> {
 /// The coverage section of the text report.
 pub fn coverage_text() -> String {
     let mut s = String::from(
-        "More kernels (decode attention, kv_append, MoE) -- a MODEL, not a measurement: each launch in the\n\
+        "More kernels (decode attention, kv_append, merge, embedding, MoE) -- a MODEL, not a measurement: each launch in the\n\
          calibrated memory model (copy bandwidth, loads in flight, issue slots per loaded byte of the main\n\
          loop) plus a tensor term for HMMA work, and the 4 us launch. Decode: bytes = K/V pages read; splits\n\
          from the op's planner. Grouped GEMM: each active expert's weight read once, FLOP on padded rows at\n\
