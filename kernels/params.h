@@ -626,6 +626,16 @@ typedef enum LlkSelftestVariant {
   LLK_SELFTEST_PLANTED_BUG = 1,  // with the bug the test must catch (missing barrier, ...)
 } LlkSelftestVariant;
 
+// selftest_wgmma's input, in 32-bit words: a header (word 0 the case, then the operands' swizzle,
+// leading and stride byte offsets, accumulate, image bytes, A and B offsets, issues, planted bug:
+// see kernels/selftest.cu), the accumulators at LLK_WGMMA_TEST_C ([128][N/2] f32), the A
+// fragments at LLK_WGMMA_TEST_A ([128][4]), the shared-memory image at LLK_WGMMA_TEST_IMAGE (up to
+// LLK_WGMMA_TEST_SMEM bytes, its dynamic shared memory). Output: [128][N/2] f32 accumulators.
+#define LLK_WGMMA_TEST_C 16
+#define LLK_WGMMA_TEST_A 16400
+#define LLK_WGMMA_TEST_IMAGE 16912
+#define LLK_WGMMA_TEST_SMEM 49152
+
 typedef struct SelftestParams {
   uint64_t input;  // [n] f32 (kernel-specific meaning)
   uint64_t out;    // [n] f32 or i32 (kernel-specific meaning)

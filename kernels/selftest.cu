@@ -9,6 +9,7 @@
 #include "common/llk.cuh"
 #include "common/ptx.cuh"
 #include "common/fp8.cuh"
+#include "common/wgmma.cuh"
 
 namespace {
 
@@ -304,6 +305,64 @@ __device__ void cp_async_kernel(const SelftestParams& p) {
   for (int j = 0; j < 4; ++j) out[lane * 4 + j] = buf[lane * 4 + j];
 }
 
+// wgmma.mma_async through kernels/common/wgmma.cuh, one warpgroup (see LLK_WGMMA_TEST_* in
+// params.h for the input). Header words: 0 case (the template arguments below), 1-3 A's
+// swizzle, leading and stride byte offsets, 4-6 B's, 7 accumulate, 8 image bytes, 9 and 10 the
+// byte offsets of A and B in shared memory, 11 issues (1, or 2 chained on one accumulator, the
+// second accumulating), 12 the planted bug: 1 no wgmma.fence; 2 an accumulator written before
+// the wait; 3 an A register written before it; 4 an accumulator read before it; 5 thread 5's
+// B descriptor differs; 6 a non-zero matrix base offset; 7 B's shared memory overwritten before
+// the wait; 8 no wait before the exit.
+template <class T, int N, bool RS, bool TRANS_A, bool TRANS_B>
+__device__ void wgmma_case(const SelftestParams& p) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p.input);
+  float* out = reinterpret_cast<float*>(p.out);
+  LLK_DYN_SMEM(smem);
+  const int t = int(threadIdx.x);
+  const uint32_t words = w[8] / 4;
+  for (uint32_t i = uint32_t(t); i < words; i += blockDim.x)
+    reinterpret_cast<uint32_t*>(smem)[i] = w[LLK_WGMMA_TEST_IMAGE + i];
+  __syncthreads();
+  const int bug = p.variant == LLK_SELFTEST_PLANTED_BUG ? int(w[12]) : 0;
+  float d[N / 2];
+  for (int i = 0; i < N / 2; ++i) d[i] = __uint_as_float(w[LLK_WGMMA_TEST_C + t * (N / 2) + i]);
+  uint32_t a[4];
+  for (int r = 0; r < 4; ++r) a[r] = w[LLK_WGMMA_TEST_A + 4 * t + r];
+  uint64_t da = llk::wgmma_desc(smem + w[9], w[2], w[3], llk::WgmmaSwizzle(w[1]));
+  uint64_t db = llk::wgmma_desc(smem + w[10], w[5], w[6], llk::WgmmaSwizzle(w[4]));
+  if (bug == 5 && t == 5) db += 1;
+  if (bug == 6) da |= uint64_t(1) << 49, db |= uint64_t(1) << 49;
+  if (bug != 1) llk::wgmma_fence();
+  for (uint32_t k = 0; k < w[11]; ++k) {
+    if constexpr (RS)
+      llk::wgmma_rs<T, N, TRANS_B>(d, a, db, w[7] != 0 || k > 0);
+    else
+      llk::wgmma_ss<T, N, TRANS_A, TRANS_B>(d, da, db, w[7] != 0 || k > 0);
+  }
+  llk::wgmma_commit();
+  float early = 0.f;
+  if (bug == 2) d[0] = 1.f;
+  if (bug == 3) a[0] ^= 1u;
+  if (bug == 4) early = d[1];
+  if (bug == 7 && t == 0) smem[w[10]] ^= 0x40;
+  if (bug != 8) llk::wgmma_wait<0>(d);
+  d[1] += early;
+  for (int i = 0; i < N / 2; ++i) out[t * (N / 2) + i] = d[i];
+}
+
+// The cases: the two products of attention (S = Q K^T: both K-major; O = P V: A from registers,
+// B N-major), both transposes at the smallest N, the largest N, and an N that is no power of 2.
+__device__ void wgmma_kernel(const SelftestParams& p) {
+  switch (reinterpret_cast<const uint32_t*>(p.input)[0]) {
+    case 0: wgmma_case<__nv_bfloat16, 64, false, false, false>(p); break;
+    case 1: wgmma_case<__nv_bfloat16, 64, true, false, true>(p); break;
+    case 2: wgmma_case<__half, 8, false, true, true>(p); break;
+    case 3: wgmma_case<__nv_bfloat16, 256, false, false, true>(p); break;
+    case 4: wgmma_case<__half, 24, true, false, false>(p); break;
+    default: __trap();
+  }
+}
+
 }  // namespace
 
 // out[i] = 1 for i < n (block-strided). The bug: thread 0 also writes out[n + in[0]] (in[0] an
@@ -360,6 +419,7 @@ __device__ void fp8_convert_kernel(const Fp8ConvertParams& p) {
   X(selftest_bounded_fill, SelftestParams, (128, 4), (bounded_fill_kernel))             \
   X(selftest_fast_math, SelftestParams, (1024), (fast_math_kernel))                       \
   X(selftest_byte_perm, SelftestParams, (1024), (byte_perm_kernel))                       \
+  X(selftest_wgmma, SelftestParams, (128), (wgmma_kernel))                                \
   X(fp8_e4m3_convert, Fp8ConvertParams, (256), (fp8_convert_kernel))
 
 LLK_EXPORT_KERNELS(selftest, SELFTEST_KERNELS)

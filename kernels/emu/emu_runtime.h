@@ -58,8 +58,9 @@
 // static array that walks past its end is not caught). Alignment is checked by the PTX wrappers
 // and llk.cuh's vector accesses, not by a kernel's own casts to uint4 or float4. Divergent barriers are told apart by source line only (two calls of
 // one helper look alike). Partial-mask warp operations are reported as unsupported. Fibers use
-// x86-64 context switching only. Hopper-only instructions (wgmma, TMA, mbarrier) are not
-// modelled. Abandoned fibers of a failed block do not run their destructors.
+// x86-64 context switching only. wgmma.mma_async and its fence/commit/wait are modelled in
+// emu_wgmma.h (with its own limits); TMA and mbarrier are not. Abandoned fibers of a failed
+// block do not run their destructors.
 #pragma once
 #ifdef __CUDACC__
 #error "emu_runtime.h is for host (non-nvcc) builds only"
@@ -75,6 +76,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -660,9 +662,16 @@ inline void cp_async_wait(int n) {  // complete every committed group except the
   q.resize(k);
 }
 
+}  // namespace llk_emu
+
+#include "emu_wgmma.h"
+
+namespace llk_emu {
+
 [[noreturn]] inline void fiber_exit() {
   Worker* w = tl_worker;
   Fiber* f = w->cur;
+  wgmma_thread_exit(w, f);
   f->state = DONE;
   --w->nlive;
   Warp& wp = w->warps[f->warp];
@@ -699,6 +708,7 @@ inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
   if (cfg.dyn_smem_bytes + kDynSmemRedZone <= kMaxDynSmem)
     memset(dyn_smem() + cfg.dyn_smem_bytes, kDynSmemPoison, kDynSmemRedZone);
   w->fibers.resize(size_t(n));
+  wgmma_block_start(n, cfg.dyn_smem_bytes);
   const int nw = (n + 31) / 32;
   w->warps.resize(size_t(nw));
   for (int i = 0; i < nw; ++i) {

@@ -8,13 +8,23 @@
 use crate::backend::{Device, KernelRef, LaunchDims, Target};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ffi::params::{Fp8ConvertParams, LlkSelftestVariant, SelftestParams};
+use crate::ffi::params::{
+    Fp8ConvertParams, LLK_WGMMA_TEST_A, LLK_WGMMA_TEST_C, LLK_WGMMA_TEST_IMAGE, LLK_WGMMA_TEST_SMEM,
+    LlkSelftestVariant, SelftestParams,
+};
 use crate::launch::KernelArgs;
 use crate::launch::{check_dtype, grid_x, to_i64};
 use crate::tensor::Tensor;
 
 /// Threads per block of `selftest_stencil` (kBlock in kernels/selftest.cu).
 pub const STENCIL_BLOCK: usize = 256;
+
+/// Where `selftest_wgmma`'s input puts each part, in 32-bit words (kernels/params.h): the
+/// accumulators, the A fragments and the shared-memory image; and the image's size in bytes.
+pub const WGMMA_ACCUMULATORS: usize = LLK_WGMMA_TEST_C as usize;
+pub const WGMMA_A_FRAGMENTS: usize = LLK_WGMMA_TEST_A as usize;
+pub const WGMMA_IMAGE: usize = LLK_WGMMA_TEST_IMAGE as usize;
+pub const WGMMA_SMEM_BYTES: usize = LLK_WGMMA_TEST_SMEM as usize;
 
 /// Which version of a self-test kernel to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +80,11 @@ pub enum Kernel {
     /// `__byte_perm(x, y, s & 0x7777)`, the bf16 pair sum of x and y and `llk::prmt(x, y, s)`
     /// (`prmt.b32`, sign replication included; `in: f32 [n][x, y, s]` as bits, `out: i32 [n][3]`).
     BytePerm,
+    /// One warpgroup's `wgmma.mma_async` (one block of 128 threads, dynamic shared memory
+    /// `LLK_WGMMA_TEST_SMEM`): `in: f32 [LLK_WGMMA_TEST_IMAGE + LLK_WGMMA_TEST_SMEM / 4]` as bits
+    /// (header, accumulators, A fragments, shared-memory image: kernels/params.h),
+    /// `out: f32 [128][N/2]`. Needs an sm_90a build on a GPU (the prebuilt sm_90 code traps).
+    Wgmma,
 }
 
 impl Kernel {
@@ -92,9 +107,10 @@ impl Kernel {
             Kernel::BoundedFill => "selftest_bounded_fill",
             Kernel::FastMath => "selftest_fast_math",
             Kernel::BytePerm => "selftest_byte_perm",
+            Kernel::Wgmma => "selftest_wgmma",
         }
     }
-    pub const ALL: [Kernel; 17] = [
+    pub const ALL: [Kernel; 18] = [
         Kernel::Stencil,
         Kernel::Deadlock,
         Kernel::DivergentBarrier,
@@ -112,6 +128,7 @@ impl Kernel {
         Kernel::BoundedFill,
         Kernel::FastMath,
         Kernel::BytePerm,
+        Kernel::Wgmma,
     ];
     /// Warp-level PTX checks: one warp, fixed input and output sizes (in, out elements).
     fn fixed_io(self) -> Option<(usize, usize)> {
@@ -119,6 +136,7 @@ impl Kernel {
             Kernel::MmaBf16 | Kernel::MmaF16 => Some((512, 128)),
             Kernel::Ldmatrix => Some((256, 6 * 32 * 4)),
             Kernel::CpAsync => Some((128, 128)),
+            Kernel::Wgmma => Some(((LLK_WGMMA_TEST_IMAGE + LLK_WGMMA_TEST_SMEM / 4) as usize, 128 * 128)),
             _ => None,
         }
     }
@@ -165,6 +183,7 @@ pub fn launch_with_dyn_smem(
     }
     let (block, threads) = match kernel {
         Kernel::Stencil => (STENCIL_BLOCK, threads),
+        Kernel::Wgmma => (128, 128),
         k if k.fixed_io().is_some() => (32, 32),
         _ => (block, threads),
     };
@@ -241,6 +260,7 @@ pub fn launch_with_dyn_smem(
         dyn_smem: match dyn_smem {
             Some(bytes) => bytes,
             None if matches!(kernel, Kernel::DynSmem | Kernel::Guards) => (block * 4) as u32,
+            None if kernel == Kernel::Wgmma => LLK_WGMMA_TEST_SMEM,
             None => 0,
         },
     };
