@@ -636,6 +636,18 @@ typedef enum LlkSelftestVariant {
 #define LLK_WGMMA_TEST_IMAGE 16912
 #define LLK_WGMMA_TEST_SMEM 49152
 
+// selftest_mbarrier's input, in 32-bit words: a header (tiles, stages, copies per tile, planted
+// bug: see kernels/selftest.cu), then tiles x LLK_MBARRIER_TEST_TILE f32 from word
+// LLK_MBARRIER_TEST_DATA. One block: a producer warp and LLK_MBARRIER_TEST_TILE consumer threads;
+// dynamic shared memory LLK_MBARRIER_TEST_SMEM bytes (barriers, then the stages). Output:
+// [tiles][LLK_MBARRIER_TEST_TILE] f32, out[i][c] = 2 tile[i][c] + i.
+#define LLK_MBARRIER_TEST_DATA 16
+#define LLK_MBARRIER_TEST_TILE 64
+#define LLK_MBARRIER_TEST_MAX_TILES 16
+#define LLK_MBARRIER_TEST_MAX_STAGES 4
+#define LLK_MBARRIER_TEST_STAGES_AT 128
+#define LLK_MBARRIER_TEST_SMEM 2048
+
 typedef struct SelftestParams {
   uint64_t input;  // [n] f32 (kernel-specific meaning)
   uint64_t out;    // [n] f32 or i32 (kernel-specific meaning)

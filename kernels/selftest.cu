@@ -9,6 +9,7 @@
 #include "common/llk.cuh"
 #include "common/ptx.cuh"
 #include "common/fp8.cuh"
+#include "common/mbarrier.cuh"
 #include "common/wgmma.cuh"
 
 namespace {
@@ -312,7 +313,7 @@ __device__ void cp_async_kernel(const SelftestParams& p) {
 // second accumulating), 12 the planted bug: 1 no wgmma.fence; 2 an accumulator written before
 // the wait; 3 an A register written before it; 4 an accumulator read before it; 5 thread 5's
 // B descriptor differs; 6 a non-zero matrix base offset; 7 B's shared memory overwritten before
-// the wait; 8 no wait before the exit.
+// the wait; 8 no wait before the exit; 9 no fence.proxy.async after the shared-memory stores.
 template <class T, int N, bool RS, bool TRANS_A, bool TRANS_B>
 __device__ void wgmma_case(const SelftestParams& p) {
   const uint32_t* w = reinterpret_cast<const uint32_t*>(p.input);
@@ -322,8 +323,9 @@ __device__ void wgmma_case(const SelftestParams& p) {
   const uint32_t words = w[8] / 4;
   for (uint32_t i = uint32_t(t); i < words; i += blockDim.x)
     reinterpret_cast<uint32_t*>(smem)[i] = w[LLK_WGMMA_TEST_IMAGE + i];
-  __syncthreads();
   const int bug = p.variant == LLK_SELFTEST_PLANTED_BUG ? int(w[12]) : 0;
+  if (bug != 9) llk::fence_proxy_async();  // the stores above, to wgmma's async-proxy reads
+  __syncthreads();
   float d[N / 2];
   for (int i = 0; i < N / 2; ++i) d[i] = __uint_as_float(w[LLK_WGMMA_TEST_C + t * (N / 2) + i]);
   uint32_t a[4];
@@ -360,6 +362,60 @@ __device__ void wgmma_kernel(const SelftestParams& p) {
     case 3: wgmma_case<__nv_bfloat16, 256, false, false, true>(p); break;
     case 4: wgmma_case<__half, 24, true, false, false>(p); break;
     default: __trap();
+  }
+}
+
+// A producer/consumer pipeline through a ring of shared-memory stages (LLK_MBARRIER_TEST_* in
+// params.h): lane 0 of warp 0 fills stage i % stages with tile i by bulk copies, announced on the
+// stage's "full" barrier (arrive.expect_tx); the consumers wait for it, use the tile and arrive
+// on the stage's "empty" barrier, which the producer waits for before it refills the stage.
+// Header words: 0 tiles, 1 stages, 2 copies per tile (1 or 2), 3 the planted bug: 1 expects 16
+// bytes more than the copies move; 2 expects one copy's bytes of two; 3 the consumers do not
+// wait for a full stage; 4 the producer does not wait for an empty one; 5 stage 0's full
+// barrier is never initialized; 6 the producer arrives twice; 7 copies of 8 bytes.
+__device__ void mbarrier_kernel(const SelftestParams& p) {
+  constexpr int kTile = LLK_MBARRIER_TEST_TILE;
+  constexpr uint32_t kBytes = kTile * sizeof(float);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p.input);
+  const float* data = reinterpret_cast<const float*>(p.input) + LLK_MBARRIER_TEST_DATA;
+  float* out = reinterpret_cast<float*>(p.out);
+  LLK_DYN_SMEM(smem);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* empty = full + LLK_MBARRIER_TEST_MAX_STAGES;
+  float* stages = reinterpret_cast<float*>(smem + LLK_MBARRIER_TEST_STAGES_AT);
+  const int tiles = int(min(w[0], uint32_t(LLK_MBARRIER_TEST_MAX_TILES)));
+  const int nstages = int(max(1u, min(w[1], uint32_t(LLK_MBARRIER_TEST_MAX_STAGES))));
+  const uint32_t copies = w[2] == 2 ? 2 : 1;
+  const int bug = p.variant == LLK_SELFTEST_PLANTED_BUG ? int(w[3]) : 0;
+  const int t = int(threadIdx.x);
+  if (t == 0) {
+    for (int s = 0; s < nstages; ++s) {
+      if (bug != 5 || s != 0) llk::mbarrier_init(&full[s], 1);
+      llk::mbarrier_init(&empty[s], kTile);
+    }
+    llk::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (t < 32) {  // the producer warp
+    if (t != 0) return;
+    const uint32_t part = bug == 7 ? 8 : kBytes / copies;
+    for (int i = 0; i < tiles; ++i) {
+      const int s = i % nstages;
+      const uint32_t round = uint32_t(i / nstages);
+      if (round > 0 && bug != 4) llk::mbarrier_wait(&empty[s], (round - 1) & 1);
+      llk::mbarrier_arrive_expect_tx(&full[s], bug == 1 ? kBytes + 16 : bug == 2 ? kBytes / 2 : kBytes);
+      if (bug == 6) llk::mbarrier_arrive(&full[s]);
+      for (uint32_t c = 0; c < copies; ++c)
+        llk::bulk_copy_to_shared(stages + s * kTile + c * part / 4, data + i * kTile + c * part / 4, part, &full[s]);
+    }
+    return;
+  }
+  const int c = t - 32;  // a consumer: one element of each tile
+  for (int i = 0; i < tiles; ++i) {
+    const int s = i % nstages;
+    if (bug != 3) llk::mbarrier_wait(&full[s], uint32_t(i / nstages) & 1);
+    out[i * kTile + c] = stages[s * kTile + c] * 2.f + float(i);
+    llk::mbarrier_arrive(&empty[s]);
   }
 }
 
@@ -420,6 +476,7 @@ __device__ void fp8_convert_kernel(const Fp8ConvertParams& p) {
   X(selftest_fast_math, SelftestParams, (1024), (fast_math_kernel))                       \
   X(selftest_byte_perm, SelftestParams, (1024), (byte_perm_kernel))                       \
   X(selftest_wgmma, SelftestParams, (128), (wgmma_kernel))                                \
+  X(selftest_mbarrier, SelftestParams, (32 + LLK_MBARRIER_TEST_TILE), (mbarrier_kernel))  \
   X(fp8_e4m3_convert, Fp8ConvertParams, (256), (fp8_convert_kernel))
 
 LLK_EXPORT_KERNELS(selftest, SELFTEST_KERNELS)

@@ -486,3 +486,18 @@ fn packed_gemm_runs_on_tensor_cores_from_dequantized_shared_tiles() {
         assert!(!ops.iter().any(|o| o.starts_with("LDL") || o.starts_with("STL")), "{name}: local memory");
     }
 }
+
+#[test]
+fn the_mbarrier_pipeline_compiles_to_bulk_copies_and_transaction_barriers_at_sm_90() {
+    // What the emulator models must be what the GPU runs: the selftest pipeline's PTX becomes
+    // the bulk-copy unit (UBLKCP), transaction-count arrivals and phase checks (SYNCS), and the
+    // async-proxy fence of the wgmma test (FENCE.VIEW.ASYNC.S); no trap stub.
+    let funcs = per_function(&sass("selftest"));
+    let ops = |name: &str| funcs.iter().find(|(n, _)| n == name).map(|(_, o)| o.clone()).unwrap_or_default();
+    let pipeline = ops("selftest_mbarrier");
+    for want in ["UBLKCP.S.G", "SYNCS.ARRIVE.TRANS64.A1T0", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "SYNCS.EXCH.64"] {
+        assert!(pipeline.iter().any(|o| o == want), "selftest_mbarrier lacks {want}");
+    }
+    assert!(!pipeline.iter().any(|o| o == "BPT.TRAP"), "selftest_mbarrier traps at sm_90");
+    assert!(ops("selftest_wgmma").iter().any(|o| o == "FENCE.VIEW.ASYNC.S"), "selftest_wgmma lacks the proxy fence");
+}

@@ -235,6 +235,10 @@ fn wgmma_misuse_is_reported_with_the_source_line() {
         (ss, 5, "kernel trap", &["different wgmma.mma_async", "thread (5,0,0)"][..]),
         (ss, 6, "unsupported operation", &["non-zero matrix base offset"][..]),
         (ss, 8, "kernel trap", &["not waited for"][..]),
+        (ss, 9, "kernel trap", &["wgmma.mma_async reads shared memory", "fence.proxy.async", "selftest.cu:"][..]),
+        // B's shared memory stored to while the op is in flight: the async proxy's read at the
+        // latest completion sees the store without a fence.
+        (ss, 7, "kernel trap", &["fence.proxy.async", "in flight"][..]),
     ] {
         let input = planted(case, bug);
         run(&timed(CpAsyncTiming::AtWait), Variant::Correct, &input)
@@ -249,12 +253,13 @@ fn wgmma_misuse_is_reported_with_the_source_line() {
 }
 
 #[test]
-fn reading_or_overwriting_operands_before_the_wait_shows_up_between_completion_timings() {
-    // Bug 4 reads an accumulator before the wait (NaN at the latest completion, the product at
-    // the earliest); bug 7 changes B's shared memory before it (the product of one or the other
-    // B). Neither is an error, and each changes the result with the timing: the schedules test
-    // that the ops run under sees it.
-    for bug in [4, 7] {
+fn reading_an_accumulator_before_the_wait_shows_up_between_completion_timings() {
+    // Bug 4 reads an accumulator before the wait: NaN at the latest completion, the product at
+    // the earliest. It is no error, and it changes the result with the timing: the schedules
+    // test that the ops run under sees it. (Bug 7, B's shared memory stored to before the wait,
+    // lands at the earliest completion and is reported at the latest: see above.)
+    {
+        let bug = 4;
         let input = planted(CASES[0], bug);
         let correct = run(&timed(CpAsyncTiming::AtWait), Variant::Correct, &input).unwrap();
         assert!(correct == run(&timed(CpAsyncTiming::AtIssue), Variant::Correct, &input).unwrap(), "bug {bug}'s case");
@@ -262,9 +267,7 @@ fn reading_or_overwriting_operands_before_the_wait_shows_up_between_completion_t
         let early = run(&timed(CpAsyncTiming::AtIssue), Variant::PlantedBug, &input).unwrap();
         let differ = late.iter().zip(&early).filter(|(a, b)| a != b).count();
         assert!(differ > 0, "bug {bug}: both timings agree");
-        if bug == 4 {
-            let d1_nan = late.iter().skip(1).step_by(32).all(|&v| f32::from_bits(v).is_nan());
-            assert!(d1_nan, "d[1] read before the wait is NaN at the latest completion");
-        }
+        let d1_nan = late.iter().skip(1).step_by(32).all(|&v| f32::from_bits(v).is_nan());
+        assert!(d1_nan, "d[1] read before the wait is NaN at the latest completion");
     }
 }

@@ -16,32 +16,12 @@
 // emulation runtime's model on the host (kernels/emu/emu_wgmma.h, which documents what it
 // models and what not).
 #pragma once
-#include "llk.cuh"
-
-#if defined(__CUDACC__)
-#define LLK_CALL_SITE
-#define LLK_CALL_SITE_ARGS nullptr, 0
-#else
-// The emulator names the kernel's source line in its reports.
-#define LLK_CALL_SITE , const char *call_file = __builtin_FILE(), int call_line = __builtin_LINE()
-#define LLK_CALL_SITE_ARGS call_file, call_line
-#endif
+#include "async_proxy.cuh"
 
 namespace llk {
 
 // The swizzle of a descriptor operand, with the descriptor's own encoding (bits 62-63).
 enum class WgmmaSwizzle : uint64_t { None = 0, B128 = 1, B64 = 2, B32 = 3 };
-
-// The shared-window address of a pointer into shared memory.
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-#if defined(__CUDA_ARCH__)
-  return uint32_t(__cvta_generic_to_shared(p));
-#elif !defined(__CUDACC__)
-  return llk_emu::shared_address(p);
-#else
-  return 0;
-#endif
-}
 
 // The 64-bit matrix descriptor of an operand at `smem` (16-byte aligned; a swizzled tile at a
 // multiple of its pattern, 8 rows x the swizzle width, as the base offset is left 0). In bytes:

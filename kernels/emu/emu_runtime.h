@@ -59,7 +59,8 @@
 // and llk.cuh's vector accesses, not by a kernel's own casts to uint4 or float4. Divergent barriers are told apart by source line only (two calls of
 // one helper look alike). Partial-mask warp operations are reported as unsupported. Fibers use
 // x86-64 context switching only. wgmma.mma_async and its fence/commit/wait are modelled in
-// emu_wgmma.h (with its own limits); TMA and mbarrier are not. Abandoned fibers of a failed
+// emu_wgmma.h, mbarriers, 1-D bulk copies and fence.proxy.async in emu_async.h (each with its
+// own limits); tensor copies (TMA with tensor maps), named barriers and setmaxnreg are not. Abandoned fibers of a failed
 // block do not run their destructors.
 #pragma once
 #ifdef __CUDACC__
@@ -134,7 +135,7 @@ inline constexpr uint64_t smem_per_block_limit(uint32_t arch) {
 }
 static_assert(smem_per_block_limit(90) == kMaxDynSmem, "the dynamic shared memory buffer covers every architecture");
 
-enum FiberState : int { RUNNABLE = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3, FAILED = 4 };
+enum FiberState : int { RUNNABLE = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3, FAILED = 4, WAIT_MBARRIER = 5 };
 
 struct CpCopy {
   void* dst;
@@ -187,7 +188,7 @@ struct Worker {
   uintptr_t params_lo = 0, params_end = 0;
   size_t params_bytes = 0;
   LlkEmuStatus status = LLK_EMU_OK;  // first failure seen in the current block
-  char message[400] = {0};
+  char message[500] = {0};
 
   ~Worker() { unmap_stacks(); }
   void unmap_stacks() {
@@ -664,6 +665,7 @@ inline void cp_async_wait(int n) {  // complete every committed group except the
 
 }  // namespace llk_emu
 
+#include "emu_async.h"
 #include "emu_wgmma.h"
 
 namespace llk_emu {
@@ -709,6 +711,7 @@ inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
     memset(dyn_smem() + cfg.dyn_smem_bytes, kDynSmemPoison, kDynSmemRedZone);
   w->fibers.resize(size_t(n));
   wgmma_block_start(n, cfg.dyn_smem_bytes);
+  async_block_start(n, cfg.dyn_smem_bytes, 0xff);
   const int nw = (n + 31) / 32;
   w->warps.resize(size_t(nw));
   for (int i = 0; i < nw; ++i) {
@@ -744,8 +747,8 @@ inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
   w->rng.seed(cfg.seed * 0x9E3779B97F4A7C15ull + lin);
   const bool warp_serial = mode == LLK_EMU_WARP_SERIAL || mode == LLK_EMU_WARP_SERIAL_REVERSE;
   while (w->nlive > 0) {
-    if (mode == LLK_EMU_RANDOM) std::shuffle(w->order.begin(), w->order.end(), w->rng);
     bool progressed = false;
+    if (mode == LLK_EMU_RANDOM) std::shuffle(w->order.begin(), w->order.end(), w->rng);
     int lo = 0, hi = n;  // the fibers this round may run
     if (warp_serial) {
       for (int k = 0; k < nw; ++k) {
@@ -775,19 +778,31 @@ inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
       }
       if (w->status != LLK_EMU_OK) return false;
     }
+    if (!progressed && bulk_copies_land_at_stall(w)) {
+      if (w->status != LLK_EMU_OK) return false;
+      continue;
+    }
     if (!progressed) {
-      int at_bar = 0, at_warp = 0;
+      int at_bar = 0, at_warp = 0, at_mbar = 0;
       for (auto& f : w->fibers) {
         at_bar += f.state == WAIT_BLOCK;
         at_warp += f.state == WAIT_WARP;
+        at_mbar += f.state == WAIT_MBARRIER;
       }
+      char detail[240];
+      async_deadlock_detail(detail, sizeof detail);
       w->status = LLK_EMU_DEADLOCK;
       snprintf(w->message, sizeof w->message,
                "deadlock in block (%u,%u,%u): %d threads wait at __syncthreads (%s:%d), %d at warp operations, "
-               "%d exited",
-               bid.x, bid.y, bid.z, at_bar, w->bar_file ? w->bar_file : "-", w->bar_line, at_warp, n - w->nlive);
+               "%d at mbarriers, %d exited%s",
+               bid.x, bid.y, bid.z, at_bar, w->bar_file ? w->bar_file : "-", w->bar_line, at_warp, at_mbar,
+               n - w->nlive, detail);
       return false;
     }
+  }
+  if (!async_block_end(w->message, sizeof w->message)) {
+    w->status = LLK_EMU_KERNEL_TRAP;
+    return false;
   }
   if (cfg.dyn_smem_bytes + kDynSmemRedZone <= kMaxDynSmem) {
     const unsigned char* red = dyn_smem() + cfg.dyn_smem_bytes;

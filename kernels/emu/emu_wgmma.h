@@ -41,8 +41,10 @@
 //     ISA asks for a fence only where a register was touched in between; this rule is the
 //     stricter, checkable form. A thread that exits with operations not waited for is reported.
 //
-// Not modelled: fence.proxy.async (the generic proxy's shared-memory writes are visible to
-// wgmma without it here), sparse and integer/fp8/tf32 forms, f16 accumulators, scale-a/scale-b
+//   * Operands are read through the async proxy (emu_async.h): shared memory written by ordinary
+//     stores needs a fence.proxy.async before the wgmma that reads it (at its completion).
+//
+// Not modelled: sparse and integer/fp8/tf32 forms, f16 accumulators, scale-a/scale-b
 // of -1, .sp, and the hardware's summation order (the 16 products are added in k order with f32
 // fmas from zero, then D is added: compare with the GPU by tolerance).
 #pragma once
@@ -109,15 +111,6 @@ inline int fiber_index(Worker* w, Fiber* f) { return int(f - w->fibers.data()); 
   fail(s, what, in.file, in.line);
 }
 
-// The shared address of a pointer into the launch's dynamic shared memory.
-inline uint32_t shared_address(const void* p) {
-  const uintptr_t base = reinterpret_cast<uintptr_t>(dyn_smem()), a = reinterpret_cast<uintptr_t>(p);
-  if (a < base || a >= base + kMaxDynSmem)
-    fail(LLK_EMU_UNSUPPORTED, "a shared-memory address outside dynamic shared memory (static __shared__ operands of "
-                              "wgmma/TMA are not emulated)");
-  return uint32_t(a - base);
-}
-
 // One 16-bit element of a descriptor operand: row/column `mn` of the M or N extent, `k` of 16.
 inline uint16_t wgmma_element(const WgmmaInstr& in, uint64_t desc, bool mn_major, int mn, int k) {
   const uint32_t start = uint32_t(desc & 0x3fff) << 4, lbo = uint32_t(desc >> 16 & 0x3fff) << 4,
@@ -140,6 +133,7 @@ inline uint16_t wgmma_element(const WgmmaInstr& in, uint64_t desc, bool mn_major
   addr ^= ((addr >> 7) & ((1u << bits) - 1)) << 4;
   if (uint64_t(addr) + 2 > tl_wgmma.dyn_smem_bytes)
     wgmma_fail(LLK_EMU_MEMORY_FAULT, "wgmma operand outside the launch's dynamic shared memory", in);
+  async_proxy_read(addr, 2, "wgmma.mma_async", in.file, in.line);
   uint16_t v;
   memcpy(&v, dyn_smem() + addr, 2);
   return v;

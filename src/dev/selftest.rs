@@ -9,8 +9,9 @@ use crate::backend::{Device, KernelRef, LaunchDims, Target};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
-    Fp8ConvertParams, LLK_WGMMA_TEST_A, LLK_WGMMA_TEST_C, LLK_WGMMA_TEST_IMAGE, LLK_WGMMA_TEST_SMEM,
-    LlkSelftestVariant, SelftestParams,
+    Fp8ConvertParams, LLK_MBARRIER_TEST_DATA, LLK_MBARRIER_TEST_MAX_STAGES, LLK_MBARRIER_TEST_MAX_TILES,
+    LLK_MBARRIER_TEST_SMEM, LLK_MBARRIER_TEST_TILE, LLK_WGMMA_TEST_A, LLK_WGMMA_TEST_C, LLK_WGMMA_TEST_IMAGE,
+    LLK_WGMMA_TEST_SMEM, LlkSelftestVariant, SelftestParams,
 };
 use crate::launch::KernelArgs;
 use crate::launch::{check_dtype, grid_x, to_i64};
@@ -25,6 +26,14 @@ pub const WGMMA_ACCUMULATORS: usize = LLK_WGMMA_TEST_C as usize;
 pub const WGMMA_A_FRAGMENTS: usize = LLK_WGMMA_TEST_A as usize;
 pub const WGMMA_IMAGE: usize = LLK_WGMMA_TEST_IMAGE as usize;
 pub const WGMMA_SMEM_BYTES: usize = LLK_WGMMA_TEST_SMEM as usize;
+/// `Kernel::Mbarrier`: the first input word of the tiles, the floats of one tile, at most so many
+/// tiles, stages.
+pub const MBARRIER_DATA: usize = LLK_MBARRIER_TEST_DATA as usize;
+pub const MBARRIER_TILE: usize = LLK_MBARRIER_TEST_TILE as usize;
+pub const MBARRIER_MAX_TILES: usize = LLK_MBARRIER_TEST_MAX_TILES as usize;
+pub const MBARRIER_MAX_STAGES: usize = LLK_MBARRIER_TEST_MAX_STAGES as usize;
+const MBARRIER_INPUT_WORDS: usize = MBARRIER_DATA + MBARRIER_MAX_TILES * MBARRIER_TILE;
+const MBARRIER_BLOCK: usize = 32 + MBARRIER_TILE;
 
 /// Which version of a self-test kernel to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +94,11 @@ pub enum Kernel {
     /// (header, accumulators, A fragments, shared-memory image: kernels/params.h),
     /// `out: f32 [128][N/2]`. Needs an sm_90a build on a GPU (the prebuilt sm_90 code traps).
     Wgmma,
+    /// A producer/consumer pipeline on mbarriers and bulk copies (one block of 96 threads,
+    /// dynamic shared memory `LLK_MBARRIER_TEST_SMEM`): `in: f32 [LLK_MBARRIER_TEST_DATA +
+    /// tiles * 64]` (header words as bits, then the tiles), `out: f32 [tiles][64]`,
+    /// `out[i][c] = 2 tile[i][c] + i` (kernels/params.h). Needs sm_90 on a GPU.
+    Mbarrier,
 }
 
 impl Kernel {
@@ -108,9 +122,10 @@ impl Kernel {
             Kernel::FastMath => "selftest_fast_math",
             Kernel::BytePerm => "selftest_byte_perm",
             Kernel::Wgmma => "selftest_wgmma",
+            Kernel::Mbarrier => "selftest_mbarrier",
         }
     }
-    pub const ALL: [Kernel; 18] = [
+    pub const ALL: [Kernel; 19] = [
         Kernel::Stencil,
         Kernel::Deadlock,
         Kernel::DivergentBarrier,
@@ -129,6 +144,7 @@ impl Kernel {
         Kernel::FastMath,
         Kernel::BytePerm,
         Kernel::Wgmma,
+        Kernel::Mbarrier,
     ];
     /// Warp-level PTX checks: one warp, fixed input and output sizes (in, out elements).
     fn fixed_io(self) -> Option<(usize, usize)> {
@@ -137,6 +153,7 @@ impl Kernel {
             Kernel::Ldmatrix => Some((256, 6 * 32 * 4)),
             Kernel::CpAsync => Some((128, 128)),
             Kernel::Wgmma => Some(((LLK_WGMMA_TEST_IMAGE + LLK_WGMMA_TEST_SMEM / 4) as usize, 128 * 128)),
+            Kernel::Mbarrier => Some((MBARRIER_INPUT_WORDS, MBARRIER_MAX_TILES * MBARRIER_TILE)),
             _ => None,
         }
     }
@@ -184,6 +201,7 @@ pub fn launch_with_dyn_smem(
     let (block, threads) = match kernel {
         Kernel::Stencil => (STENCIL_BLOCK, threads),
         Kernel::Wgmma => (128, 128),
+        Kernel::Mbarrier => (MBARRIER_BLOCK, MBARRIER_BLOCK),
         k if k.fixed_io().is_some() => (32, 32),
         _ => (block, threads),
     };
@@ -261,6 +279,7 @@ pub fn launch_with_dyn_smem(
             Some(bytes) => bytes,
             None if matches!(kernel, Kernel::DynSmem | Kernel::Guards) => (block * 4) as u32,
             None if kernel == Kernel::Wgmma => LLK_WGMMA_TEST_SMEM,
+            None if kernel == Kernel::Mbarrier => LLK_MBARRIER_TEST_SMEM,
             None => 0,
         },
     };
