@@ -648,6 +648,16 @@ typedef enum LlkSelftestVariant {
 #define LLK_MBARRIER_TEST_STAGES_AT 128
 #define LLK_MBARRIER_TEST_SMEM 2048
 
+// selftest_warp_specialize's input, in 32-bit words: a header (rounds, planted bug: see
+// kernels/selftest.cu), then rounds x 128 f32 from word LLK_WS_TEST_DATA. One block of two
+// warpgroups (LLK_WS_TEST_BLOCK threads) handing a 128-float slot of dynamic shared memory back
+// and forth on named barriers. Output: [rounds][128] f32, out[r][i] = 3 data[r][i] + r, then
+// the lane each of the 8 warps elected.
+#define LLK_WS_TEST_DATA 16
+#define LLK_WS_TEST_MAX_ROUNDS 8
+#define LLK_WS_TEST_BLOCK 256
+#define LLK_WS_TEST_SMEM 512
+
 typedef struct SelftestParams {
   uint64_t input;  // [n] f32 (kernel-specific meaning)
   uint64_t out;    // [n] f32 or i32 (kernel-specific meaning)

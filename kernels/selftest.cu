@@ -10,6 +10,7 @@
 #include "common/ptx.cuh"
 #include "common/fp8.cuh"
 #include "common/mbarrier.cuh"
+#include "common/warp_specialize.cuh"
 #include "common/wgmma.cuh"
 
 namespace {
@@ -419,6 +420,46 @@ __device__ void mbarrier_kernel(const SelftestParams& p) {
   }
 }
 
+// Two warpgroups take turns on one shared-memory slot through named barriers (LLK_WS_TEST_* in
+// params.h): the producer warpgroup gives registers back (setmaxnreg.dec), writes round r into
+// the slot and arrives at barrier 1; the consumer warpgroup (setmaxnreg.inc) waits there, uses
+// the slot and arrives at barrier 2, where the producer waits before the next round. Then each
+// warp elects one lane. Header words: 0 rounds, 1 the planted bug: 1 the producer's last
+// arrival is missing; 2 the consumers do not wait for a full slot; 3 the producer does not wait
+// for a free one; 4 the producer counts 128 threads at barrier 1; 5 barrier id 0; 6 warp 5 asks
+// setmaxnreg for another count; 7 warp 7 skips setmaxnreg.
+__device__ void warp_specialize_kernel(const SelftestParams& p) {
+  constexpr int kBlock = LLK_WS_TEST_BLOCK;
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p.input);
+  const float* data = reinterpret_cast<const float*>(p.input) + LLK_WS_TEST_DATA;
+  float* out = reinterpret_cast<float*>(p.out);
+  LLK_DYN_SMEM(smem);
+  float* slot = reinterpret_cast<float*>(smem);
+  const int rounds = int(min(w[0], uint32_t(LLK_WS_TEST_MAX_ROUNDS)));
+  const int bug = p.variant == LLK_SELFTEST_PLANTED_BUG ? int(w[1]) : 0;
+  const int t = int(threadIdx.x), i = t % 128, warp = t / 32;
+  const int full = bug == 5 ? 0 : 1, free_slot = 2;
+  if (t < 128) {
+    llk::setmaxnreg<40, false>();
+    for (int r = 0; r < rounds; ++r) {
+      if (r > 0 && bug != 3) llk::named_barrier_sync(free_slot, kBlock);
+      slot[i] = data[r * 128 + i];
+      if (bug != 1 || r + 1 < rounds) llk::named_barrier_arrive(full, bug == 4 ? 128 : kBlock);
+    }
+  } else {
+    if (bug == 6 && warp == 5)
+      llk::setmaxnreg<40, false>();
+    else if (bug != 7 || warp != 7)
+      llk::setmaxnreg<232, true>();
+    for (int r = 0; r < rounds; ++r) {
+      if (bug != 2) llk::named_barrier_sync(full, kBlock);
+      out[r * 128 + i] = slot[i] * 3.f + float(r);
+      if (r + 1 < rounds) llk::named_barrier_arrive(free_slot, kBlock);
+    }
+  }
+  if (llk::elect_one_sync()) out[rounds * 128 + warp] = float(t % 32);
+}
+
 }  // namespace
 
 // out[i] = 1 for i < n (block-strided). The bug: thread 0 also writes out[n + in[0]] (in[0] an
@@ -477,6 +518,7 @@ __device__ void fp8_convert_kernel(const Fp8ConvertParams& p) {
   X(selftest_byte_perm, SelftestParams, (1024), (byte_perm_kernel))                       \
   X(selftest_wgmma, SelftestParams, (128), (wgmma_kernel))                                \
   X(selftest_mbarrier, SelftestParams, (32 + LLK_MBARRIER_TEST_TILE), (mbarrier_kernel))  \
+  X(selftest_warp_specialize, SelftestParams, (LLK_WS_TEST_BLOCK, 1), (warp_specialize_kernel)) \
   X(fp8_e4m3_convert, Fp8ConvertParams, (256), (fp8_convert_kernel))
 
 LLK_EXPORT_KERNELS(selftest, SELFTEST_KERNELS)

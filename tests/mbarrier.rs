@@ -12,27 +12,12 @@ use llama_kernels::dev::selftest::{
     self, Kernel, MBARRIER_DATA, MBARRIER_MAX_STAGES, MBARRIER_MAX_TILES, MBARRIER_TILE,
 };
 use llama_kernels::dev::testing::Rng;
-use llama_kernels::{CpAsyncTiming, DType, Device, EmuOptions, Error, Schedule, Target, Tensor};
+use llama_kernels::{CpAsyncTiming, DType, Device, EmuOptions, Error, Target, Tensor};
 use selftest::Variant;
 
 /// Every schedule under both completion timings.
 fn devices() -> Vec<Device> {
-    let schedules = [
-        Schedule::Forward,
-        Schedule::Reverse,
-        Schedule::Random { seed: 0x5eed },
-        Schedule::WarpByWarp { reverse: false },
-        Schedule::WarpByWarp { reverse: true },
-    ];
-    let timings = [CpAsyncTiming::AtWait, CpAsyncTiming::AtIssue];
-    schedules
-        .iter()
-        .flat_map(|&schedule| {
-            timings
-                .iter()
-                .map(move |&cp_async| Device::emulated_with(EmuOptions { schedule, cp_async, ..EmuOptions::default() }))
-        })
-        .collect()
+    common::every_schedule(&[CpAsyncTiming::AtWait, CpAsyncTiming::AtIssue])
 }
 
 /// The kernel's input words (header, then the tiles) and the output it must write.
@@ -111,12 +96,14 @@ fn protocol_errors_are_reported_under_every_schedule_and_timing() {
         let (input, _) = planted(bug);
         for device in devices() {
             run(&device, Variant::Correct, &input).unwrap_or_else(|e| panic!("bug {bug}'s case, {device:?}: {e}"));
-            let e = run(&device, Variant::PlantedBug, &input).unwrap_err();
-            let Error::Emulation { kernel, status: got, message } = e else { panic!("bug {bug}: {e}") };
-            assert_eq!((kernel, got), ("selftest_mbarrier", status), "bug {bug}, {device:?}: {message}");
-            for w in words {
-                assert!(message.contains(w), "bug {bug}, {device:?}: {message:?} lacks {w:?}");
-            }
+            let context = format!("bug {bug}, {device:?}");
+            common::assert_reported(
+                run(&device, Variant::PlantedBug, &input),
+                "selftest_mbarrier",
+                status,
+                words,
+                &context,
+            );
         }
     }
 }
@@ -129,14 +116,11 @@ fn a_missing_wait_fails_or_changes_the_result_under_some_schedule() {
     // deadlock, copies left in flight) or a wrong result under some schedule and timing.
     for bug in [3, 4] {
         let (input, want) = planted(bug);
-        let caught = devices()
-            .iter()
-            .filter(|d| match run(d, Variant::PlantedBug, &input) {
-                Err(Error::Emulation { .. }) => true,
-                Err(e) => panic!("bug {bug}: {e}"),
-                Ok(got) => first_difference(&got, &want).is_some(),
-            })
-            .count();
+        let caught = common::devices_catching(
+            &devices(),
+            |d| run(d, Variant::PlantedBug, &input),
+            |got| first_difference(got, &want).is_some(),
+        );
         assert!(caught > 0, "bug {bug} passes under every schedule and timing");
     }
     // At the latest completion, a consumer that does not wait reads the NaN pattern of a stage

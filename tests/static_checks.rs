@@ -488,7 +488,7 @@ fn packed_gemm_runs_on_tensor_cores_from_dequantized_shared_tiles() {
 }
 
 #[test]
-fn the_mbarrier_pipeline_compiles_to_bulk_copies_and_transaction_barriers_at_sm_90() {
+fn the_hopper_selftests_compile_to_bulk_copies_transaction_barriers_and_named_barriers_at_sm_90() {
     // What the emulator models must be what the GPU runs: the selftest pipeline's PTX becomes
     // the bulk-copy unit (UBLKCP), transaction-count arrivals and phase checks (SYNCS), and the
     // async-proxy fence of the wgmma test (FENCE.VIEW.ASYNC.S); no trap stub.
@@ -500,4 +500,10 @@ fn the_mbarrier_pipeline_compiles_to_bulk_copies_and_transaction_barriers_at_sm_
     }
     assert!(!pipeline.iter().any(|o| o == "BPT.TRAP"), "selftest_mbarrier traps at sm_90");
     assert!(ops("selftest_wgmma").iter().any(|o| o == "FENCE.VIEW.ASYNC.S"), "selftest_wgmma lacks the proxy fence");
+    // The warp-specialization test: named barriers (BAR.ARV / BAR.SYNC with an id) and
+    // elect.sync (setmaxnreg needs sm_90a, which the prebuilt sm_90 code is not).
+    let ws = ops("selftest_warp_specialize");
+    for want in ["BAR.ARV", "BAR.SYNC.DEFER_BLOCKING", "ELECT"] {
+        assert!(ws.iter().any(|o| o == want), "selftest_warp_specialize lacks {want}");
+    }
 }

@@ -243,12 +243,8 @@ fn wgmma_misuse_is_reported_with_the_source_line() {
         let input = planted(case, bug);
         run(&timed(CpAsyncTiming::AtWait), Variant::Correct, &input)
             .unwrap_or_else(|e| panic!("bug {bug}'s case: {e}"));
-        let e = run(&timed(CpAsyncTiming::AtWait), Variant::PlantedBug, &input).unwrap_err();
-        let Error::Emulation { kernel, status: got, message } = e else { panic!("bug {bug}: {e}") };
-        assert_eq!((kernel, got), ("selftest_wgmma", status), "bug {bug}: {message}");
-        for w in words {
-            assert!(message.contains(w), "bug {bug}: {message:?} lacks {w:?}");
-        }
+        let result = run(&timed(CpAsyncTiming::AtWait), Variant::PlantedBug, &input);
+        common::assert_reported(result, "selftest_wgmma", status, words, &format!("bug {bug}"));
     }
 }
 

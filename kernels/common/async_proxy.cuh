@@ -13,12 +13,15 @@
 #pragma once
 #include "llk.cuh"
 
+// The emulator names the kernel's source line in its reports: LLK_CALL_SITE ends a parameter
+// list with the caller's file and line (LLK_CALL_SITE_ONLY is the whole list), nothing on CUDA.
 #if defined(__CUDACC__)
 #define LLK_CALL_SITE
+#define LLK_CALL_SITE_ONLY
 #define LLK_CALL_SITE_ARGS nullptr, 0
 #else
-// The emulator names the kernel's source line in its reports.
-#define LLK_CALL_SITE , const char *call_file = __builtin_FILE(), int call_line = __builtin_LINE()
+#define LLK_CALL_SITE_ONLY const char *call_file = __builtin_FILE(), int call_line = __builtin_LINE()
+#define LLK_CALL_SITE , LLK_CALL_SITE_ONLY
 #define LLK_CALL_SITE_ARGS call_file, call_line
 #endif
 

@@ -60,7 +60,8 @@
 // one helper look alike). Partial-mask warp operations are reported as unsupported. Fibers use
 // x86-64 context switching only. wgmma.mma_async and its fence/commit/wait are modelled in
 // emu_wgmma.h, mbarriers, 1-D bulk copies and fence.proxy.async in emu_async.h (each with its
-// own limits); tensor copies (TMA with tensor maps), named barriers and setmaxnreg are not. Abandoned fibers of a failed
+// own limits), named barriers, elect.sync and setmaxnreg in emu_warp_specialize.h; tensor
+// copies (TMA with tensor maps) are not. Abandoned fibers of a failed
 // block do not run their destructors.
 #pragma once
 #ifdef __CUDACC__
@@ -135,7 +136,8 @@ inline constexpr uint64_t smem_per_block_limit(uint32_t arch) {
 }
 static_assert(smem_per_block_limit(90) == kMaxDynSmem, "the dynamic shared memory buffer covers every architecture");
 
-enum FiberState : int { RUNNABLE = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3, FAILED = 4, WAIT_MBARRIER = 5 };
+enum FiberState : int { RUNNABLE = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3, FAILED = 4, WAIT_MBARRIER = 5,
+                        WAIT_NAMED_BARRIER = 6 };
 
 struct CpCopy {
   void* dst;
@@ -666,6 +668,7 @@ inline void cp_async_wait(int n) {  // complete every committed group except the
 }  // namespace llk_emu
 
 #include "emu_async.h"
+#include "emu_warp_specialize.h"
 #include "emu_wgmma.h"
 
 namespace llk_emu {
@@ -681,6 +684,7 @@ namespace llk_emu {
   --wp.live;
   if (w->block_arrived > 0 && w->block_arrived == w->nlive) release_block(w);
   if (wp.arrived > 0 && wp.arrived == wp.live) release_warp(w, f->warp);
+  warp_specialize_thread_exit(w, f);
   yield_to_scheduler(w, f);
   __builtin_unreachable();
 }
@@ -712,6 +716,7 @@ inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
   w->fibers.resize(size_t(n));
   wgmma_block_start(n, cfg.dyn_smem_bytes);
   async_block_start(n, cfg.dyn_smem_bytes, 0xff);
+  warp_specialize_block_start(n);
   const int nw = (n + 31) / 32;
   w->warps.resize(size_t(nw));
   for (int i = 0; i < nw; ++i) {
@@ -783,19 +788,20 @@ inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
       continue;
     }
     if (!progressed) {
-      int at_bar = 0, at_warp = 0, at_mbar = 0;
+      int at_bar = 0, at_warp = 0, at_mbar = 0, at_named = 0;
       for (auto& f : w->fibers) {
         at_bar += f.state == WAIT_BLOCK;
         at_warp += f.state == WAIT_WARP;
         at_mbar += f.state == WAIT_MBARRIER;
+        at_named += f.state == WAIT_NAMED_BARRIER;
       }
       char detail[240];
       async_deadlock_detail(detail, sizeof detail);
       w->status = LLK_EMU_DEADLOCK;
       snprintf(w->message, sizeof w->message,
                "deadlock in block (%u,%u,%u): %d threads wait at __syncthreads (%s:%d), %d at warp operations, "
-               "%d at mbarriers, %d exited%s",
-               bid.x, bid.y, bid.z, at_bar, w->bar_file ? w->bar_file : "-", w->bar_line, at_warp, at_mbar,
+               "%d at mbarriers, %d at named barriers, %d exited%s",
+               bid.x, bid.y, bid.z, at_bar, w->bar_file ? w->bar_file : "-", w->bar_line, at_warp, at_mbar, at_named,
                n - w->nlive, detail);
       return false;
     }

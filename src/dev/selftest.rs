@@ -11,7 +11,8 @@ use crate::error::{Error, Result};
 use crate::ffi::params::{
     Fp8ConvertParams, LLK_MBARRIER_TEST_DATA, LLK_MBARRIER_TEST_MAX_STAGES, LLK_MBARRIER_TEST_MAX_TILES,
     LLK_MBARRIER_TEST_SMEM, LLK_MBARRIER_TEST_TILE, LLK_WGMMA_TEST_A, LLK_WGMMA_TEST_C, LLK_WGMMA_TEST_IMAGE,
-    LLK_WGMMA_TEST_SMEM, LlkSelftestVariant, SelftestParams,
+    LLK_WGMMA_TEST_SMEM, LLK_WS_TEST_BLOCK, LLK_WS_TEST_DATA, LLK_WS_TEST_MAX_ROUNDS, LLK_WS_TEST_SMEM,
+    LlkSelftestVariant, SelftestParams,
 };
 use crate::launch::KernelArgs;
 use crate::launch::{check_dtype, grid_x, to_i64};
@@ -34,6 +35,9 @@ pub const MBARRIER_MAX_TILES: usize = LLK_MBARRIER_TEST_MAX_TILES as usize;
 pub const MBARRIER_MAX_STAGES: usize = LLK_MBARRIER_TEST_MAX_STAGES as usize;
 const MBARRIER_INPUT_WORDS: usize = MBARRIER_DATA + MBARRIER_MAX_TILES * MBARRIER_TILE;
 const MBARRIER_BLOCK: usize = 32 + MBARRIER_TILE;
+/// `Kernel::WarpSpecialize`: the first input word of the rounds, and at most so many rounds.
+pub const WS_DATA: usize = LLK_WS_TEST_DATA as usize;
+pub const WS_MAX_ROUNDS: usize = LLK_WS_TEST_MAX_ROUNDS as usize;
 
 /// Which version of a self-test kernel to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +103,11 @@ pub enum Kernel {
     /// tiles * 64]` (header words as bits, then the tiles), `out: f32 [tiles][64]`,
     /// `out[i][c] = 2 tile[i][c] + i` (kernels/params.h). Needs sm_90 on a GPU.
     Mbarrier,
+    /// Two warpgroups taking turns on a shared-memory slot through named barriers, with
+    /// setmaxnreg and elect.sync (one block of 256 threads): `in: f32 [WS_DATA + rounds * 128]`
+    /// (header words as bits, then the rounds), `out: f32 [rounds][128]` with
+    /// `out[r][i] = 3 data[r][i] + r`, then the lane each of the 8 warps elected. Needs sm_90.
+    WarpSpecialize,
 }
 
 impl Kernel {
@@ -123,9 +132,10 @@ impl Kernel {
             Kernel::BytePerm => "selftest_byte_perm",
             Kernel::Wgmma => "selftest_wgmma",
             Kernel::Mbarrier => "selftest_mbarrier",
+            Kernel::WarpSpecialize => "selftest_warp_specialize",
         }
     }
-    pub const ALL: [Kernel; 19] = [
+    pub const ALL: [Kernel; 20] = [
         Kernel::Stencil,
         Kernel::Deadlock,
         Kernel::DivergentBarrier,
@@ -145,6 +155,7 @@ impl Kernel {
         Kernel::BytePerm,
         Kernel::Wgmma,
         Kernel::Mbarrier,
+        Kernel::WarpSpecialize,
     ];
     /// Warp-level PTX checks: one warp, fixed input and output sizes (in, out elements).
     fn fixed_io(self) -> Option<(usize, usize)> {
@@ -154,6 +165,7 @@ impl Kernel {
             Kernel::CpAsync => Some((128, 128)),
             Kernel::Wgmma => Some(((LLK_WGMMA_TEST_IMAGE + LLK_WGMMA_TEST_SMEM / 4) as usize, 128 * 128)),
             Kernel::Mbarrier => Some((MBARRIER_INPUT_WORDS, MBARRIER_MAX_TILES * MBARRIER_TILE)),
+            Kernel::WarpSpecialize => Some((WS_DATA + WS_MAX_ROUNDS * 128, WS_MAX_ROUNDS * 128 + 8)),
             _ => None,
         }
     }
@@ -202,6 +214,7 @@ pub fn launch_with_dyn_smem(
         Kernel::Stencil => (STENCIL_BLOCK, threads),
         Kernel::Wgmma => (128, 128),
         Kernel::Mbarrier => (MBARRIER_BLOCK, MBARRIER_BLOCK),
+        Kernel::WarpSpecialize => (LLK_WS_TEST_BLOCK as usize, LLK_WS_TEST_BLOCK as usize),
         k if k.fixed_io().is_some() => (32, 32),
         _ => (block, threads),
     };
@@ -280,6 +293,7 @@ pub fn launch_with_dyn_smem(
             None if matches!(kernel, Kernel::DynSmem | Kernel::Guards) => (block * 4) as u32,
             None if kernel == Kernel::Wgmma => LLK_WGMMA_TEST_SMEM,
             None if kernel == Kernel::Mbarrier => LLK_MBARRIER_TEST_SMEM,
+            None if kernel == Kernel::WarpSpecialize => LLK_WS_TEST_SMEM,
             None => 0,
         },
     };

@@ -60,3 +60,56 @@ pub fn assert_schedules_agree_on(
         assert!(bitwise_equal(&runs[0].outputs, &r.outputs), "{what}: schedules disagree");
     }
 }
+
+/// Every emulator schedule (forward, reverse, seeded random, warp by warp both ways) under each
+/// of `timings`.
+pub fn every_schedule(timings: &[CpAsyncTiming]) -> Vec<Device> {
+    let schedules = [
+        Schedule::Forward,
+        Schedule::Reverse,
+        Schedule::Random { seed: 0x5eed },
+        Schedule::WarpByWarp { reverse: false },
+        Schedule::WarpByWarp { reverse: true },
+    ];
+    schedules
+        .iter()
+        .flat_map(|&schedule| {
+            timings
+                .iter()
+                .map(move |&cp_async| Device::emulated_with(EmuOptions { schedule, cp_async, ..EmuOptions::default() }))
+        })
+        .collect()
+}
+
+/// A planted bug's launch failed in `kernel` with `status`, and the message names every word of
+/// `words`; `context` says which bug and device, for the failure message.
+pub fn assert_reported<T>(result: llama_kernels::Result<T>, kernel: &str, status: &str, words: &[&str], context: &str) {
+    let e = match result {
+        Ok(_) => panic!("{context}: the launch succeeded"),
+        Err(e) => e,
+    };
+    let llama_kernels::Error::Emulation { kernel: got_kernel, status: got, message } = e else {
+        panic!("{context}: not an emulation error: {e}")
+    };
+    assert_eq!((got_kernel, got), (kernel, status), "{context}: {message}");
+    for w in words {
+        assert!(message.contains(w), "{context}: {message:?} lacks {w:?}");
+    }
+}
+
+/// On how many of `devices` a planted race shows: the launch fails with an emulation error, or
+/// `wrong` says its output is not the expected one. Any other error panics.
+pub fn devices_catching<T>(
+    devices: &[Device],
+    run: impl Fn(&Device) -> llama_kernels::Result<T>,
+    wrong: impl Fn(&T) -> bool,
+) -> usize {
+    devices
+        .iter()
+        .filter(|d| match run(d) {
+            Err(llama_kernels::Error::Emulation { .. }) => true,
+            Err(e) => panic!("{d:?}: {e}"),
+            Ok(got) => wrong(&got),
+        })
+        .count()
+}
