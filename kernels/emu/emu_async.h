@@ -72,6 +72,8 @@ struct AsyncBlock {
   std::vector<BulkCopy> in_flight;
   std::vector<const void*> waiting;  // per thread: the barrier it sleeps on, or null
   std::vector<unsigned char> view;   // dynamic shared memory as the async proxy sees it
+  bool view_live = false;            // made at the block's first async-proxy access
+  unsigned char poison = 0;
   uint64_t dyn_smem_bytes = 0;
 };
 inline thread_local AsyncBlock tl_async;
@@ -81,8 +83,19 @@ inline void async_block_start(int nthreads, uint64_t dyn_smem_bytes, unsigned ch
   tl_async.bars.clear();
   tl_async.in_flight.clear();
   tl_async.waiting.assign(size_t(nthreads), nullptr);
-  tl_async.view.assign(size_t(dyn_smem_bytes), poison);
+  tl_async.view_live = false;
+  tl_async.poison = poison;
   tl_async.dyn_smem_bytes = dyn_smem_bytes;
+}
+
+// The async proxy's view, made on first use: until the block's first fence or copy it is the
+// block's initial (poisoned) shared memory, so blocks that never use the async proxy pay nothing.
+inline unsigned char* async_view() {
+  if (!tl_async.view_live) {
+    tl_async.view.assign(size_t(tl_async.dyn_smem_bytes), tl_async.poison);
+    tl_async.view_live = true;
+  }
+  return tl_async.view.data();
 }
 
 // The shared address of a pointer into the launch's dynamic shared memory (its first byte is
@@ -97,12 +110,12 @@ inline uint32_t shared_address(const void* p) {
 
 // fence.proxy.async: the async proxy sees the generic proxy's shared-memory writes so far.
 inline void fence_proxy_async() {
-  if (!tl_async.view.empty()) memcpy(tl_async.view.data(), dyn_smem(), tl_async.view.size());
+  if (tl_async.dyn_smem_bytes) memcpy(async_view(), dyn_smem(), size_t(tl_async.dyn_smem_bytes));
 }
 
 // An async-proxy read of [addr, addr + bytes) of dynamic shared memory (in bounds).
 inline void async_proxy_read(uint32_t addr, uint32_t bytes, const char* what, const char* file, int line) {
-  if (memcmp(dyn_smem() + addr, tl_async.view.data() + addr, bytes) != 0) {
+  if (memcmp(dyn_smem() + addr, async_view() + addr, bytes) != 0) {
     char msg[300];
     snprintf(msg, sizeof msg,
              "%s reads shared memory at 0x%x that a generic-proxy store changed after the last fence.proxy.async "
@@ -186,7 +199,7 @@ inline const char* bulk_copy_land(const BulkCopy& c, char* msg, size_t size) {
     return msg;
   }
   memcpy(c.dst, c.src, c.bytes);
-  memcpy(tl_async.view.data() + (static_cast<unsigned char*>(c.dst) - dyn_smem()), c.src, c.bytes);
+  memcpy(async_view() + (static_cast<unsigned char*>(c.dst) - dyn_smem()), c.src, c.bytes);
   m->tx -= c.bytes;
   mbarrier_maybe_complete(*m);
   return nullptr;
@@ -241,7 +254,7 @@ inline void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, void
     return;
   }
   memset(dst, 0xff, bytes);
-  memset(tl_async.view.data() + addr, 0xff, bytes);
+  memset(async_view() + addr, 0xff, bytes);
   tl_async.in_flight.push_back(c);
 }
 

@@ -38,15 +38,28 @@ struct WarpSpecializeBlock {
   std::vector<int> waiting;     // per thread: the barrier id it waits at, or -1
   std::vector<int> setmaxnreg;  // per warpgroup: the count being set (0: none in progress)
   std::vector<int> setmaxnreg_arrived;
+  bool used = false;  // the block has used a named barrier or setmaxnreg
+  int nthreads = 0;
 };
 inline thread_local WarpSpecializeBlock tl_ws;
 
 inline void warp_specialize_block_start(int nthreads) {
-  const int nwarps = (nthreads + 31) / 32;
-  for (NamedBarrier& b : tl_ws.bars) b = NamedBarrier{0, 0, std::vector<int>(size_t(nwarps), 0), nullptr, 0};
-  tl_ws.waiting.assign(size_t(nthreads), -1);
-  tl_ws.setmaxnreg.assign(size_t((nthreads + 127) / 128), 0);
-  tl_ws.setmaxnreg_arrived.assign(size_t((nthreads + 127) / 128), 0);
+  // Only what every block needs now; the barriers' per-warp counts are sized at first use.
+  tl_ws.used = false;
+  tl_ws.nthreads = nthreads;
+}
+
+// The block's state, made at its first named barrier or setmaxnreg.
+inline WarpSpecializeBlock& warp_specialize_state() {
+  if (!tl_ws.used) {
+    const int n = tl_ws.nthreads, nwarps = (n + 31) / 32;
+    for (NamedBarrier& b : tl_ws.bars) b = NamedBarrier{0, 0, std::vector<int>(size_t(nwarps), 0), nullptr, 0};
+    tl_ws.waiting.assign(size_t(n), -1);
+    tl_ws.setmaxnreg.assign(size_t((n + 127) / 128), 0);
+    tl_ws.setmaxnreg_arrived.assign(size_t((n + 127) / 128), 0);
+    tl_ws.used = true;
+  }
+  return tl_ws;
 }
 
 inline void named_barrier_release(int id) {
@@ -83,7 +96,7 @@ inline void named_barrier(int id, int n, bool wait, const char* file, int line) 
     fail(LLK_EMU_UNSUPPORTED, "named barrier id outside 1..15 (0 belongs to __syncthreads)", file, line);
   if (n <= 0 || n % 32 != 0 || n > w->nthreads + 31)
     fail(LLK_EMU_KERNEL_TRAP, "named barrier thread count is not a non-zero multiple of 32 within the block", file, line);
-  NamedBarrier& b = tl_ws.bars[id];
+  NamedBarrier& b = warp_specialize_state().bars[id];
   if (b.expected == 0) {
     b.expected = n;
     b.file = file;
@@ -107,7 +120,7 @@ inline void named_barrier(int id, int n, bool wait, const char* file, int line) 
 // At a thread's exit: a warp whose other lanes all arrived at a named barrier now counts.
 inline void warp_specialize_thread_exit(Worker* w, Fiber* f) {
   (void)w;
-  if (tl_ws.waiting.empty()) return;
+  if (!tl_ws.used) return;
   for (int id = 1; id < kNamedBarriers; ++id)
     if (tl_ws.bars[id].expected != 0) named_barrier_count_warp(id, f->warp);
 }
@@ -121,7 +134,7 @@ inline void setmaxnreg(int count, const char* file, int line) {
   const int wg = int(f - w->fibers.data()) / 128;
   if (w->nthreads < 128 * (wg + 1))
     fail(LLK_EMU_KERNEL_TRAP, "setmaxnreg executed by a partial warpgroup (fewer than 128 threads)", file, line);
-  int& want = tl_ws.setmaxnreg[size_t(wg)];
+  int& want = warp_specialize_state().setmaxnreg[size_t(wg)];
   if (want == 0) {
     want = count;
   } else if (want != count) {
