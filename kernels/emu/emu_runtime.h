@@ -507,6 +507,14 @@ inline void release_warp(Worker* w, int wi) {
   w->warps[wi].arrived = 0;
 }
 
+// The threads of warpgroup `wg` (four warps) waiting at a warpgroup-wide instruction run again.
+inline void release_warpgroup(Worker* w, int wg) {
+  for (int k = 0; k < 128; ++k) {
+    Fiber& o = w->fibers[size_t(128 * wg + k)];
+    if (o.state == WAIT_WARP) o.state = RUNNABLE;
+  }
+}
+
 // __syncthreads(): every live thread of the block must arrive at the same call site.
 inline void block_barrier(const char* file, int line) {
   Worker* w = tl_worker;
@@ -684,7 +692,7 @@ namespace llk_emu {
   --wp.live;
   if (w->block_arrived > 0 && w->block_arrived == w->nlive) release_block(w);
   if (wp.arrived > 0 && wp.arrived == wp.live) release_warp(w, f->warp);
-  warp_specialize_thread_exit(w, f);
+  warp_specialize_thread_exit(f);
   yield_to_scheduler(w, f);
   __builtin_unreachable();
 }
@@ -752,8 +760,8 @@ inline bool run_block(Worker* w, const LlkEmuLaunch& cfg, uint3 bid) {
   w->rng.seed(cfg.seed * 0x9E3779B97F4A7C15ull + lin);
   const bool warp_serial = mode == LLK_EMU_WARP_SERIAL || mode == LLK_EMU_WARP_SERIAL_REVERSE;
   while (w->nlive > 0) {
-    bool progressed = false;
     if (mode == LLK_EMU_RANDOM) std::shuffle(w->order.begin(), w->order.end(), w->rng);
+    bool progressed = false;
     int lo = 0, hi = n;  // the fibers this round may run
     if (warp_serial) {
       for (int k = 0; k < nw; ++k) {

@@ -118,8 +118,7 @@ inline void named_barrier(int id, int n, bool wait, const char* file, int line) 
 }
 
 // At a thread's exit: a warp whose other lanes all arrived at a named barrier now counts.
-inline void warp_specialize_thread_exit(Worker* w, Fiber* f) {
-  (void)w;
+inline void warp_specialize_thread_exit(Fiber* f) {
   if (!tl_ws.used) return;
   for (int id = 1; id < kNamedBarriers; ++id)
     if (tl_ws.bars[id].expected != 0) named_barrier_count_warp(id, f->warp);
@@ -144,10 +143,7 @@ inline void setmaxnreg(int count, const char* file, int line) {
   if (++tl_ws.setmaxnreg_arrived[size_t(wg)] == 128) {
     want = 0;
     tl_ws.setmaxnreg_arrived[size_t(wg)] = 0;
-    for (int k = 0; k < 128; ++k) {
-      Fiber& o = w->fibers[size_t(128 * wg + k)];
-      if (o.state == WAIT_WARP) o.state = RUNNABLE;
-    }
+    release_warpgroup(w, wg);
   }
   yield_to_scheduler(w, f);
 }

@@ -96,13 +96,25 @@ struct WgmmaBlock {
   std::vector<WgmmaThread> threads;
   std::vector<std::shared_ptr<WgmmaOp>> forming;  // per warpgroup: the op being issued
   uint64_t dyn_smem_bytes = 0;
+  bool used = false;  // made at the block's first wgmma instruction
+  int nthreads = 0;
 };
 inline thread_local WgmmaBlock tl_wgmma;
 
 inline void wgmma_block_start(int nthreads, uint64_t dyn_smem_bytes) {
-  tl_wgmma.threads.assign(size_t(nthreads), WgmmaThread{});
-  tl_wgmma.forming.assign(size_t((nthreads + 127) / 128), nullptr);
+  tl_wgmma.used = false;
+  tl_wgmma.nthreads = nthreads;
   tl_wgmma.dyn_smem_bytes = dyn_smem_bytes;
+}
+
+// The block's state, made at its first wgmma instruction (blocks without one pay nothing).
+inline WgmmaBlock& wgmma_state() {
+  if (!tl_wgmma.used) {
+    tl_wgmma.threads.assign(size_t(tl_wgmma.nthreads), WgmmaThread{});
+    tl_wgmma.forming.assign(size_t((tl_wgmma.nthreads + 127) / 128), nullptr);
+    tl_wgmma.used = true;
+  }
+  return tl_wgmma;
 }
 
 inline int fiber_index(Worker* w, Fiber* f) { return int(f - w->fibers.data()); }
@@ -214,7 +226,7 @@ inline void wgmma_issue(const WgmmaInstr& in, float* d, const uint32_t* a) {
   if (w->nthreads < 128 * (wg + 1))
     wgmma_fail(LLK_EMU_KERNEL_TRAP, "wgmma.mma_async executed by a partial warpgroup (fewer than 128 threads)", in);
   if (in.n < 8 || in.n > 256 || in.n % 8 != 0) wgmma_fail(LLK_EMU_UNSUPPORTED, "wgmma N must be 8..256, a multiple of 8", in);
-  WgmmaThread& me = tl_wgmma.threads[size_t(idx)];
+  WgmmaThread& me = wgmma_state().threads[size_t(idx)];
   if (!me.fenced)
     wgmma_fail(LLK_EMU_KERNEL_TRAP,
                "wgmma.mma_async without a wgmma.fence since the thread's last wgmma.wait_group (or its start)", in);
@@ -257,10 +269,7 @@ inline void wgmma_issue(const WgmmaInstr& in, float* d, const uint32_t* a) {
   if (++op->arrived == 128) {
     slot = nullptr;
     if (at_issue) wgmma_compute(*op);
-    for (int k = 0; k < 128; ++k) {
-      Fiber& o = w->fibers[size_t(128 * wg + k)];
-      if (o.state == WAIT_WARP) o.state = RUNNABLE;
-    }
+    release_warpgroup(w, wg);
   }
   yield_to_scheduler(w, f);
   if (at_issue) {
@@ -270,14 +279,14 @@ inline void wgmma_issue(const WgmmaInstr& in, float* d, const uint32_t* a) {
   }
 }
 
-inline void wgmma_fence() { tl_wgmma.threads[size_t(fiber_index(tl_worker, tl_worker->cur))].fenced = true; }
-inline void wgmma_commit() { tl_wgmma.threads[size_t(fiber_index(tl_worker, tl_worker->cur))].group++; }
+inline void wgmma_fence() { wgmma_state().threads[size_t(fiber_index(tl_worker, tl_worker->cur))].fenced = true; }
+inline void wgmma_commit() { wgmma_state().threads[size_t(fiber_index(tl_worker, tl_worker->cur))].group++; }
 
 // wgmma.wait_group n: completes, in issue order, this thread's share of every op in a committed
 // group but the newest n.
 inline void wgmma_wait(int n) {
   const int t = fiber_index(tl_worker, tl_worker->cur);
-  WgmmaThread& me = tl_wgmma.threads[size_t(t)];
+  WgmmaThread& me = wgmma_state().threads[size_t(t)];
   const int limit = me.group - n;
   size_t keep = 0;
   bool retired = false;
@@ -296,7 +305,7 @@ inline void wgmma_wait(int n) {
 
 // At a thread's exit: every wgmma it issued must have been waited for.
 inline void wgmma_thread_exit(Worker* w, Fiber* f) {
-  if (tl_wgmma.threads.empty()) return;
+  if (!tl_wgmma.used) return;
   const WgmmaThread& me = tl_wgmma.threads[size_t(fiber_index(w, f))];
   if (!me.pending.empty())
     wgmma_fail(LLK_EMU_KERNEL_TRAP,
