@@ -13,6 +13,16 @@
 extern "C" {
 #endif
 
+// ---------------------------------------------------------------------------- Tensor maps
+// A TMA tensor map: how cp.async.bulk.tensor reads a box of a global tensor into shared memory
+// (kernels/common/tma.cuh). 128 opaque, 128-byte aligned bytes, as CUtensorMap: on the CUDA
+// target the driver's encoding (cuTensorMapEncodeTiled), on the emulated target LlkEmuTensorMap
+// (kernels/emu/emu_abi.h). A params struct holds it by value, so that the kernel's
+// __grid_constant__ copy is the map the copies read; src/launch/tensor_map.rs makes one.
+typedef struct __attribute__((aligned(128))) LlkTensorMap {
+  uint64_t opaque[16];
+} LlkTensorMap;
+
 // ---------------------------------------------------------------------------- RMSNorm
 // y = x * rsqrt(mean(x^2) + eps) * weight, per row; the fused variant first forms
 // r = x + residual, stores r into `residual`, and normalizes r.
@@ -658,11 +668,22 @@ typedef enum LlkSelftestVariant {
 #define LLK_WS_TEST_BLOCK 256
 #define LLK_WS_TEST_SMEM 512
 
+// selftest_tma's input, in 32-bit words: a header (the map's rank, the box coordinates at words
+// 1-5 as i32, the destination's offset in dynamic shared memory in bytes, the bytes expected,
+// planted bug: see kernels/selftest.cu); its source is the tensor map in the params. One block
+// of LLK_TMA_TEST_BLOCK threads, LLK_TMA_TEST_SMEM bytes of dynamic shared memory (the barrier
+// in its last 8). Output: the dynamic shared memory after the copy, [LLK_TMA_TEST_SMEM / 4]
+// words, as the copy left it (the destination) or poisoned (the rest).
+#define LLK_TMA_TEST_HEADER 16
+#define LLK_TMA_TEST_BLOCK 64
+#define LLK_TMA_TEST_SMEM 32768
+
 typedef struct SelftestParams {
   uint64_t input;  // [n] f32 (kernel-specific meaning)
   uint64_t out;    // [n] f32 or i32 (kernel-specific meaning)
   int64_t n;
   LlkSelftestVariant variant;
+  LlkTensorMap tensor_map;  // selftest_tma: the source of its copy (all zero for the others)
 } SelftestParams;
 
 #ifdef __cplusplus

@@ -10,6 +10,7 @@
 #include "common/ptx.cuh"
 #include "common/fp8.cuh"
 #include "common/mbarrier.cuh"
+#include "common/tma.cuh"
 #include "common/warp_specialize.cuh"
 #include "common/wgmma.cuh"
 
@@ -420,6 +421,53 @@ __device__ void mbarrier_kernel(const SelftestParams& p) {
   }
 }
 
+// One tensor copy (LLK_TMA_TEST_* in params.h): thread 0 announces the bytes on an mbarrier in
+// the last 8 bytes of dynamic shared memory and copies the box at the header's coordinates from
+// the params' tensor map to the header's offset; every thread waits, then the block writes its
+// dynamic shared memory (the barrier excepted) to out. Header words: 0 rank, 1-5 coordinates,
+// 6 destination offset, 7 bytes expected, 8 the planted bug: 1 expects 16 bytes fewer than the
+// box; 2 expects 16 more; 3 a destination 64 bytes off 128-byte alignment; 4 a copy of another
+// rank than the map's; 5 the threads read shared memory without waiting.
+template <int Rank>
+__device__ void tma_copy(void* dst, const LlkTensorMap& map, const int32_t* c, uint64_t* bar) {
+  if constexpr (Rank == 1) llk::tensor_copy_to_shared(dst, map, {c[0]}, bar);
+  if constexpr (Rank == 2) llk::tensor_copy_to_shared(dst, map, {c[0], c[1]}, bar);
+  if constexpr (Rank == 3) llk::tensor_copy_to_shared(dst, map, {c[0], c[1], c[2]}, bar);
+  if constexpr (Rank == 4) llk::tensor_copy_to_shared(dst, map, {c[0], c[1], c[2], c[3]}, bar);
+  if constexpr (Rank == 5) llk::tensor_copy_to_shared(dst, map, {c[0], c[1], c[2], c[3], c[4]}, bar);
+}
+
+__device__ void tma_kernel(const SelftestParams& p) {
+  constexpr int kWords = LLK_TMA_TEST_SMEM / 4 - 2;  // the barrier's 8 bytes excepted
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p.input);
+  LLK_DYN_SMEM(smem);
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + LLK_TMA_TEST_SMEM - 8);
+  const int bug = p.variant == LLK_SELFTEST_PLANTED_BUG ? int(w[8]) : 0;
+  const int t = int(threadIdx.x);
+  if (w[0] < 1 || w[0] > 5) return;  // the whole block: no copy, no wait
+  if (t == 0) {
+    llk::mbarrier_init(bar, 1);
+    llk::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (t == 0) {
+    const uint32_t bytes = w[7];
+    llk::mbarrier_arrive_expect_tx(bar, bug == 1 ? bytes - 16 : bug == 2 ? bytes + 16 : bytes);
+    unsigned char* dst = smem + (w[6] % LLK_TMA_TEST_SMEM) + (bug == 3 ? 64 : 0);
+    const int32_t c[5] = {int32_t(w[1]), int32_t(w[2]), int32_t(w[3]), int32_t(w[4]), int32_t(w[5])};
+    switch (int(w[0]) + (bug == 4 ? (w[0] == 5 ? -1 : 1) : 0)) {
+      case 1: tma_copy<1>(dst, p.tensor_map, c, bar); break;
+      case 2: tma_copy<2>(dst, p.tensor_map, c, bar); break;
+      case 3: tma_copy<3>(dst, p.tensor_map, c, bar); break;
+      case 4: tma_copy<4>(dst, p.tensor_map, c, bar); break;
+      default: tma_copy<5>(dst, p.tensor_map, c, bar); break;
+    }
+  }
+  if (bug != 5) llk::mbarrier_wait(bar, 0);
+  uint32_t* out = reinterpret_cast<uint32_t*>(p.out);
+  for (int i = t; i < kWords; i += int(blockDim.x)) out[i] = reinterpret_cast<const uint32_t*>(smem)[i];
+}
+
 // Two warpgroups take turns on one shared-memory slot through named barriers (LLK_WS_TEST_* in
 // params.h): the producer warpgroup gives registers back (setmaxnreg.dec), writes round r into
 // the slot and arrives at barrier 1; the consumer warpgroup (setmaxnreg.inc) waits there, uses
@@ -519,6 +567,7 @@ __device__ void fp8_convert_kernel(const Fp8ConvertParams& p) {
   X(selftest_wgmma, SelftestParams, (128), (wgmma_kernel))                                \
   X(selftest_mbarrier, SelftestParams, (32 + LLK_MBARRIER_TEST_TILE), (mbarrier_kernel))  \
   X(selftest_warp_specialize, SelftestParams, (LLK_WS_TEST_BLOCK, 1), (warp_specialize_kernel)) \
+  X(selftest_tma, SelftestParams, (LLK_TMA_TEST_BLOCK), (tma_kernel))                     \
   X(fp8_e4m3_convert, Fp8ConvertParams, (256), (fp8_convert_kernel))
 
 LLK_EXPORT_KERNELS(selftest, SELFTEST_KERNELS)

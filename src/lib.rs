@@ -100,6 +100,7 @@ pub use backend::{
 };
 pub use dtype::{DType, Element, F8E4M3};
 pub use error::{Error, Result};
+pub use launch::tensor_map::{TmaLayout, TmaOobFill, TmaSwizzle};
 pub use tensor::{CudaBuffer, CudaBufferGuard, CudaElement, Tensor, TensorView, TensorViewMut};
 
 // The README's Rust examples are compiled (and run, unless marked `no_run`) as doctests.

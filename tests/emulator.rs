@@ -223,7 +223,8 @@ fn planted_guard_bugs_are_reported_by_name() {
     // (guard, status, words the message must hold); see Kernel::Guards.
     let cases: [(usize, &str, &[&str]); 8] = [
         (3, "index out of bounds", &["index 64 out of bounds", "float [64]", "selftest.cu:", "thread (0,0,0)"]),
-        (4, "params overrun", &["32-byte params struct", "byte 32", "thread (0,0,0)"]),
+        // SelftestParams: 4 words of 8 bytes, then its 128-byte aligned tensor map at byte 128.
+        (4, "params overrun", &["256-byte params struct", "byte 256", "thread (0,0,0)"]),
         (5, "misaligned access", &["16-byte vector load", "not 16-byte aligned", "thread (0,0,0)"]),
         (6, "misaligned access", &["16-byte vector store", "thread (0,0,0)"]),
         (7, "misaligned access", &["cp.async destination (shared)", "thread (0,0,0)"]),

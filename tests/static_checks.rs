@@ -488,7 +488,7 @@ fn packed_gemm_runs_on_tensor_cores_from_dequantized_shared_tiles() {
 }
 
 #[test]
-fn the_hopper_selftests_compile_to_bulk_copies_transaction_barriers_and_named_barriers_at_sm_90() {
+fn the_hopper_selftests_compile_to_bulk_and_tensor_copies_transaction_barriers_and_named_barriers_at_sm_90() {
     // What the emulator models must be what the GPU runs: the selftest pipeline's PTX becomes
     // the bulk-copy unit (UBLKCP), transaction-count arrivals and phase checks (SYNCS), and the
     // async-proxy fence of the wgmma test (FENCE.VIEW.ASYNC.S); no trap stub.
@@ -506,4 +506,12 @@ fn the_hopper_selftests_compile_to_bulk_copies_transaction_barriers_and_named_ba
     for want in ["BAR.ARV", "BAR.SYNC.DEFER_BLOCKING", "ELECT"] {
         assert!(ws.iter().any(|o| o == want), "selftest_warp_specialize lacks {want}");
     }
+    // The tensor-copy test: one TMA load per rank (UTMALDG.1D .. .5D), completing on SYNCS.
+    let tma = ops("selftest_tma");
+    for rank in 1..=5 {
+        let want = format!("UTMALDG.{rank}D");
+        assert!(tma.iter().any(|o| *o == want), "selftest_tma lacks {want}");
+    }
+    assert!(tma.iter().any(|o| o == "SYNCS.PHASECHK.TRANS64.TRYWAIT"), "selftest_tma lacks the barrier wait");
+    assert!(!tma.iter().any(|o| o == "BPT.TRAP" || o.starts_with("LDL")), "selftest_tma traps or uses local memory");
 }

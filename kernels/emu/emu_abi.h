@@ -60,6 +60,26 @@ typedef struct LlkEmuLaunch {
   uint32_t static_smem_bytes;  // the kernel's static __shared__ bytes on `arch` (ptxas -v)
 } LlkEmuLaunch;
 
+// The emulated target's tensor map (what cp.async.bulk.tensor reads a box of a global tensor
+// through): the fields of cuTensorMapEncodeTiled in the emulator's own encoding, in the 128
+// bytes of the opaque LlkTensorMap (kernels/params.h) that a CUDA launch fills with the driver's
+// encoding. Tile mode only, every element stride 1, no interleave. Written by the Rust side
+// (src/launch/tensor_map.rs) after validating it; read by kernels/emu/emu_tma.h, which checks
+// the tag and the fields again (a map is kernel input like any other).
+#define LLK_EMU_TENSOR_MAP_TAG 0x70616d726f736e74ull  /* "tnsormap" */
+typedef struct LlkEmuTensorMap {
+  uint64_t tag;             // LLK_EMU_TENSOR_MAP_TAG
+  uint64_t global_address;  // the element at coordinates (0, ..., 0); 16-byte aligned
+  uint64_t dims[5];         // elements per dimension, dimension 0 innermost (contiguous)
+  uint64_t strides[4];      // bytes from one index of dimension i + 1 to the next
+  uint32_t box[5];          // the box a copy moves, elements per dimension (1 to 256)
+  uint32_t rank;            // 1 to 5; dims, strides and box past it are unused
+  uint32_t element_bytes;   // 1, 2, 4 or 8
+  uint32_t swizzle_bytes;   // 0 (none), 32, 64 or 128: the shared-memory swizzle span
+  uint32_t oob_nan;         // out-of-bounds elements read as 0 (0) or as a NaN pattern (1)
+  uint32_t reserved;
+} LlkEmuTensorMap;
+
 typedef struct LlkEmuReport {
   LlkEmuStatus status;
   uint64_t threads;       // CUDA threads run

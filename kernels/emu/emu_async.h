@@ -39,10 +39,12 @@
 //     a thread that skips its fence is seen only when no later fence of another thread covers
 //     its write (the warp-serial and reverse schedules make that likely).
 //
+// Tensor copies (cp.async.bulk.tensor) complete through the same path: emu_tma.h.
+//
 // Not modelled: mbarrier.expect_tx without an arrival, mbarrier.test_wait, the arrival-state
-// tokens, arrive.noComplete, mbarrier.inval, remote (cluster) barriers and multicast, tensor
-// copies (cp.async.bulk.tensor and tensor maps), bulk copies from shared to global,
-// cp.reduce.async.bulk, and try_wait's time limit (it never returns false).
+// tokens, arrive.noComplete, mbarrier.inval, remote (cluster) barriers and multicast, bulk
+// copies from shared to global, cp.reduce.async.bulk, and try_wait's time limit (it never
+// returns false).
 #pragma once
 
 namespace llk_emu {
@@ -59,11 +61,12 @@ struct Mbarrier {
 // A bulk copy whose bytes have not landed yet (LLK_EMU_CP_ASYNC_AT_WAIT).
 struct BulkCopy {
   void* dst;
-  const void* src;
+  const void* src;  // global memory (1-D copies), or null: the bytes are `staged`
   uint32_t bytes;
   const void* bar;
   const char* file;
   int line;
+  std::vector<unsigned char> staged;  // tensor copies: the box as it will land (emu_tma.h)
 };
 
 // Per block (one OS thread runs one block at a time).
@@ -106,6 +109,15 @@ inline uint32_t shared_address(const void* p) {
     fail(LLK_EMU_UNSUPPORTED, "a shared-memory address outside dynamic shared memory (static __shared__ operands of "
                               "wgmma and bulk copies are not emulated)");
   return uint32_t(a - base);
+}
+
+// The swizzle of the async proxy's shared-memory layouts (tensor copies write it, wgmma's
+// descriptors read it): bits [4, 4 + b) of the absolute shared address XOR bits [7, 7 + b),
+// b = 1, 2, 3 for a 32, 64 or 128-byte span, none for 0 (CuTe's Swizzle<b,4,3>). Only bits 4-6
+// change, so an address stays in its 16-byte-chunk row of `span` bytes.
+inline uint32_t swizzled(uint32_t addr, uint32_t span) {
+  const uint32_t b = span == 128 ? 3 : span == 64 ? 2 : span == 32 ? 1 : 0;
+  return addr ^ (((addr >> 7) & ((1u << b) - 1)) << 4);
 }
 
 // fence.proxy.async: the async proxy sees the generic proxy's shared-memory writes so far.
@@ -198,8 +210,9 @@ inline const char* bulk_copy_land(const BulkCopy& c, char* msg, size_t size) {
              c.bytes, (unsigned long long)m->phase, (long long)m->tx);
     return msg;
   }
-  memcpy(c.dst, c.src, c.bytes);
-  memcpy(async_view() + (static_cast<unsigned char*>(c.dst) - dyn_smem()), c.src, c.bytes);
+  const void* src = c.src ? c.src : c.staged.data();
+  memcpy(c.dst, src, c.bytes);
+  memcpy(async_view() + (static_cast<unsigned char*>(c.dst) - dyn_smem()), src, c.bytes);
   m->tx -= c.bytes;
   mbarrier_maybe_complete(*m);
   return nullptr;
@@ -237,6 +250,19 @@ inline void mbarrier_wait_parity(void* bar, uint32_t parity, const char* file, i
   }
 }
 
+// A checked copy (destination in dynamic shared memory, barrier initialized) starts: it lands
+// now (LLK_EMU_CP_ASYNC_AT_ISSUE) or when the block stalls, its destination poisoned till then.
+inline void bulk_copy_issue(BulkCopy c) {
+  if (tl_worker->cp_async_timing == LLK_EMU_CP_ASYNC_AT_ISSUE) {
+    char msg[300];
+    if (const char* what = bulk_copy_land(c, msg, sizeof msg)) fail(LLK_EMU_KERNEL_TRAP, what, c.file, c.line);
+    return;
+  }
+  memset(c.dst, 0xff, c.bytes);
+  memset(async_view() + shared_address(c.dst), 0xff, c.bytes);
+  tl_async.in_flight.push_back(std::move(c));
+}
+
 // cp.async.bulk global -> shared, completing on `bar`.
 inline void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, void* bar, const char* file, int line) {
   if (bytes == 0 || bytes % 16 != 0)
@@ -247,15 +273,7 @@ inline void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, void
   if (uint64_t(addr) + bytes > tl_async.dyn_smem_bytes)
     fail(LLK_EMU_MEMORY_FAULT, "cp.async.bulk destination past the launch's dynamic shared memory", file, line);
   mbarrier_of(bar, file, line);
-  const BulkCopy c{dst, src, bytes, bar, file, line};
-  if (tl_worker->cp_async_timing == LLK_EMU_CP_ASYNC_AT_ISSUE) {
-    char msg[300];
-    if (const char* what = bulk_copy_land(c, msg, sizeof msg)) fail(LLK_EMU_KERNEL_TRAP, what, file, line);
-    return;
-  }
-  memset(dst, 0xff, bytes);
-  memset(async_view() + addr, 0xff, bytes);
-  tl_async.in_flight.push_back(c);
+  bulk_copy_issue(BulkCopy{dst, src, bytes, bar, file, line, {}});
 }
 
 // At the end of a block: copies still in flight are an error. Returns false with the message.

@@ -60,8 +60,8 @@
 // one helper look alike). Partial-mask warp operations are reported as unsupported. Fibers use
 // x86-64 context switching only. wgmma.mma_async and its fence/commit/wait are modelled in
 // emu_wgmma.h, mbarriers, 1-D bulk copies and fence.proxy.async in emu_async.h (each with its
-// own limits), named barriers, elect.sync and setmaxnreg in emu_warp_specialize.h; tensor
-// copies (TMA with tensor maps) are not. Abandoned fibers of a failed
+// own limits), tensor copies (TMA) in emu_tma.h, named barriers, elect.sync and setmaxnreg in
+// emu_warp_specialize.h. Abandoned fibers of a failed
 // block do not run their destructors.
 #pragma once
 #ifdef __CUDACC__
@@ -676,6 +676,7 @@ inline void cp_async_wait(int n) {  // complete every committed group except the
 }  // namespace llk_emu
 
 #include "emu_async.h"
+#include "emu_tma.h"
 #include "emu_warp_specialize.h"
 #include "emu_wgmma.h"
 

@@ -140,9 +140,7 @@ inline uint16_t wgmma_element(const WgmmaInstr& in, uint64_t desc, bool mn_major
     off = width ? uint32_t(mn % atom) * 2 + uint32_t(mn / atom) * lbo + uint32_t(k % 8) * width + uint32_t(k / 8) * sbo
                 : uint32_t(mn % 8) * 2 + uint32_t(mn / 8) * sbo + uint32_t(k % 8) * 16 + uint32_t(k / 8) * lbo;
   }
-  uint32_t addr = start + off;
-  const uint32_t bits = mode == 1 ? 3 : mode == 2 ? 2 : mode == 3 ? 1 : 0;
-  addr ^= ((addr >> 7) & ((1u << bits) - 1)) << 4;
+  const uint32_t addr = swizzled(start + off, width);
   if (uint64_t(addr) + 2 > tl_wgmma.dyn_smem_bytes)
     wgmma_fail(LLK_EMU_MEMORY_FAULT, "wgmma operand outside the launch's dynamic shared memory", in);
   async_proxy_read(addr, 2, "wgmma.mma_async", in.file, in.line);

@@ -10,11 +10,12 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
     Fp8ConvertParams, LLK_MBARRIER_TEST_DATA, LLK_MBARRIER_TEST_MAX_STAGES, LLK_MBARRIER_TEST_MAX_TILES,
-    LLK_MBARRIER_TEST_SMEM, LLK_MBARRIER_TEST_TILE, LLK_WGMMA_TEST_A, LLK_WGMMA_TEST_C, LLK_WGMMA_TEST_IMAGE,
-    LLK_WGMMA_TEST_SMEM, LLK_WS_TEST_BLOCK, LLK_WS_TEST_DATA, LLK_WS_TEST_MAX_ROUNDS, LLK_WS_TEST_SMEM,
-    LlkSelftestVariant, SelftestParams,
+    LLK_MBARRIER_TEST_SMEM, LLK_MBARRIER_TEST_TILE, LLK_TMA_TEST_BLOCK, LLK_TMA_TEST_HEADER, LLK_TMA_TEST_SMEM,
+    LLK_WGMMA_TEST_A, LLK_WGMMA_TEST_C, LLK_WGMMA_TEST_IMAGE, LLK_WGMMA_TEST_SMEM, LLK_WS_TEST_BLOCK, LLK_WS_TEST_DATA,
+    LLK_WS_TEST_MAX_ROUNDS, LLK_WS_TEST_SMEM, LlkSelftestVariant, LlkTensorMap, SelftestParams,
 };
 use crate::launch::KernelArgs;
+use crate::launch::tensor_map::TmaLayout;
 use crate::launch::{check_dtype, grid_x, to_i64};
 use crate::tensor::Tensor;
 
@@ -35,6 +36,11 @@ pub const MBARRIER_MAX_TILES: usize = LLK_MBARRIER_TEST_MAX_TILES as usize;
 pub const MBARRIER_MAX_STAGES: usize = LLK_MBARRIER_TEST_MAX_STAGES as usize;
 const MBARRIER_INPUT_WORDS: usize = MBARRIER_DATA + MBARRIER_MAX_TILES * MBARRIER_TILE;
 const MBARRIER_BLOCK: usize = 32 + MBARRIER_TILE;
+/// `Kernel::Tma`: the header words (its input), the dynamic shared memory in bytes; its output
+/// is that memory as 32-bit words, the barrier's last 8 bytes excepted.
+pub const TMA_HEADER: usize = LLK_TMA_TEST_HEADER as usize;
+pub const TMA_SMEM_BYTES: usize = LLK_TMA_TEST_SMEM as usize;
+pub const TMA_OUT_WORDS: usize = TMA_SMEM_BYTES / 4 - 2;
 /// `Kernel::WarpSpecialize`: the first input word of the rounds, and at most so many rounds.
 pub const WS_DATA: usize = LLK_WS_TEST_DATA as usize;
 pub const WS_MAX_ROUNDS: usize = LLK_WS_TEST_MAX_ROUNDS as usize;
@@ -108,6 +114,12 @@ pub enum Kernel {
     /// (header words as bits, then the rounds), `out: f32 [rounds][128]` with
     /// `out[r][i] = 3 data[r][i] + r`, then the lane each of the 8 warps elected. Needs sm_90.
     WarpSpecialize,
+    /// One tensor copy (`cp.async.bulk.tensor`) from the tensor map of [`launch_tma`] (one block
+    /// of 64 threads, dynamic shared memory `TMA_SMEM_BYTES`): `in: f32 [TMA_HEADER]` as bits
+    /// (rank, coordinates, destination offset, bytes: kernels/params.h), `out: f32
+    /// [TMA_OUT_WORDS]`, shared memory after the copy. Through [`launch`] its map is all zeros.
+    /// Needs sm_90 on a GPU.
+    Tma,
 }
 
 impl Kernel {
@@ -133,9 +145,10 @@ impl Kernel {
             Kernel::Wgmma => "selftest_wgmma",
             Kernel::Mbarrier => "selftest_mbarrier",
             Kernel::WarpSpecialize => "selftest_warp_specialize",
+            Kernel::Tma => "selftest_tma",
         }
     }
-    pub const ALL: [Kernel; 20] = [
+    pub const ALL: [Kernel; 21] = [
         Kernel::Stencil,
         Kernel::Deadlock,
         Kernel::DivergentBarrier,
@@ -156,6 +169,7 @@ impl Kernel {
         Kernel::Wgmma,
         Kernel::Mbarrier,
         Kernel::WarpSpecialize,
+        Kernel::Tma,
     ];
     /// Warp-level PTX checks: one warp, fixed input and output sizes (in, out elements).
     fn fixed_io(self) -> Option<(usize, usize)> {
@@ -166,6 +180,7 @@ impl Kernel {
             Kernel::Wgmma => Some(((LLK_WGMMA_TEST_IMAGE + LLK_WGMMA_TEST_SMEM / 4) as usize, 128 * 128)),
             Kernel::Mbarrier => Some((MBARRIER_INPUT_WORDS, MBARRIER_MAX_TILES * MBARRIER_TILE)),
             Kernel::WarpSpecialize => Some((WS_DATA + WS_MAX_ROUNDS * 128, WS_MAX_ROUNDS * 128 + 8)),
+            Kernel::Tma => Some((TMA_HEADER, TMA_OUT_WORDS)),
             _ => None,
         }
     }
@@ -206,6 +221,27 @@ pub fn launch_with_dyn_smem(
     block: usize,
     dyn_smem: Option<u32>,
 ) -> Result<()> {
+    launch_inner(kernel, variant, input, out, n, threads, block, dyn_smem, None)
+}
+
+/// Runs [`Kernel::Tma`]: one tensor copy from the map of `layout` over `source`, as the header
+/// `input` (rank, coordinates, destination offset, bytes) says; `out` receives shared memory.
+pub fn launch_tma(variant: Variant, source: &Tensor, layout: &TmaLayout, input: &Tensor, out: &Tensor) -> Result<()> {
+    launch_inner(Kernel::Tma, variant, Some(input), out, 0, 0, 0, None, Some((source, layout)))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_inner(
+    kernel: Kernel,
+    variant: Variant,
+    input: Option<&Tensor>,
+    out: &Tensor,
+    n: usize,
+    threads: usize,
+    block: usize,
+    dyn_smem: Option<u32>,
+    tensor_map: Option<(&Tensor, &TmaLayout)>,
+) -> Result<()> {
     const OP: &str = "selftest";
     if (variant == Variant::PlantedBug || kernel == Kernel::StackHog) && out.device().target() == Target::Cuda {
         return Err(Error::invalid(OP, "variant", "PlantedBug", "planted bugs run on the emulated target only"));
@@ -215,6 +251,7 @@ pub fn launch_with_dyn_smem(
         Kernel::Wgmma => (128, 128),
         Kernel::Mbarrier => (MBARRIER_BLOCK, MBARRIER_BLOCK),
         Kernel::WarpSpecialize => (LLK_WS_TEST_BLOCK as usize, LLK_WS_TEST_BLOCK as usize),
+        Kernel::Tma => (LLK_TMA_TEST_BLOCK as usize, LLK_TMA_TEST_BLOCK as usize),
         k if k.fixed_io().is_some() => (32, 32),
         _ => (block, threads),
     };
@@ -265,6 +302,10 @@ pub fn launch_with_dyn_smem(
         return Err(Error::invalid(OP, "in", "None", "this kernel reads an input"));
     }
     let mut args = KernelArgs::new(OP, out.device());
+    let tensor_map = match tensor_map {
+        Some((source, layout)) => args.tensor_map("source", source, layout)?,
+        None => LlkTensorMap { opaque: [0; 16] },
+    };
     let params = SelftestParams {
         input: match input {
             Some(i) => args.read_tensor("in", i)?,
@@ -284,6 +325,7 @@ pub fn launch_with_dyn_smem(
             Variant::Correct => LlkSelftestVariant::LLK_SELFTEST_CORRECT,
             Variant::PlantedBug => LlkSelftestVariant::LLK_SELFTEST_PLANTED_BUG,
         },
+        tensor_map,
     };
     let dims = LaunchDims {
         grid: (grid_x(OP, threads.div_ceil(block))?, 1, 1),
@@ -294,6 +336,7 @@ pub fn launch_with_dyn_smem(
             None if kernel == Kernel::Wgmma => LLK_WGMMA_TEST_SMEM,
             None if kernel == Kernel::Mbarrier => LLK_MBARRIER_TEST_SMEM,
             None if kernel == Kernel::WarpSpecialize => LLK_WS_TEST_SMEM,
+            None if kernel == Kernel::Tma => LLK_TMA_TEST_SMEM,
             None => 0,
         },
     };

@@ -59,6 +59,16 @@ impl<'a> KernelArgs<'a> {
         KernelArgs { op, device, storages: Vec::new(), guards: Vec::new() }
     }
 
+    /// The op this launch is for (its errors name it).
+    pub fn op(&self) -> &'static str {
+        self.op
+    }
+
+    /// The launching device.
+    pub fn device(&self) -> &'a Device {
+        self.device
+    }
+
     /// Registers an input view; returns where it is.
     pub fn read(&mut self, what: &'static str, v: &'a TensorView<'_>) -> Result<Arg> {
         let base = match v.src() {
