@@ -79,6 +79,15 @@ pub const LINEINFO_FAMILIES: [&str; 1] = ["attention"];
 pub fn has_lineinfo(arch: &str, family: &str) -> bool {
     arch == LINEINFO_ARCH && LINEINFO_FAMILIES.contains(&family)
 }
+/// The families whose sm_90 code is built for sm_90a, the architecture-specific features of
+/// compute capability 9.0 (wgmma, setmaxnreg): it runs on H100 and H200 only, and the crate
+/// selects these kernels only there.
+pub const SM90A_FAMILIES: [&str; 1] = ["attention_sm90"];
+
+/// The `-arch` value for `family` in the `arch` slot: sm_90a for [`SM90A_FAMILIES`] at sm_90.
+pub fn target_arch(arch: &str, family: &str) -> String {
+    if arch == "sm_90" && SM90A_FAMILIES.contains(&family) { "sm_90a".to_string() } else { arch.to_string() }
+}
 /// ptxas's flags, before `-arch`.
 const PTXAS_FLAGS: [&str; 2] = ["-v", "-O3"];
 /// What happens between nvcc and ptxas (recorded in the manifest: a change makes the copy stale).
@@ -94,7 +103,7 @@ pub fn nvcc_args(arch: &str, family: &str, out_ptx: &str, pin_module_path: bool)
     if has_lineinfo(arch, family) {
         v.push("-lineinfo".to_string());
     }
-    v.push(format!("-arch={arch}"));
+    v.push(format!("-arch={}", target_arch(arch, family)));
     v.extend(["-I".to_string(), "kernels".to_string()]);
     if pin_module_path {
         v.extend(["-Xcicc", "--orig_src_path_name", "-Xcicc"].map(String::from));
@@ -121,6 +130,7 @@ pub fn nvcc_command() -> String {
         .map(|a| format!("{a}: nvcc {}", nvcc_args(a, "<family>", "<family>.ptx", true).join(" ")))
         .collect();
     parts.push(format!("-lineinfo before -arch at {LINEINFO_ARCH} for: {}", LINEINFO_FAMILIES.join(", ")));
+    parts.push(format!("-arch=sm_90a (nvcc and ptxas) at sm_90 for: {}", SM90A_FAMILIES.join(", ")));
     parts.join("; ")
 }
 
@@ -405,7 +415,7 @@ pub fn build_one(tc: &Toolchain, root: &Path, out: &Path, family: &str, arch: &s
     std::fs::create_dir_all(&empty).map_err(|e| format!("cannot create {}: {e}", empty.display()))?;
     let report = run(
         Command::new(&tc.ptxas).current_dir(&empty).args(ptxas_args(
-            arch,
+            &target_arch(arch, family),
             &ptx.to_string_lossy(),
             &cubin.to_string_lossy(),
         )),

@@ -174,6 +174,72 @@ fn a100_class_gpus_run_32_key_tiles_at_head_dim_96_and_128() {
 }
 
 #[test]
+fn the_hopper_kernel_serves_bf16_and_f16_at_head_dim_64_and_128_on_sm_90_only() {
+    use llama_kernels::ops::attention::{PrefillKernel, prefill_kernel};
+    use llama_kernels::{EmuArch, EmuOptions};
+    let on = |arch| Device::emulated_with(EmuOptions { arch, ..EmuOptions::default() });
+    let (hopper, a100, ada) = (on(EmuArch::Sm90), on(EmuArch::Sm80), on(EmuArch::Sm89));
+    for dtype in [DType::BF16, DType::F16] {
+        for d in [64, 128] {
+            assert_eq!(prefill_kernel(&hopper, dtype, d, false), PrefillKernel::Hopper, "{dtype} {d}");
+            assert!(matches!(prefill_kernel(&hopper, dtype, d, true), PrefillKernel::MmaSync { keys: 64 }), "paged");
+            assert!(matches!(prefill_kernel(&a100, dtype, d, false), PrefillKernel::MmaSync { .. }), "sm_80");
+            assert!(matches!(prefill_kernel(&ada, dtype, d, false), PrefillKernel::MmaSync { keys: 64 }), "sm_89");
+        }
+        for d in [32, 96, 256] {
+            assert!(matches!(prefill_kernel(&hopper, dtype, d, false), PrefillKernel::MmaSync { keys: 64 }), "{d}");
+        }
+    }
+    assert_eq!(prefill_kernel(&hopper, DType::F32, 128, false), PrefillKernel::Simt);
+}
+
+#[test]
+fn the_hopper_kernel_wraps_its_ring_packs_any_group_and_agrees_across_schedules() {
+    // Tiles of 128 keys through 2 stages: 600 keys wrap the ring twice. GQA packs that do not
+    // divide the block's 128 rows (SmolLM2's 9 q / 3 kv heads: pack 3, 42 tokens; 5 of 10/2),
+    // prefix alignment, every mask, temperature, and sequences shorter than a tile.
+    let mut cases = Vec::new();
+    for (i, dtype) in [DType::BF16, DType::F16].into_iter().enumerate() {
+        for head_dim in [64, 128] {
+            let mask = MASKS[(i + head_dim / 64) % 3];
+            cases.push(AttentionCase::new(dtype, &[(70, 600), (9, 30), (130, 130)], 4, 2, head_dim, mask));
+            let mut smol = AttentionCase::new(dtype, &[(50, 50), (3, 200)], 9, 3, head_dim, AttentionMask::Causal);
+            smol.opts.gqa_pack = Some(3);
+            cases.push(smol);
+            let mut five =
+                AttentionCase::single(dtype, 47, 10, 2, head_dim, AttentionMask::ChunkedCausal { chunk_size: 32 });
+            five.opts.temperature = Some(Llama4Temperature { floor_scale: 16.0, attn_scale: 0.1 });
+            cases.push(five);
+        }
+    }
+    for case in &cases {
+        common::assert_schedules_agree(&format!("{case:?}"), |d| attention_case(d, case));
+    }
+}
+
+#[test]
+fn the_mma_sync_kernel_keeps_passing_where_hopper_is_not() {
+    // sm_86 (99 KiB per block): the 64-key mma.sync kernels at every head dim, each case under
+    // every schedule, bit for bit, against the reference.
+    use llama_kernels::EmuArch;
+    let mut cases = Vec::new();
+    for dtype in [DType::BF16, DType::F16] {
+        for head_dim in [64, 128] {
+            for (j, len) in [17, 64, 129].into_iter().enumerate() {
+                cases.push(AttentionCase::single(dtype, len, 4, 1, head_dim, MASKS[j]));
+            }
+            let mut case =
+                AttentionCase::new(dtype, &[(17, 17), (0, 0), (5, 70), (3, 0), (40, 200)], 8, 2, head_dim, MASKS[1]);
+            case.opts.gqa_pack = Some(4);
+            cases.push(case);
+        }
+    }
+    for case in &cases {
+        common::assert_schedules_agree_on(EmuArch::Sm86, &format!("{case:?}"), |d| attention_case(d, case));
+    }
+}
+
+#[test]
 fn every_validation_error_is_named() {
     let d = Device::emulated();
     let t = |dtype, shape: &[usize]| Tensor::zeros(&d, dtype, shape).unwrap();

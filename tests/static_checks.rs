@@ -515,3 +515,32 @@ fn the_hopper_selftests_compile_to_bulk_and_tensor_copies_transaction_barriers_a
     assert!(tma.iter().any(|o| o == "SYNCS.PHASECHK.TRANS64.TRYWAIT"), "selftest_tma lacks the barrier wait");
     assert!(!tma.iter().any(|o| o == "BPT.TRAP" || o.starts_with("LDL")), "selftest_tma traps or uses local memory");
 }
+
+#[test]
+fn the_hopper_attention_kernel_runs_on_wgmma_fed_by_tma_in_warp_specialized_warpgroups() {
+    // The sm_90 slot of attention_sm90 is built for sm_90a: every kernel issues its matrix
+    // products as HGMMA (64 x 128 keys for S, 64 x head_dim for O), loads by TMA (UTMALDG.3D),
+    // synchronizes on transaction barriers (SYNCS), ping-pongs on named barriers, reallocates
+    // registers (USETMAXREG) and keeps everything in registers (no local memory).
+    for (name, ops) in per_function(&sass("attention_sm90")) {
+        let d = if name.contains("hd64") { 64 } else { 128 };
+        // f16 operands are HGMMA's default: no type suffix.
+        let dtype = if name.ends_with("bf16") { ".BF16" } else { "" };
+        let has = |want: &str| ops.iter().any(|o| o == want);
+        for want in [
+            format!("HGMMA.64x128x16.F32{dtype}"),
+            format!("HGMMA.64x{d}x16.F32{dtype}"),
+            "UTMALDG.3D".to_string(),
+            "SYNCS.ARRIVE.TRANS64".to_string(),
+            "SYNCS.PHASECHK.TRANS64.TRYWAIT".to_string(),
+            "BAR.ARV".to_string(),
+            "USETMAXREG.TRY_ALLOC.CTAPOOL".to_string(),
+            "USETMAXREG.DEALLOC.CTAPOOL".to_string(),
+        ] {
+            assert!(has(&want), "{name} lacks {want}");
+        }
+        assert!(!ops.iter().any(|o| o.starts_with("HMMA")), "{name} uses mma.sync");
+        assert!(!ops.iter().any(|o| o.starts_with("LDL") || o.starts_with("STL")), "{name} uses local memory");
+        assert!(!has("BPT.TRAP"), "{name} traps at sm_90");
+    }
+}

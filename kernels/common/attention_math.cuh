@@ -9,6 +9,7 @@
 // * The score scale, in the base-2 domain the online softmax works in: scale * log2(e), times
 //   Llama 4's temperature log(floor((pos + 1) / floor_scale) + 1) * attn_scale + 1 on NoPE
 //   layers (p < 0 counts as 0), times K's dequantization scale (fp8 pages; 1 otherwise).
+// * The online softmax's step per row and tile (running maximum and sum, rescale factor).
 // * The natural-log constants the LSE output is converted with.
 #pragma once
 
@@ -43,6 +44,28 @@ __device__ __forceinline__ float score_scale_log2(const LlkAttnVariant& v, int64
     s *= logf(q + 1.f) * v.temp_attn_scale + 1.f;
   }
   return s;
+}
+
+// One row's online-softmax step in base 2, once the tile's scores are in: `mx` is the row's
+// largest raw score of the tile (-inf where all are masked), `scale` its base-2 score scale
+// (positive, so the largest raw score scales to the largest scaled one). The running maximum m
+// and sum l advance (l rescaled by `corr`); the tile's weights are exp2(s * scale - base), and
+// the row's O accumulator takes `corr` (exactly 1 when the maximum did not move, so skipping the
+// multiply changes no bit). A row with no allowed key so far keeps base 0.
+struct SoftmaxStep {
+  float base, corr;
+  bool moved;
+};
+
+__device__ __forceinline__ SoftmaxStep online_softmax_step(float& m, float& l, float mx, float scale) {
+  const float m_new = fmaxf(m, mx * scale);
+  SoftmaxStep st;
+  st.base = m_new == -INFINITY ? 0.f : m_new;
+  st.corr = m_new == m ? 1.f : fast_exp2(m - st.base);
+  st.moved = m_new != m;
+  m = m_new;
+  l *= st.corr;
+  return st;
 }
 
 }  // namespace llk

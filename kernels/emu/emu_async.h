@@ -28,7 +28,9 @@
 //     complete_tx on the barrier. With LLK_EMU_CP_ASYNC_AT_WAIT (the latest moment) the
 //     destination holds a NaN pattern from the issue until no thread of the block can run any
 //     more (all wait or have exited); only then do the bytes land, in issue order, and the
-//     transactions complete, so a read that did not wait sees NaN. With
+//     transactions complete, so a read that did not wait sees NaN. At such a stall only the
+//     copies of barriers some thread sleeps on land (all of them when there are none), so a
+//     wait on one stage's barrier does not deliver another's. With
 //     LLK_EMU_CP_ASYNC_AT_ISSUE they land at once. A block whose threads have all exited with
 //     copies in flight (no thread waited on their barrier) is reported.
 //   * Proxies: the async proxy (wgmma operands here, and the bulk copies) sees shared memory as
@@ -218,13 +220,21 @@ inline const char* bulk_copy_land(const BulkCopy& c, char* msg, size_t size) {
   return nullptr;
 }
 
-// Called by the scheduler when no thread can run: the copies in flight land now, in issue
-// order (the latest moment the hardware could deliver them), and wake their waiters. Returns
-// whether there was one; a failure sets the worker's status and message.
+// Called by the scheduler when no thread can run: copies land now, in issue order (the latest
+// moment the hardware could deliver them), and wake their waiters. Only the copies whose
+// mbarrier some thread sleeps on land (all of theirs), the others stay in flight, so that a
+// thread that reads a stage without waiting for its own barrier still sees the NaN pattern
+// though another barrier's wait let the block stall; when no thread waits on any of them, all
+// land. Returns whether one landed; a failure sets the worker's status and message.
 inline bool bulk_copies_land_at_stall(Worker* w) {
   if (tl_async.in_flight.empty()) return false;
-  std::vector<BulkCopy> copies;
-  copies.swap(tl_async.in_flight);
+  auto waited = [](const void* bar) {
+    return std::find(tl_async.waiting.begin(), tl_async.waiting.end(), bar) != tl_async.waiting.end();
+  };
+  std::vector<BulkCopy> copies, later;
+  for (BulkCopy& c : tl_async.in_flight) (waited(c.bar) ? copies : later).push_back(std::move(c));
+  if (copies.empty()) copies.swap(later);
+  tl_async.in_flight.swap(later);
   for (const BulkCopy& c : copies) {
     char msg[300];
     if (const char* what = bulk_copy_land(c, msg, sizeof msg)) {

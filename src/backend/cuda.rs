@@ -137,6 +137,11 @@ impl CudaShared {
         })
     }
 
+    /// The GPU's compute capability (major, minor).
+    pub(crate) fn compute_capability(&self) -> (i32, i32) {
+        self.cc
+    }
+
     fn module(&self, name: &'static str) -> Result<(Arc<CudaModule>, ImageKind)> {
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = modules.get(name) {

@@ -159,6 +159,15 @@ impl Device {
             DeviceInner::Emulated(_) => None,
         }
     }
+    /// Whether this device runs kernels built for sm_90a, compute capability 9.0's own features
+    /// (wgmma, setmaxnreg): an H100 or H200, or the emulator standing for sm_90
+    /// ([`EmuArch::Sm90`](super::EmuArch)). Hopper-only kernels are chosen only here.
+    pub fn has_sm90a_features(&self) -> bool {
+        match &*self.0 {
+            DeviceInner::Cuda(c) => c.shared.compute_capability() == (9, 0),
+            DeviceInner::Emulated(e) => e.arch().compute_capability() == 90,
+        }
+    }
     /// Waits until all queued work on this device's stream is done.
     pub fn synchronize(&self) -> Result<()> {
         self.count(Count::Synchronization);

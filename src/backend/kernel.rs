@@ -41,6 +41,7 @@ kernel_params!(
     crate::ffi::params::SwiGluParams,
     crate::ffi::params::EmbeddingParams,
     crate::ffi::params::AttentionParams,
+    crate::ffi::params::AttentionSm90Params,
     crate::ffi::params::AttentionPlanParams,
     crate::ffi::params::KvAppendParams,
     crate::ffi::params::PagedDecodeParams,

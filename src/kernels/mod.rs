@@ -4,6 +4,7 @@
 //! and every PTX kernel is reachable from exactly one row).
 
 pub(crate) mod attention;
+pub(crate) mod attention_sm90;
 pub(crate) mod embedding;
 pub(crate) mod moe;
 pub(crate) mod paged_attention;
@@ -48,6 +49,7 @@ pub(crate) fn all() -> Vec<KernelRef> {
     let v = rms_norm::symbols().chain(rope::symbols()).chain(swiglu::symbols());
     v.chain(embedding::symbols())
         .chain(attention::symbols())
+        .chain(attention_sm90::symbols())
         .chain(paged_attention::symbols())
         .chain(moe::symbols())
         .chain(sampling::symbols())

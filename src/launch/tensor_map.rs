@@ -163,12 +163,27 @@ impl<'a> KernelArgs<'a> {
             }
         }
         let address = self.read_tensor(what, t)?;
+        self.tensor_map_at(what, address, t.dtype(), layout)
+    }
+
+    /// The tensor map of `layout` over elements of `dtype` from `address`, the first element of
+    /// a view already registered with this launch whose own dims and strides `layout` repeats
+    /// (so that every element the map addresses is in the view).
+    pub fn tensor_map_at(
+        &self,
+        what: &'static str,
+        address: u64,
+        dtype: DType,
+        layout: &TmaLayout,
+    ) -> Result<LlkTensorMap> {
+        let op = self.op();
+        let strides = layout.check(op, dtype)?;
         if address % 16 != 0 {
             return Err(Error::invalid(op, what, format!("{address:#x}"), "a tensor map's base is 16-byte aligned"));
         }
         match self.device().target() {
-            Target::Emulated => Ok(emulated(address, t.dtype(), layout, &strides)),
-            Target::Cuda => cuda(address, t.dtype(), layout, &strides),
+            Target::Emulated => Ok(emulated(address, dtype, layout, &strides)),
+            Target::Cuda => cuda(address, dtype, layout, &strides),
         }
     }
 }

@@ -7,17 +7,19 @@
 //! limit cannot run there: the op returns a named error before launching. Below it, the SM's
 //! shared memory bounds the blocks resident per SM ([`blocks_per_sm_by_smem`]), which is what
 //! the prefill kernel's second configuration (32-key tiles on GPUs where it makes two blocks per
-//! SM, [`mma_keys`]) is for. The README's table "Shared memory per architecture" is [`table`],
+//! SM, [`mma_keys`]) is for. The Hopper prefill kernel is built for sm_90a and runs on 9.0 only
+//! ([`prefill_kernel`](crate::ops::attention::prefill_kernel)). The README's table "Shared memory per architecture" is [`table`],
 //! checked by `tests/static_checks.rs`.
 
 use crate::backend::{EmuArch, blocks_per_sm_by_smem};
 use crate::dtype::DType;
-use crate::ffi::params::{LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL, LLK_DECODE_STAGES_SMALL};
+use crate::ffi::params::{LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL, LLK_ATTN_SM90_KEYS, LLK_DECODE_STAGES_SMALL};
 use crate::ffi::params::{LLK_MOE_GEMM_BLOCK_M, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE};
 use crate::kernels::attention::{KERNELS as PREFILL, SMALL_KEY_KERNELS};
+use crate::kernels::attention_sm90::KERNELS as HOPPER;
 use crate::kernels::moe::GEMM;
 use crate::kernels::paged_attention::{DECODE_KERNELS, FEW_STAGE_DECODE_KERNELS};
-use crate::ops::attention::{decode_smem_bytes, decode_stages, mma_keys, mma_smem_bytes};
+use crate::ops::attention::{decode_smem_bytes, decode_stages, mma_keys, mma_smem_bytes, sm90_smem_bytes};
 
 use super::{KernelResources, all_resources};
 
@@ -77,6 +79,8 @@ pub enum Choice {
     Prefill { dtype: DType, head_dim: usize, keys: usize },
     /// Decode with `stages` K/V stages.
     Decode { dtype: DType, page: DType, head_dim: usize, stages: usize },
+    /// The Hopper prefill kernel, built for sm_90a: chosen on 9.0 only ([`prefill_kernel`]).
+    Hopper,
 }
 
 impl Choice {
@@ -87,6 +91,7 @@ impl Choice {
             Choice::Decode { dtype, page, head_dim, stages } => {
                 decode_stages(arch.max_sm_bytes, arch.max_block_bytes, dtype, page, head_dim) == stages
             }
+            Choice::Hopper => arch.image == "sm_90",
         }
     }
 }
@@ -111,6 +116,14 @@ pub fn dynamic_uses() -> Vec<SmemUse> {
                 out.push(SmemUse { what, symbol, dynamic, choice: Some(Choice::Prefill { dtype, head_dim, keys }) });
             }
         }
+    }
+    for &((dtype, head_dim), symbol) in HOPPER.entries {
+        let what = format!(
+            "prefill attention on Hopper (TMA, wgmma), {}, head_dim {head_dim}, {}-key tiles",
+            dtype_name(dtype),
+            LLK_ATTN_SM90_KEYS
+        );
+        out.push(SmemUse { what, symbol, dynamic: sm90_smem_bytes(head_dim) as usize, choice: Some(Choice::Hopper) });
     }
     // The first configuration's stages are what the planner picks on Hopper (which holds the most).
     let hopper = |dtype, page, head_dim| {

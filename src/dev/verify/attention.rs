@@ -159,7 +159,10 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
     }
     let (comparison, worst_shape) = worst_of(parts);
     Ok(CaseResult {
-        op: "gqa_attention".into(),
+        op: match crate::ops::attention::prefill_kernel(device, dtype, d, paged.is_some()) {
+            crate::ops::attention::PrefillKernel::Hopper => "gqa_attention sm90".into(),
+            _ => "gqa_attention".into(),
+        },
         dtype,
         shape: case_label(case, tq, tk),
         pass: comparison.pass,

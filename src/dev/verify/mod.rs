@@ -38,6 +38,20 @@ pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
     out.extend(
         attention_cases(quick).into_iter().map(|c| attention_case(device, &c).map_err(|e| (format!("{c:?}"), e))),
     );
+    // On the emulator standing for sm_90, whose bf16/f16 prefill runs the Hopper kernel, the
+    // mma.sync kernel too: the same cases on an emulated A100.
+    if device.target() == crate::backend::Target::Emulated && device.has_sm90a_features() {
+        let a100 = Device::emulated_with(crate::backend::EmuOptions {
+            arch: crate::backend::EmuArch::Sm80,
+            ..crate::backend::EmuOptions::default()
+        });
+        out.extend(
+            attention_cases(quick)
+                .into_iter()
+                .filter(|c| c.dtype != crate::dtype::DType::F32 && c.paged.is_none())
+                .map(|c| attention_case(&a100, &c).map_err(|e| (format!("{c:?} on sm_80"), e))),
+        );
+    }
     let (append, decode) = paged_cases(quick);
     out.extend(append.into_iter().map(|c| kv_append_case(device, &c).map_err(|e| (format!("{c:?}"), e))));
     out.extend(decode.into_iter().map(|c| paged_decode_case(device, &c).map_err(|e| (format!("{c:?}"), e))));

@@ -37,8 +37,14 @@
 //! since a captured copy would replay stale offsets). Device offsets are validated by the device: if they are invalid, the call writes
 //! nothing and raises the workspace's error flag ([`AttentionWorkspace::check_errors`]).
 //!
-//! Supported: bf16 and f16 on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async), f32 on a SIMT
-//! path; head_dim 32, 64, 96, 128 and 256. Queries align to the end of their keys (chunked prefill
+//! Supported: bf16 and f16 on tensor cores, f32 on a SIMT path; head_dim 32, 64, 96, 128 and 256.
+//! Two tensor-core kernels ([`prefill_kernel`] says which serves a call): on Hopper (compute
+//! capability 9.0, and the emulator standing for sm_90), bf16/f16 at head_dim 64 and 128 with
+//! contiguous K/V run kernels/attention_sm90.cu, FlashAttention-3's structure (a producer
+//! warpgroup loading Q and K/V tiles by TMA into a ring of mbarrier-guarded stages, two consumer
+//! warpgroups on wgmma, ping-ponging on named barriers); everything else (paged K/V, other head
+//! dims, earlier GPUs) runs kernels/attention.cu's mma.sync kernel (m16n8k16, ldmatrix, cp.async),
+//! FlashAttention-2's. Both compute the same function to the same tolerances. Queries align to the end of their keys (chunked prefill
 //! after a cached prefix). Fully masked rows and queries of sequences without keys write zeros
 //! with `lse = -inf`.
 //!
@@ -148,5 +154,5 @@ pub use decode_launch::decode_stages;
 pub use merge::{merge_attention_states, merge_attention_states_on};
 pub use paged::{KvScale, KvScales, MAX_SCALED_KV_HEADS, PagedKvCache, PagedKvConfig, PagedKvView, kv_append_on};
 pub use prefill::{AttentionOptions, AttentionWorkspace, gqa_attention, gqa_attention_on};
-pub(crate) use prefill_launch::mma_smem_bytes;
-pub use prefill_launch::{CuSeqlens, MAX_PACK, MMA_BLOCKS_PER_SM, mma_keys};
+pub use prefill_launch::{CuSeqlens, MAX_PACK, MMA_BLOCKS_PER_SM, PrefillKernel, mma_keys, prefill_kernel};
+pub(crate) use prefill_launch::{mma_smem_bytes, sm90_smem_bytes};

@@ -4,7 +4,7 @@
 use super::paged::{PagedKvCache, PagedKvView};
 use super::prefill_launch::{
     Bound, CuSeqlens, KvSrc, OP, Tiles, batch_of, check_dtypes, gqa_pack, kernel, launch_dims, mma_keys, params,
-    plan_on_device, tokens_per_block,
+    plan_on_device, sm90_launch, tokens_per_block, uses_sm90,
 };
 use super::variant::Variant;
 use crate::backend::{Device, PinnedStaging, Queue};
@@ -277,6 +277,10 @@ impl AttentionWorkspace {
         };
         let params = params(&b, table.as_ref(), &tiles, batch, pack, &variant)?;
         b.check_aligned(dtype)?;
+        if uses_sm90(&device, dtype, &b) {
+            let (kernel, dims, params) = sm90_launch(&args, &b, dims, params, pack)?;
+            return args.launch(kernel, dims, &params);
+        }
         args.launch(kernel(dtype, d, keys)?, dims, &params)
     }
 

@@ -11,11 +11,14 @@ use crate::backend::{Device, LaunchDims, blocks_per_sm_by_smem};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
-    AttentionParams, AttentionPlanParams, LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL, LLK_ATTN_ROWS_MMA,
-    LLK_ATTN_ROWS_MMA_HD256, LLK_ATTN_ROWS_SIMT, LLK_ATTN_THREADS, LlkKvSource,
+    AttentionParams, AttentionPlanParams, AttentionSm90Params, LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL, LLK_ATTN_ROWS_MMA,
+    LLK_ATTN_ROWS_MMA_HD256, LLK_ATTN_ROWS_SIMT, LLK_ATTN_SM90_KEYS, LLK_ATTN_SM90_PANEL, LLK_ATTN_SM90_SMEM_HD64,
+    LLK_ATTN_SM90_SMEM_HD128, LLK_ATTN_SM90_THREADS, LLK_ATTN_THREADS, LlkKvSource,
 };
 use crate::kernels::attention::{KERNELS, PLAN, SMALL_KEY_KERNELS, SUPPORTED_HEAD_DIMS};
+use crate::kernels::attention_sm90::KERNELS as SM90_KERNELS;
 use crate::launch::pool::{Pool, check_block_table, check_pools, table_rows};
+use crate::launch::tensor_map::{TmaLayout, TmaOobFill, TmaSwizzle};
 use crate::launch::{Arg, Heads, KernelArgs, Region, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::tensor::{TensorView, TensorViewMut};
 
@@ -526,4 +529,79 @@ pub(super) fn kernel(dtype: DType, head_dim: usize, keys: usize) -> Result<crate
     } else {
         KERNELS.find(OP, "q", (dtype, head_dim), dtype)
     }
+}
+
+// ------------------------------------------------------------------ which kernel
+/// The prefill kernels, and which calls each serves ([`prefill_kernel`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// kernels/attention_sm90.cu (TMA, wgmma, warp specialization): bf16 and f16 at head_dim 64
+    /// and 128 with contiguous K/V, on a GPU of compute capability 9.0 (H100, H200) or the
+    /// emulator standing for sm_90.
+    Hopper,
+    /// kernels/attention.cu on tensor cores (mma.sync, ldmatrix, cp.async) with K/V tiles of
+    /// `keys` keys ([`mma_keys`]): bf16 and f16 otherwise (K/V read from the paged cache, head_dim
+    /// 32, 96, 256, GPUs before Hopper).
+    MmaSync {
+        /// Keys per K/V tile.
+        keys: usize,
+    },
+    /// kernels/attention.cu's f32 path on CUDA cores.
+    Simt,
+}
+
+/// The kernel a prefill call of `dtype` and `head_dim` runs on `device`, with K/V from the paged
+/// cache (`paged`) or contiguous. (A batch without any key runs [`PrefillKernel::MmaSync`] even
+/// where this says Hopper: a tensor map has no empty dimension.)
+pub fn prefill_kernel(device: &Device, dtype: DType, head_dim: usize, paged: bool) -> PrefillKernel {
+    if dtype == DType::F32 {
+        PrefillKernel::Simt
+    } else if device.has_sm90a_features() && SM90_KERNELS.has((dtype, head_dim)) && !paged {
+        PrefillKernel::Hopper
+    } else {
+        PrefillKernel::MmaSync { keys: mma_keys(device.max_shared_memory_per_sm(), dtype, head_dim) }
+    }
+}
+
+/// Whether the Hopper kernel serves this call (at least one key: see [`prefill_kernel`]).
+pub(super) fn uses_sm90(device: &Device, dtype: DType, b: &Bound) -> bool {
+    prefill_kernel(device, dtype, b.qh.head_dim, b.paged.is_some()) == PrefillKernel::Hopper && b.kh.tokens > 0
+}
+
+/// The Hopper kernel's dynamic shared memory at `head_dim` (LLK_ATTN_SM90_SMEM_HD<D>).
+pub(crate) const fn sm90_smem_bytes(head_dim: usize) -> u32 {
+    if head_dim <= 64 { LLK_ATTN_SM90_SMEM_HD64 } else { LLK_ATTN_SM90_SMEM_HD128 }
+}
+
+/// The Hopper kernel for `dtype` and `head_dim`, its launch shape (the grid of [`launch_dims`],
+/// a producer and two consumer warpgroups) and its params: `attn` and the TMA maps of q, k and v,
+/// each `[tokens, heads, head_dim]` view as dims (head_dim, heads, tokens), read in 128-byte
+/// swizzled boxes of 64 head dims.
+pub(super) fn sm90_launch(
+    args: &KernelArgs<'_>,
+    b: &Bound,
+    dims: LaunchDims,
+    attn: AttentionParams,
+    pack: usize,
+) -> Result<(crate::backend::KernelRef, LaunchDims, AttentionSm90Params)> {
+    let (dtype, d) = (b.q.dtype, b.qh.head_dim);
+    let map = |what: &'static str, h: &Heads, box_dims: Vec<u32>| {
+        let layout = TmaLayout {
+            dims: vec![h.head_dim as u64, h.heads as u64, h.tokens as u64],
+            strides: vec![h.head_stride as u64, h.token_stride as u64],
+            box_dims,
+            swizzle: TmaSwizzle::B128,
+            oob: TmaOobFill::Zeros,
+        };
+        args.tensor_map_at(what, h.addr, dtype, &layout)
+    };
+    let rows = LLK_ATTN_ROWS_MMA as usize;
+    let params = AttentionSm90Params {
+        attn,
+        q_map: map("q", &b.qh, vec![LLK_ATTN_SM90_PANEL, pack as u32, (rows / pack) as u32])?,
+        k_map: map("k", &b.kh, vec![LLK_ATTN_SM90_PANEL, 1, LLK_ATTN_SM90_KEYS])?,
+        v_map: map("v", &b.vh, vec![LLK_ATTN_SM90_PANEL, 1, LLK_ATTN_SM90_KEYS])?,
+    };
+    let dims = LaunchDims { block: (LLK_ATTN_SM90_THREADS, 1, 1), dyn_smem: sm90_smem_bytes(d), ..dims };
+    Ok((SM90_KERNELS.find(OP, "q", (dtype, d), dtype)?, dims, params))
 }

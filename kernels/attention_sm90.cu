@@ -1,0 +1,289 @@
+// attention_sm90.cu -- prefill attention for Hopper (sm_90a): TMA loads, wgmma, warp specialization.
+//
+// The math, the masks, the variable-length batch and the GQA packing are those of attention.cu
+// (its header states them; src/reference/attention.rs is the spec), and so is the grid: grid.x
+// the row blocks of every sequence (cu_tiles), grid.y = kv_heads x (group / pack), a block of
+// LLK_ATTN_ROWS_MMA = 128 (query token, q head) rows (prefill_blocks.cuh). What differs is how a
+// block computes, in FlashAttention-3's structure:
+//
+// Warp specialization. Three warpgroups (384 threads). Warpgroup 0 is the producer: it gives its
+// registers back (setmaxnreg.dec to 24) and one elected thread issues every load, by TMA
+// (kernels/common/tma.cuh) from the tensor maps in the params: Q once (the block's 128 rows, one
+// box of `pack` heads x 128 / pack tokens per 64-dim panel), then K and V tiles of 128 keys into a
+// ring of 2 stages. Each stage has a "full" mbarrier for K and one for V (arrive.expect_tx of the
+// tile's bytes, completed by the copies) and an "empty" one that the 256 consumer threads arrive
+// on when they are done with the stage; the producer waits for it before refilling. Warpgroups 1
+// and 2 are the consumers (setmaxnreg.inc to 240), 64 rows each; per tile, each:
+//   S = Q K^T     wgmma m64n128k16 from shared memory (Q and K K-major), head_dim / 16 issues;
+//   softmax       in registers: mask (only tiles that cross a mask or sequence boundary), the
+//                 online max / sum in base 2 with quad shuffles, O rescaled when a maximum moved;
+//   O += P V      wgmma m64n<head_dim>k16 with P from registers (S's accumulator layout is the A
+//                 fragment layout, converted to bf16/f16 in place) and V MN-major, 8 issues.
+// Ping-pong: two named barriers order the consumers' matrix products, so that while one
+// warpgroup runs its softmax the tensor cores work on the other's: warpgroup c waits at barrier
+// 1 + c before it issues S = Q K^T, and arrives at the other's barrier after it issued O += P V
+// (warpgroup 1 opens with one arrival at barrier 1, and skips its last, so both balance).
+//
+// Shared memory (dynamic, aligned up to 1024 bytes, LLK_ATTN_SM90_SMEM_HD<D>): head dims in
+// panels of 64 (128 bytes a row), each 128-byte swizzled as TMA writes it and as wgmma's
+// descriptors read it (16-byte chunk c of row r at c ^ (r % 8)): Q [D/64][128 rows], K and V
+// [2 stages][D/64][128 keys], then the mbarriers. Descriptors: Q and K K-major (rows 128 bytes
+// apart, 8-row groups 1024 apart, a k-step 32 bytes further), V MN-major (a k-step of 16 keys
+// 2048 bytes further, 8-key groups 1024 apart, panels of 64 dims a panel apart).
+//
+// Rows past the block's used rows (a pack that does not divide 128) or past the sequence are
+// computed from whatever Q holds there (zeros past total_q, other tokens before it) and never
+// stored; keys past the sequence are masked, past total_k zero-filled by TMA. The output is
+// written from registers (4-byte stores of adjacent head dims); LSE as in attention.cu.
+//
+// Precision as attention.cu: products and sums in f32, P rounded to the input dtype for P V.
+//
+// Scope: bf16 and f16, head_dim 64 and 128, contiguous K/V. K/V read in place from the paged
+// cache, f32, and the other head dims stay on attention.cu's kernels. Not yet: issuing the next
+// tile's S = Q K^T before the current softmax inside a warpgroup, a TMA store of the output, and
+// head_dim 256 (its accumulators do not fit two consumer warpgroups).
+#include "common/llk.cuh"
+#include "common/mbarrier.cuh"
+#include "common/prefill_blocks.cuh"
+#include "common/ptx.cuh"
+#include "common/tma.cuh"
+#include "common/warp_specialize.cuh"
+#include "common/wgmma.cuh"
+
+namespace {
+
+using namespace llk::prefill;
+using llk::kLn2;
+
+constexpr int kThreads = LLK_ATTN_SM90_THREADS;
+constexpr int kRows = LLK_ATTN_ROWS_MMA;      // per block; 64 per consumer warpgroup
+constexpr int kKeys = LLK_ATTN_SM90_KEYS;     // per K/V tile
+constexpr int kStages = LLK_ATTN_SM90_STAGES;
+constexpr int kPanel = LLK_ATTN_SM90_PANEL;   // head dims per 128-byte row of a panel
+static_assert(kThreads == 3 * 128 && kRows == 2 * 64, "one producer and two consumer warpgroups of 64 rows");
+
+// Byte offsets of the shared-memory layout (from the 1024-aligned base).
+template <int D>
+struct Layout {
+  static constexpr int kPanels = D / kPanel;
+  static constexpr int kQBytes = kRows * D * 2;
+  static constexpr int kTileBytes = kKeys * D * 2;  // one K or V tile
+  static constexpr int kPanelQ = kRows * 128, kPanelKV = kKeys * 128;
+  static constexpr int q = 0;
+  static constexpr int k = q + kQBytes;
+  static constexpr int v = k + kStages * kTileBytes;
+  static constexpr int bars = v + kStages * kTileBytes;
+  static constexpr int kBarriers = 1 + 3 * kStages;  // full Q; full K, full V, empty per stage
+  static constexpr int bytes = bars + 64 + 1024;     // + the alignment slack
+  static_assert(kBarriers * 8 <= 64, "the mbarriers fit their 64 bytes");
+};
+static_assert(Layout<64>::bytes == LLK_ATTN_SM90_SMEM_HD64 && Layout<128>::bytes == LLK_ATTN_SM90_SMEM_HD128,
+              "params.h states the shared memory the host launches with");
+
+// A K-major, 128-byte swizzled operand: rows 128 bytes apart, 8-row groups 1024 apart.
+__device__ __forceinline__ uint64_t kmajor_desc(const unsigned char* at) {
+  return llk::wgmma_desc(at, 16, 1024, llk::WgmmaSwizzle::B128);
+}
+
+template <class T, int D>
+__device__ void attention_sm90_body(const AttentionSm90Params& P);
+
+// The entry: the kernel exists on sm_90a (and the emulator); other device targets, where the
+// crate never selects it (ops::attention::prefill_kernel), get a trap instead of dead code.
+template <class T, int D>
+__device__ void attention_sm90_kernel(const AttentionSm90Params& P) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  (void)P;
+  __trap();
+#else
+  attention_sm90_body<T, D>(P);
+#endif
+}
+
+template <class T, int D>
+__device__ void attention_sm90_body(const AttentionSm90Params& P) {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  using L = Layout<D>;
+  const AttentionParams& p = P.attn;
+  LLK_DYN_SMEM(raw);
+  unsigned char* smem = raw + ((1024u - (llk::smem_address(raw) & 1023u)) & 1023u);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::bars);
+  uint64_t* full_q = bars;
+  uint64_t* full_k = bars + 1;
+  uint64_t* full_v = full_k + kStages;
+  uint64_t* empty = full_v + kStages;
+
+  if (past_last_tile(p, blockIdx.x)) return;  // the whole block: before any barrier
+  const int tid = int(threadIdx.x), wg = tid / 128;
+  const Sequence s = locate(p, blockIdx.x);
+  const RowMap rows = row_map(p, s, kRows);
+  const int group = int(p.q_heads / p.kv_heads);
+  const int kv_head = int(rows.first_head) / group;
+  const BlockKeys bk = block_keys(p, s, rows.first_token, rows.tokens_per_block);
+  const KeyTiles kt = key_tiles(p, s, bk, kKeys);
+  const int tiles = max(kt.end - kt.first, 0);
+
+  if (tid == 0) {
+    llk::mbarrier_init(full_q, 1);
+    for (int st = 0; st < kStages; ++st) {
+      llk::mbarrier_init(&full_k[st], 1);
+      llk::mbarrier_init(&full_v[st], 1);
+      llk::mbarrier_init(&empty[st], 256);
+    }
+    llk::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  // ------------------------------------------------------------------ producer warpgroup
+  if (wg == 0) {
+    llk::setmaxnreg<24, false>();
+    if (tid >= 32 || !llk::elect_one_sync()) return;
+    const int32_t q_token = int32_t(s.q_start + rows.first_token), first_head = int32_t(rows.first_head);
+    // The Q box is pack heads x tokens_per_block tokens: the used rows (128 when pack divides 128).
+    llk::mbarrier_arrive_expect_tx(full_q, uint32_t(L::kPanels * kPanel * 2 * rows.pack * rows.tokens_per_block));
+    for (int c = 0; c < L::kPanels; ++c)
+      llk::tensor_copy_to_shared(smem + L::q + c * L::kPanelQ, P.q_map, {c * kPanel, first_head, q_token}, full_q);
+    for (int i = 0; i < tiles; ++i) {
+      const int st = i % kStages;
+      if (i >= kStages) llk::mbarrier_wait(&empty[st], uint32_t(i / kStages - 1) & 1);
+      const int32_t key = int32_t(s.k_start) + (kt.first + i) * kKeys;
+      llk::mbarrier_arrive_expect_tx(&full_k[st], L::kTileBytes);
+      for (int c = 0; c < L::kPanels; ++c)
+        llk::tensor_copy_to_shared(smem + L::k + st * L::kTileBytes + c * L::kPanelKV, P.k_map, {c * kPanel, kv_head, key},
+                                   &full_k[st]);
+      llk::mbarrier_arrive_expect_tx(&full_v[st], L::kTileBytes);
+      for (int c = 0; c < L::kPanels; ++c)
+        llk::tensor_copy_to_shared(smem + L::v + st * L::kTileBytes + c * L::kPanelKV, P.v_map, {c * kPanel, kv_head, key},
+                                   &full_v[st]);
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumer warpgroups
+  llk::setmaxnreg<240, true>();
+  const int c = wg - 1;                                   // consumer 0 or 1: block rows 64 c ..
+  const int t = tid % 128, w = t / 32, g = (t % 32) / 4, qd = t % 4;
+  // This thread's two rows (wgmma's accumulator layout): h = 0, 1 -> row 64 c + 16 w + g + 8 h.
+  auto block_row = [&](int h) { return 64 * c + 16 * w + g + 8 * h; };
+  auto row_valid = [&](int r) { return r < rows.tokens_per_block * rows.pack && rows.token(r) < s.q_len; };
+  KeyInterval keys[2];
+  float scale[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t pos = s.k_len - s.q_len + rows.token(block_row(h));
+    keys[h] = key_interval(p, pos, s.k_len);
+    scale[h] = row_scale_log2(p, pos);
+  }
+  // Accumulators in wgmma's layout: element i of row half h = (i >> 1) & 1, column
+  // 8 (i >> 2) + 2 qd + (i & 1).
+  float o[D / 2], sc[kKeys / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int my_turn = 1 + c, their_turn = 2 - c;  // named barrier ids (0 is __syncthreads)
+  if (c == 1 && tiles > 0) llk::named_barrier_arrive(1, 256);
+
+  llk::mbarrier_wait(full_q, 0);
+  const unsigned char* sq = smem + L::q + 64 * c * 128;  // this warpgroup's 64 rows of each panel
+  for (int i = 0; i < tiles; ++i) {
+    const int st = i % kStages;
+    const uint32_t parity = uint32_t(i / kStages) & 1;
+    const unsigned char* sk = smem + L::k + st * L::kTileBytes;
+    const unsigned char* sv = smem + L::v + st * L::kTileBytes;
+
+    // S = Q K^T, after the other warpgroup issued its products.
+    llk::named_barrier_sync(my_turn, 256);
+    llk::mbarrier_wait(&full_k[st], parity);
+    llk::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int panel = kk / 4, at = (kk % 4) * 32;
+      llk::wgmma_ss<T, kKeys, false, false>(sc, kmajor_desc(sq + panel * L::kPanelQ + at),
+                                            kmajor_desc(sk + panel * L::kPanelKV + at), kk > 0);
+    }
+    llk::wgmma_commit();
+    llk::wgmma_wait<0>(sc);
+
+    // Mask, only on tiles that cross a mask or sequence boundary.
+    const int tile = kt.first + i, n0 = tile * kKeys;
+    if (tile < kt.free_lo || tile >= kt.free_hi) {
+      // perf-model: cold {
+#pragma unroll
+      for (int e = 0; e < kKeys / 2; ++e) {
+        const int key = n0 + 8 * (e >> 2) + 2 * qd + (e & 1);
+        if (!keys[(e >> 1) & 1].contains(key)) sc[e] = -INFINITY;
+      }
+      // perf-model: cold }
+    }
+    // Online softmax in base 2 (as attention.cu): row maxima over the quad, rescale, exponentiate.
+    float corr[2], base[2];
+    bool moved = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * h], sc[4 * j + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const llk::SoftmaxStep step = llk::online_softmax_step(m[h], l[h], mx, scale[h]);
+      base[h] = step.base, corr[h] = step.corr, moved = moved || step.moved;
+    }
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int e = 0; e < D / 2; ++e) o[e] *= corr[(e >> 1) & 1];
+    }
+    uint32_t pa[kKeys / 16][4];  // P as A fragments: k-step kk holds keys 16 kk .. 16 kk + 15
+#pragma unroll
+    for (int e = 0; e < kKeys / 2; e += 2) {
+      const int h = (e >> 1) & 1;
+      const float x0 = llk::fast_exp2(fmaf(sc[e], scale[h], -base[h]));
+      const float x1 = llk::fast_exp2(fmaf(sc[e + 1], scale[h], -base[h]));
+      l[h] += x0 + x1;
+      // Column 8 j + 2 qd of half h, j = e / 4: k-step j / 2, register h + 2 (j % 2).
+      const int j = e >> 2;
+      pa[j >> 1][h + 2 * (j & 1)] = llk::pack_pair<T>(x0, x1);
+    }
+
+    // O += P V; then the stage is free, and the other warpgroup's turn.
+    llk::mbarrier_wait(&full_v[st], parity);
+    llk::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      llk::wgmma_rs<T, D, true>(o, pa[kk], llk::wgmma_desc(sv + kk * 2048, L::kPanelKV, 1024, llk::WgmmaSwizzle::B128),
+                                true);
+    llk::wgmma_commit();
+    if (c == 0 || i + 1 < tiles) llk::named_barrier_arrive(their_turn, 256);
+    llk::wgmma_wait<0>(o);
+    llk::mbarrier_arrive(&empty[st]);
+  }
+
+  // Finish: quad-wide sums, normalize, store (rows of the block and sequence only).
+  T* out = reinterpret_cast<T*>(p.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum == 0.f ? 0.f : 1.f / sum;  // fully masked: zeros; NaN stays NaN
+    const int r = block_row(h);
+    if (!row_valid(r)) continue;
+    T* orow = out + (s.q_start + rows.token(r)) * p.out_token_stride + rows.head(r) * p.out_head_stride;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * qd) = llk::pack_pair<T>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+    if (p.lse != 0 && qd == 0)
+      reinterpret_cast<float*>(p.lse)[rows.head(r) * p.total_q + s.q_start + rows.token(r)] =
+          sum == 0.f ? -INFINITY : (m[h] + log2f(sum)) * kLn2;
+  }
+}
+
+}  // namespace
+
+// Symbols: attention_sm90_hd<head_dim>_<dtype>.
+#define ATTENTION_SM90_KERNELS(X)                                                                                   \
+  X(attention_sm90_hd64_bf16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__nv_bfloat16, 64>))   \
+  X(attention_sm90_hd128_bf16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__nv_bfloat16, 128>)) \
+  X(attention_sm90_hd64_f16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__half, 64>))           \
+  X(attention_sm90_hd128_f16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__half, 128>))
+
+LLK_EXPORT_KERNELS(attention_sm90, ATTENTION_SM90_KERNELS)
