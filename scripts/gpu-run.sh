@@ -103,6 +103,12 @@ else
     echo "-- $(basename "$t")"
     if "$t" "${threads[@]}"; then step_ok; else step_failed "$(basename "$t")"; fi
   done
+  # The Hopper prefill kernel: CUDA chooses it only with LLK_ATTENTION_SM90=1 until it has passed
+  # on hardware; here it runs against the reference (and the mma.sync kernel above).
+  if [[ $gpu == 1 && -x "$stage/bin/test-attention" ]]; then
+    echo "-- test-attention, LLK_ATTENTION_SM90=1"
+    if LLK_ATTENTION_SM90=1 "$stage/bin/test-attention" "${threads[@]}"; then step_ok; else step_failed "test-attention (Hopper kernel)"; fi
+  fi
 fi
 
 echo; echo "== compute-sanitizer (memcheck, racecheck, synccheck) on every op (verify --quick)"
@@ -169,6 +175,10 @@ for b in "${benches[@]}"; do
   # Without a GPU each bench says that it has nothing to measure.
   if "$b" --bench --noplot 2>&1 | tee "$out/$(basename "$b").txt"; then step_ok; else step_failed "$(basename "$b")"; fi
   echo "-- $(basename "$b"): $((SECONDS - t0)) s"
+  if [[ $gpu == 1 && $(basename "$b") == bench-attention ]]; then
+    echo "-- bench-attention, LLK_ATTENTION_SM90=1 (the Hopper kernel)"
+    if LLK_ATTENTION_SM90=1 "$b" --bench --noplot 2>&1 | tee "$out/bench-attention-sm90.txt"; then step_ok; else step_failed "bench-attention (Hopper kernel)"; fi
+  fi
 done
 
 echo; echo "== PyTorch on the same shapes, and our/their ratios"

@@ -40,7 +40,7 @@ readonly build_dir=target/gpu-stage-build
 readonly wheel_pin=scripts/gpu-stage-wheel.txt
 # Test binaries that exercise kernels (static checks, the params mirror, the package build and
 # the performance report read this checkout's build folders and sources, and run in CI instead).
-readonly gpu_tests="rms_norm emulator rope swiglu attention paged_attention moe ptx_wrappers devices_and_tensors interop gpu_graph linear block embedding sampling"
+readonly gpu_tests="rms_norm emulator rope swiglu attention paged_attention moe ptx_wrappers devices_and_tensors interop gpu_graph linear block embedding sampling mbarrier warp_specialize tma"
 # Every bench: they time CUDA events and explain themselves on a machine without a GPU.
 benches() { sed -n '/^\[\[bench\]\]/,/^name/s/^name = "\(.*\)"/\1/p' Cargo.toml; }
 # Deterministic archives: the dry run's device-code.tar.xz is the staged one, byte for byte.

@@ -217,7 +217,8 @@ def swiglu_section(torch, compiler):
 
 def attention_section(torch, compiler):
     """scaled_dot_product_attention on the same shapes, [batch, heads, seq, head_dim] bf16, with
-    enable_gqa and on K/V expanded to the q heads, through each backend that accepts them."""
+    enable_gqa and on K/V expanded to the q heads, through each backend that accepts them (cuDNN
+    among them), and FlashAttention-3 (flash_attn_interface) when the machine has it."""
     F = torch.nn.functional
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -227,6 +228,11 @@ def attention_section(torch, compiler):
     backends = [("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
     if hasattr(SDPBackend, "CUDNN_ATTENTION"):
         backends.append(("cudnn", SDPBackend.CUDNN_ATTENTION))
+    try:
+        import flash_attn_interface as fa3  # FlashAttention-3 (its hopper/ build), when the image has it
+    except ImportError:
+        fa3 = None
+        print("note: flash_attn_interface (FlashAttention-3) missing; attention compared without it")
     shapes = []
     for causal in [True, False]:
         for seq in [512, 1024, 2048, 4096, 8192, 16384]:
@@ -254,6 +260,14 @@ def attention_section(torch, compiler):
                         )
                 except Exception as e:  # noqa: BLE001 - a backend that refuses the shape is skipped
                     print(f"note: {name}: {label} unavailable ({str(e).splitlines()[0][:100]})")
+        if fa3 is not None:
+            # FlashAttention-3 takes [batch, seq, heads, head_dim] and GQA as it is.
+            qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+            try:
+                theirs["fa3 gqa"] = cuda_time_us(torch, lambda: fa3.flash_attn_func(qt, kt, vt, causal=causal), iters=10)
+            except Exception as e:  # noqa: BLE001
+                print(f"note: {name}: fa3 unavailable ({str(e).splitlines()[0][:100]})")
+            del qt, kt, vt
         rows.append((name, theirs))
         del q, k, v, ke, ve
     return rows

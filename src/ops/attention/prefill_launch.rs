@@ -536,8 +536,8 @@ pub(super) fn kernel(dtype: DType, head_dim: usize, keys: usize) -> Result<crate
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefillKernel {
     /// kernels/attention_sm90.cu (TMA, wgmma, warp specialization): bf16 and f16 at head_dim 64
-    /// and 128 with contiguous K/V, on a GPU of compute capability 9.0 (H100, H200) or the
-    /// emulator standing for sm_90.
+    /// and 128 with contiguous K/V, on the emulator standing for sm_90, and on a GPU of compute
+    /// capability 9.0 (H100, H200) when [`HOPPER_ON_CUDA_VAR`] is `1`.
     Hopper,
     /// kernels/attention.cu on tensor cores (mma.sync, ldmatrix, cp.async) with K/V tiles of
     /// `keys` keys ([`mma_keys`]): bf16 and f16 otherwise (K/V read from the paged cache, head_dim
@@ -550,13 +550,26 @@ pub enum PrefillKernel {
     Simt,
 }
 
+/// The environment variable that lets a GPU run the Hopper kernel: `1` on. The kernel is checked
+/// on the emulated sm_90 on every commit, which chooses it always; it has not yet run on
+/// hardware, so a CUDA device chooses it only when this is set (the GPU test stage sets it).
+pub const HOPPER_ON_CUDA_VAR: &str = "LLK_ATTENTION_SM90";
+
+/// Whether [`HOPPER_ON_CUDA_VAR`] is `1` (read once).
+fn hopper_on_cuda() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os(HOPPER_ON_CUDA_VAR).is_some_and(|v| v == "1"))
+}
+
 /// The kernel a prefill call of `dtype` and `head_dim` runs on `device`, with K/V from the paged
 /// cache (`paged`) or contiguous. (A batch without any key runs [`PrefillKernel::MmaSync`] even
 /// where this says Hopper: a tensor map has no empty dimension.)
 pub fn prefill_kernel(device: &Device, dtype: DType, head_dim: usize, paged: bool) -> PrefillKernel {
+    let hopper =
+        device.has_sm90a_features() && (device.target() == crate::backend::Target::Emulated || hopper_on_cuda());
     if dtype == DType::F32 {
         PrefillKernel::Simt
-    } else if device.has_sm90a_features() && SM90_KERNELS.has((dtype, head_dim)) && !paged {
+    } else if hopper && SM90_KERNELS.has((dtype, head_dim)) && !paged {
         PrefillKernel::Hopper
     } else {
         PrefillKernel::MmaSync { keys: mma_keys(device.max_shared_memory_per_sm(), dtype, head_dim) }
