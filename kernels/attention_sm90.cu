@@ -9,16 +9,17 @@
 // Warp specialization. Three warpgroups (384 threads). Warpgroup 0 is the producer: it gives its
 // registers back (setmaxnreg.dec to 24) and one elected thread issues every load, by TMA
 // (kernels/common/tma.cuh) from the tensor maps in the params: Q once (the block's 128 rows, one
-// box of `pack` heads x 128 / pack tokens per 64-dim panel), then K and V tiles of 128 keys into a
-// ring of 2 stages. Each stage has a "full" mbarrier for K and one for V (arrive.expect_tx of the
+// box of `pack` heads x 128 / pack tokens per 64-dim panel), then K and V tiles of 128 keys (64 at
+// head_dim 256) into a ring of 2 stages. Each stage has a "full" mbarrier for K and one for V (arrive.expect_tx of the
 // tile's bytes, completed by the copies) and an "empty" one that the 256 consumer threads arrive
 // on when they are done with the stage; the producer waits for it before refilling. Warpgroups 1
 // and 2 are the consumers (setmaxnreg.inc to 240), 64 rows each; per tile, each:
-//   S = Q K^T     wgmma m64n128k16 from shared memory (Q and K K-major), head_dim / 16 issues;
+//   S = Q K^T     wgmma m64n<keys>k16 from shared memory (Q and K K-major), head_dim / 16 issues;
 //   softmax       in registers: mask (only tiles that cross a mask or sequence boundary), the
 //                 online max / sum in base 2 with quad shuffles, O rescaled when a maximum moved;
 //   O += P V      wgmma m64n<head_dim>k16 with P from registers (S's accumulator layout is the A
-//                 fragment layout, converted to bf16/f16 in place) and V MN-major, 8 issues.
+//                 fragment layout, converted to bf16/f16 in place) and V MN-major, keys / 16
+//                 issues.
 // Ping-pong: two named barriers order the consumers' matrix products, so that while one
 // warpgroup runs its softmax the tensor cores work on the other's: warpgroup c waits at barrier
 // 1 + c before it issues S = Q K^T, and arrives at the other's barrier after it issued O += P V
@@ -27,7 +28,7 @@
 // Shared memory (dynamic, aligned up to 1024 bytes, LLK_ATTN_SM90_SMEM_HD<D>): head dims in
 // panels of 64 (128 bytes a row), each 128-byte swizzled as TMA writes it and as wgmma's
 // descriptors read it (16-byte chunk c of row r at c ^ (r % 8)): Q [D/64][128 rows], K and V
-// [2 stages][D/64][128 keys], then the mbarriers. Descriptors: Q and K K-major (rows 128 bytes
+// [2 stages][D/64][keys], then the mbarriers. Descriptors: Q and K K-major (rows 128 bytes
 // apart, 8-row groups 1024 apart, a k-step 32 bytes further), V MN-major (a k-step of 16 keys
 // 2048 bytes further, 8-key groups 1024 apart, panels of 64 dims a panel apart).
 //
@@ -38,10 +39,9 @@
 //
 // Precision as attention.cu: products and sums in f32, P rounded to the input dtype for P V.
 //
-// Scope: bf16 and f16, head_dim 64 and 128, contiguous K/V. K/V read in place from the paged
-// cache, f32, and the other head dims stay on attention.cu's kernels. Not yet: issuing the next
-// tile's S = Q K^T before the current softmax inside a warpgroup, a TMA store of the output, and
-// head_dim 256 (its accumulators do not fit two consumer warpgroups).
+// Scope: bf16 and f16, head_dim 64, 128 and 256, contiguous K/V. K/V read in place from the paged
+// cache, f32, and head_dim 32 and 96 stay on attention.cu's kernels. Not yet: issuing the next
+// tile's S = Q K^T before the current softmax inside a warpgroup, and a TMA store of the output.
 #include "common/llk.cuh"
 #include "common/mbarrier.cuh"
 #include "common/prefill_blocks.cuh"
@@ -57,7 +57,10 @@ using llk::kLn2;
 
 constexpr int kThreads = LLK_ATTN_SM90_THREADS;
 constexpr int kRows = LLK_ATTN_ROWS_MMA;      // per block; 64 per consumer warpgroup
-constexpr int kKeys = LLK_ATTN_SM90_KEYS;     // per K/V tile
+// Keys per K/V tile: 128, and 64 at head_dim 256 (whose 64 x 256 O accumulators leave the
+// registers for a 64-key S, and whose stages must fit shared memory).
+template <int D>
+inline constexpr int kKeysOf = D <= 128 ? LLK_ATTN_SM90_KEYS : LLK_ATTN_SM90_KEYS_HD256;
 constexpr int kStages = LLK_ATTN_SM90_STAGES;
 constexpr int kPanel = LLK_ATTN_SM90_PANEL;   // head dims per 128-byte row of a panel
 static_assert(kThreads == 3 * 128 && kRows == 2 * 64, "one producer and two consumer warpgroups of 64 rows");
@@ -65,6 +68,7 @@ static_assert(kThreads == 3 * 128 && kRows == 2 * 64, "one producer and two cons
 // Byte offsets of the shared-memory layout (from the 1024-aligned base).
 template <int D>
 struct Layout {
+  static constexpr int kKeys = kKeysOf<D>;
   static constexpr int kPanels = D / kPanel;
   static constexpr int kQBytes = kRows * D * 2;
   static constexpr int kTileBytes = kKeys * D * 2;  // one K or V tile
@@ -77,7 +81,8 @@ struct Layout {
   static constexpr int bytes = bars + 64 + 1024;     // + the alignment slack
   static_assert(kBarriers * 8 <= 64, "the mbarriers fit their 64 bytes");
 };
-static_assert(Layout<64>::bytes == LLK_ATTN_SM90_SMEM_HD64 && Layout<128>::bytes == LLK_ATTN_SM90_SMEM_HD128,
+static_assert(Layout<64>::bytes == LLK_ATTN_SM90_SMEM_HD64 && Layout<128>::bytes == LLK_ATTN_SM90_SMEM_HD128 &&
+                  Layout<256>::bytes == LLK_ATTN_SM90_SMEM_HD256,
               "params.h states the shared memory the host launches with");
 
 // A K-major, 128-byte swizzled operand: rows 128 bytes apart, 8-row groups 1024 apart.
@@ -102,8 +107,9 @@ __device__ void attention_sm90_kernel(const AttentionSm90Params& P) {
 
 template <class T, int D>
 __device__ void attention_sm90_body(const AttentionSm90Params& P) {
-  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   using L = Layout<D>;
+  constexpr int kKeys = L::kKeys;
   const AttentionParams& p = P.attn;
   LLK_DYN_SMEM(raw);
   unsigned char* smem = raw + ((1024u - (llk::smem_address(raw) & 1023u)) & 1023u);
@@ -283,7 +289,9 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
 #define ATTENTION_SM90_KERNELS(X)                                                                                   \
   X(attention_sm90_hd64_bf16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__nv_bfloat16, 64>))   \
   X(attention_sm90_hd128_bf16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__nv_bfloat16, 128>)) \
+  X(attention_sm90_hd256_bf16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__nv_bfloat16, 256>)) \
   X(attention_sm90_hd64_f16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__half, 64>))           \
-  X(attention_sm90_hd128_f16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__half, 128>))
+  X(attention_sm90_hd128_f16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__half, 128>))         \
+  X(attention_sm90_hd256_f16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__half, 256>))
 
 LLK_EXPORT_KERNELS(attention_sm90, ATTENTION_SM90_KERNELS)

@@ -225,21 +225,24 @@ typedef struct AttentionParams {
 
 // The Hopper prefill kernel (attention_sm90.cu, attention_sm90_hd<D>_<dtype>): a producer
 // warpgroup loading Q once and K/V tiles into a ring of stages by TMA, and two consumer
-// warpgroups of 64 rows each computing on wgmma. Rows per block as LLK_ATTN_ROWS_MMA, so that the
-// host plans its tiles alike; dynamic shared memory per head dim: Q, the K and V stages (128-byte
-// swizzled panels of 64 head dims), the mbarriers, and 1024 bytes to align the panels.
+// warpgroups of 64 rows each computing on wgmma. LLK_ATTN_ROWS_MMA rows per block at every head
+// dim; K/V tiles of LLK_ATTN_SM90_KEYS keys (LLK_ATTN_SM90_KEYS_HD256 at head_dim 256); dynamic
+// shared memory per head dim: Q, the K and V stages (128-byte swizzled panels of 64 head dims),
+// the mbarriers, and 1024 bytes to align the panels.
 #define LLK_ATTN_SM90_THREADS 384
 #define LLK_ATTN_SM90_KEYS 128
 #define LLK_ATTN_SM90_STAGES 2
 #define LLK_ATTN_SM90_PANEL 64
+#define LLK_ATTN_SM90_KEYS_HD256 64
 #define LLK_ATTN_SM90_SMEM_HD64 83008
 #define LLK_ATTN_SM90_SMEM_HD128 164928
+#define LLK_ATTN_SM90_SMEM_HD256 197696
 
 // AttentionParams and the TMA maps of the three inputs, dimension 0 innermost (LlkTensorMap).
 typedef struct AttentionSm90Params {
   AttentionParams attn;  // contiguous K/V only (kv_source LLK_KV_CONTIGUOUS)
   LlkTensorMap q_map;    // dims (head_dim, q_heads, total_q), box (PANEL, pack, ROWS_MMA / pack)
-  LlkTensorMap k_map;    // dims (head_dim, kv_heads, total_k), box (PANEL, 1, KEYS)
+  LlkTensorMap k_map;    // dims (head_dim, kv_heads, total_k), box (PANEL, 1, keys per tile)
   LlkTensorMap v_map;    // as k_map
 } AttentionSm90Params;
 

@@ -174,19 +174,19 @@ fn a100_class_gpus_run_32_key_tiles_at_head_dim_96_and_128() {
 }
 
 #[test]
-fn the_hopper_kernel_serves_bf16_and_f16_at_head_dim_64_and_128_on_sm_90_only() {
+fn the_hopper_kernel_serves_bf16_and_f16_at_head_dim_64_128_and_256_on_sm_90_only() {
     use llama_kernels::ops::attention::{PrefillKernel, prefill_kernel};
     use llama_kernels::{EmuArch, EmuOptions};
     let on = |arch| Device::emulated_with(EmuOptions { arch, ..EmuOptions::default() });
     let (hopper, a100, ada) = (on(EmuArch::Sm90), on(EmuArch::Sm80), on(EmuArch::Sm89));
     for dtype in [DType::BF16, DType::F16] {
-        for d in [64, 128] {
+        for d in [64, 128, 256] {
             assert_eq!(prefill_kernel(&hopper, dtype, d, false), PrefillKernel::Hopper, "{dtype} {d}");
             assert!(matches!(prefill_kernel(&hopper, dtype, d, true), PrefillKernel::MmaSync { keys: 64 }), "paged");
             assert!(matches!(prefill_kernel(&a100, dtype, d, false), PrefillKernel::MmaSync { .. }), "sm_80");
             assert!(matches!(prefill_kernel(&ada, dtype, d, false), PrefillKernel::MmaSync { keys: 64 }), "sm_89");
         }
-        for d in [32, 96, 256] {
+        for d in [32, 96] {
             assert!(matches!(prefill_kernel(&hopper, dtype, d, false), PrefillKernel::MmaSync { keys: 64 }), "{d}");
         }
     }
@@ -195,12 +195,12 @@ fn the_hopper_kernel_serves_bf16_and_f16_at_head_dim_64_and_128_on_sm_90_only() 
 
 #[test]
 fn the_hopper_kernel_wraps_its_ring_packs_any_group_and_agrees_across_schedules() {
-    // Tiles of 128 keys through 2 stages: 600 keys wrap the ring twice. GQA packs that do not
+    // Tiles of 128 keys (64 at head_dim 256) through 2 stages: 600 keys wrap the ring. GQA packs that do not
     // divide the block's 128 rows (SmolLM2's 9 q / 3 kv heads: pack 3, 42 tokens; 5 of 10/2),
     // prefix alignment, every mask, temperature, and sequences shorter than a tile.
     let mut cases = Vec::new();
     for (i, dtype) in [DType::BF16, DType::F16].into_iter().enumerate() {
-        for head_dim in [64, 128] {
+        for head_dim in [64, 128, 256] {
             let mask = MASKS[(i + head_dim / 64) % 3];
             cases.push(AttentionCase::new(dtype, &[(70, 600), (9, 30), (130, 130)], 4, 2, head_dim, mask));
             let mut smol = AttentionCase::new(dtype, &[(50, 50), (3, 200)], 9, 3, head_dim, AttentionMask::Causal);
@@ -219,8 +219,8 @@ fn the_hopper_kernel_wraps_its_ring_packs_any_group_and_agrees_across_schedules(
 
 #[test]
 fn the_mma_sync_kernel_keeps_passing_where_hopper_is_not() {
-    // sm_86 (99 KiB per block): the 64-key mma.sync kernels at every head dim, each case under
-    // every schedule, bit for bit, against the reference.
+    // sm_86 (99 KiB per block): the 64-key mma.sync kernels at head_dim 64 and 128, each case
+    // under every schedule, bit for bit, against the reference.
     use llama_kernels::EmuArch;
     let mut cases = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
@@ -236,6 +236,12 @@ fn the_mma_sync_kernel_keeps_passing_where_hopper_is_not() {
     }
     for case in &cases {
         common::assert_schedules_agree_on(EmuArch::Sm86, &format!("{case:?}"), |d| attention_case(d, case));
+    }
+    // head_dim 256 (one 16-row m-tile per warp, Q re-read from shared memory) needs an A100's
+    // shared memory.
+    for (dtype, mask) in [(DType::BF16, MASKS[1]), (DType::F16, MASKS[2])] {
+        let case = AttentionCase::new(dtype, &[(70, 70), (9, 100)], 4, 2, 256, mask);
+        common::assert_schedules_agree_on(EmuArch::Sm80, &format!("{case:?}"), |d| attention_case(d, &case));
     }
 }
 

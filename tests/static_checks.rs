@@ -519,16 +519,18 @@ fn the_hopper_selftests_compile_to_bulk_and_tensor_copies_transaction_barriers_a
 #[test]
 fn the_hopper_attention_kernel_runs_on_wgmma_fed_by_tma_in_warp_specialized_warpgroups() {
     // The sm_90 slot of attention_sm90 is built for sm_90a: every kernel issues its matrix
-    // products as HGMMA (64 x 128 keys for S, 64 x head_dim for O), loads by TMA (UTMALDG.3D),
+    // products as HGMMA (64 x keys for S, 64 x head_dim for O), loads by TMA (UTMALDG.3D),
     // synchronizes on transaction barriers (SYNCS), ping-pongs on named barriers, reallocates
     // registers (USETMAXREG) and keeps everything in registers (no local memory).
     for (name, ops) in per_function(&sass("attention_sm90")) {
-        let d = if name.contains("hd64") { 64 } else { 128 };
+        let d =
+            ["hd64", "hd128", "hd256"].iter().position(|h| name.contains(&format!("{h}_"))).map(|i| 64 << i).unwrap();
+        let keys = if d <= 128 { 128 } else { 64 };
         // f16 operands are HGMMA's default: no type suffix.
         let dtype = if name.ends_with("bf16") { ".BF16" } else { "" };
         let has = |want: &str| ops.iter().any(|o| o == want);
         for want in [
-            format!("HGMMA.64x128x16.F32{dtype}"),
+            format!("HGMMA.64x{keys}x16.F32{dtype}"),
             format!("HGMMA.64x{d}x16.F32{dtype}"),
             "UTMALDG.3D".to_string(),
             "SYNCS.ARRIVE.TRANS64".to_string(),

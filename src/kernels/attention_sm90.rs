@@ -1,5 +1,5 @@
 //! The kernels of `kernels/attention_sm90.cu`: Hopper prefill attention (TMA, wgmma, warp
-//! specialization) for bf16 and f16 at head_dim 64 and 128.
+//! specialization) for bf16 and f16 at head_dim 64, 128 and 256.
 
 use super::KernelTable;
 use crate::backend::KernelRef;
@@ -11,8 +11,10 @@ pub(crate) static KERNELS: KernelTable<(DType, usize)> = KernelTable {
     entries: &[
         ((DType::BF16, 64), "attention_sm90_hd64_bf16"),
         ((DType::BF16, 128), "attention_sm90_hd128_bf16"),
+        ((DType::BF16, 256), "attention_sm90_hd256_bf16"),
         ((DType::F16, 64), "attention_sm90_hd64_f16"),
         ((DType::F16, 128), "attention_sm90_hd128_f16"),
+        ((DType::F16, 256), "attention_sm90_hd256_f16"),
     ],
 };
 

@@ -13,13 +13,13 @@
 
 use crate::backend::{EmuArch, blocks_per_sm_by_smem};
 use crate::dtype::DType;
-use crate::ffi::params::{LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL, LLK_ATTN_SM90_KEYS, LLK_DECODE_STAGES_SMALL};
+use crate::ffi::params::{LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL, LLK_DECODE_STAGES_SMALL};
 use crate::ffi::params::{LLK_MOE_GEMM_BLOCK_M, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE};
 use crate::kernels::attention::{KERNELS as PREFILL, SMALL_KEY_KERNELS};
 use crate::kernels::attention_sm90::KERNELS as HOPPER;
 use crate::kernels::moe::GEMM;
 use crate::kernels::paged_attention::{DECODE_KERNELS, FEW_STAGE_DECODE_KERNELS};
-use crate::ops::attention::{decode_smem_bytes, decode_stages, mma_keys, mma_smem_bytes, sm90_smem_bytes};
+use crate::ops::attention::{decode_smem_bytes, decode_stages, mma_keys, mma_smem_bytes, sm90_keys, sm90_smem_bytes};
 
 use super::{KernelResources, all_resources};
 
@@ -121,7 +121,7 @@ pub fn dynamic_uses() -> Vec<SmemUse> {
         let what = format!(
             "prefill attention on Hopper (TMA, wgmma), {}, head_dim {head_dim}, {}-key tiles",
             dtype_name(dtype),
-            LLK_ATTN_SM90_KEYS
+            sm90_keys(head_dim)
         );
         out.push(SmemUse { what, symbol, dynamic: sm90_smem_bytes(head_dim) as usize, choice: Some(Choice::Hopper) });
     }

@@ -40,7 +40,7 @@
 //! Supported: bf16 and f16 on tensor cores, f32 on a SIMT path; head_dim 32, 64, 96, 128 and 256.
 //! Two tensor-core kernels ([`prefill_kernel`] says which serves a call): on Hopper (the emulator
 //! standing for sm_90, and compute capability 9.0 when `LLK_ATTENTION_SM90=1`: the kernel has not
-//! yet run on hardware, [`HOPPER_ON_CUDA_VAR`]), bf16/f16 at head_dim 64 and 128 with
+//! yet run on hardware, [`HOPPER_ON_CUDA_VAR`]), bf16/f16 at head_dim 64, 128 and 256 with
 //! contiguous K/V run kernels/attention_sm90.cu, FlashAttention-3's structure (a producer
 //! warpgroup loading Q and K/V tiles by TMA into a ring of mbarrier-guarded stages, two consumer
 //! warpgroups on wgmma, ping-ponging on named barriers); everything else (paged K/V, other head
@@ -158,4 +158,4 @@ pub use prefill::{AttentionOptions, AttentionWorkspace, gqa_attention, gqa_atten
 pub use prefill_launch::{
     CuSeqlens, HOPPER_ON_CUDA_VAR, MAX_PACK, MMA_BLOCKS_PER_SM, PrefillKernel, mma_keys, prefill_kernel,
 };
-pub(crate) use prefill_launch::{mma_smem_bytes, sm90_smem_bytes};
+pub(crate) use prefill_launch::{mma_smem_bytes, sm90_keys, sm90_smem_bytes};

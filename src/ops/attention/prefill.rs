@@ -4,7 +4,7 @@
 use super::paged::{PagedKvCache, PagedKvView};
 use super::prefill_launch::{
     Bound, CuSeqlens, KvSrc, OP, Tiles, batch_of, check_dtypes, gqa_pack, kernel, launch_dims, mma_keys, params,
-    plan_on_device, sm90_launch, tokens_per_block, uses_sm90,
+    plan_on_device, sm90_launch, sm90_tokens_per_block, tokens_per_block, uses_sm90,
 };
 use super::variant::Variant;
 use crate::backend::{Device, PinnedStaging, Queue};
@@ -252,7 +252,10 @@ impl AttentionWorkspace {
             return Ok(()); // empty batch: nothing to write
         }
 
-        let tokens_per_block = tokens_per_block(dtype, d, pack);
+        // The Hopper kernel's blocks hold 128 rows at every head dim; the mma.sync kernel's 64
+        // at head_dim 256.
+        let hopper = uses_sm90(&device, dtype, &b);
+        let tokens_per_block = if hopper { sm90_tokens_per_block(pack) } else { tokens_per_block(dtype, d, pack) };
         let (cu_q, cu_k, grid_tiles) = match cu_seqlens {
             CuSeqlens::Host { q: cq, k: ck } => {
                 let tiles = self.stage_host_offsets(&device, cq, ck, tokens_per_block, b.qh.tokens)?;
@@ -277,7 +280,7 @@ impl AttentionWorkspace {
         };
         let params = params(&b, table.as_ref(), &tiles, batch, pack, &variant)?;
         b.check_aligned(dtype)?;
-        if uses_sm90(&device, dtype, &b) {
+        if hopper {
             let (kernel, dims, params) = sm90_launch(&args, &b, dims, params, pack)?;
             return args.launch(kernel, dims, &params);
         }

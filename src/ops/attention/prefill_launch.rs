@@ -12,8 +12,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
     AttentionParams, AttentionPlanParams, AttentionSm90Params, LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL, LLK_ATTN_ROWS_MMA,
-    LLK_ATTN_ROWS_MMA_HD256, LLK_ATTN_ROWS_SIMT, LLK_ATTN_SM90_KEYS, LLK_ATTN_SM90_PANEL, LLK_ATTN_SM90_SMEM_HD64,
-    LLK_ATTN_SM90_SMEM_HD128, LLK_ATTN_SM90_THREADS, LLK_ATTN_THREADS, LlkKvSource,
+    LLK_ATTN_ROWS_MMA_HD256, LLK_ATTN_ROWS_SIMT, LLK_ATTN_SM90_KEYS, LLK_ATTN_SM90_KEYS_HD256, LLK_ATTN_SM90_PANEL,
+    LLK_ATTN_SM90_SMEM_HD64, LLK_ATTN_SM90_SMEM_HD128, LLK_ATTN_SM90_SMEM_HD256, LLK_ATTN_SM90_THREADS,
+    LLK_ATTN_THREADS, LlkKvSource,
 };
 use crate::kernels::attention::{KERNELS, PLAN, SMALL_KEY_KERNELS, SUPPORTED_HEAD_DIMS};
 use crate::kernels::attention_sm90::KERNELS as SM90_KERNELS;
@@ -535,13 +536,13 @@ pub(super) fn kernel(dtype: DType, head_dim: usize, keys: usize) -> Result<crate
 /// The prefill kernels, and which calls each serves ([`prefill_kernel`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefillKernel {
-    /// kernels/attention_sm90.cu (TMA, wgmma, warp specialization): bf16 and f16 at head_dim 64
-    /// and 128 with contiguous K/V, on the emulator standing for sm_90, and on a GPU of compute
+    /// kernels/attention_sm90.cu (TMA, wgmma, warp specialization): bf16 and f16 at head_dim 64,
+    /// 128 and 256 with contiguous K/V, on the emulator standing for sm_90, and on a GPU of compute
     /// capability 9.0 (H100, H200) when [`HOPPER_ON_CUDA_VAR`] is `1`.
     Hopper,
     /// kernels/attention.cu on tensor cores (mma.sync, ldmatrix, cp.async) with K/V tiles of
     /// `keys` keys ([`mma_keys`]): bf16 and f16 otherwise (K/V read from the paged cache, head_dim
-    /// 32, 96, 256, GPUs before Hopper).
+    /// 32 and 96, GPUs before Hopper).
     MmaSync {
         /// Keys per K/V tile.
         keys: usize,
@@ -583,7 +584,22 @@ pub(super) fn uses_sm90(device: &Device, dtype: DType, b: &Bound) -> bool {
 
 /// The Hopper kernel's dynamic shared memory at `head_dim` (LLK_ATTN_SM90_SMEM_HD<D>).
 pub(crate) const fn sm90_smem_bytes(head_dim: usize) -> u32 {
-    if head_dim <= 64 { LLK_ATTN_SM90_SMEM_HD64 } else { LLK_ATTN_SM90_SMEM_HD128 }
+    match head_dim {
+        0..=64 => LLK_ATTN_SM90_SMEM_HD64,
+        65..=128 => LLK_ATTN_SM90_SMEM_HD128,
+        _ => LLK_ATTN_SM90_SMEM_HD256,
+    }
+}
+
+/// The Hopper kernel's keys per K/V tile at `head_dim` (kKeysOf in kernels/attention_sm90.cu).
+pub(crate) const fn sm90_keys(head_dim: usize) -> u32 {
+    if head_dim <= 128 { LLK_ATTN_SM90_KEYS } else { LLK_ATTN_SM90_KEYS_HD256 }
+}
+
+/// Query tokens per block of the Hopper kernel: its 128 rows (at every head dim) shared among
+/// `pack` q heads.
+pub(super) fn sm90_tokens_per_block(pack: usize) -> usize {
+    LLK_ATTN_ROWS_MMA as usize / pack
 }
 
 /// The Hopper kernel for `dtype` and `head_dim`, its launch shape (the grid of [`launch_dims`],
@@ -612,8 +628,8 @@ pub(super) fn sm90_launch(
     let params = AttentionSm90Params {
         attn,
         q_map: map("q", &b.qh, vec![LLK_ATTN_SM90_PANEL, pack as u32, (rows / pack) as u32])?,
-        k_map: map("k", &b.kh, vec![LLK_ATTN_SM90_PANEL, 1, LLK_ATTN_SM90_KEYS])?,
-        v_map: map("v", &b.vh, vec![LLK_ATTN_SM90_PANEL, 1, LLK_ATTN_SM90_KEYS])?,
+        k_map: map("k", &b.kh, vec![LLK_ATTN_SM90_PANEL, 1, sm90_keys(d)])?,
+        v_map: map("v", &b.vh, vec![LLK_ATTN_SM90_PANEL, 1, sm90_keys(d)])?,
     };
     let dims = LaunchDims { block: (LLK_ATTN_SM90_THREADS, 1, 1), dyn_smem: sm90_smem_bytes(d), ..dims };
     Ok((SM90_KERNELS.find(OP, "q", (dtype, d), dtype)?, dims, params))
