@@ -647,3 +647,17 @@ fn embedding_lookups_stream_at_copy_bandwidth() {
     let one = predict_embedding(1, 4096, None).unwrap();
     assert_eq!(one.bound, "launch", "a decode step's single row is launch-bound: {one:?}");
 }
+
+#[test]
+fn the_report_lists_the_hopper_kernels_and_predicts_nothing_uncalibrated_for_them() {
+    let text = llama_kernels::dev::inspect::perf::hopper_text();
+    assert!(text.contains("not modelled"), "{text}");
+    for d in [64, 128, 256] {
+        for dtype in ["bf16", "f16"] {
+            let name = format!("attention_sm90_hd{d}_{dtype}: ");
+            let line = text.lines().find(|l| l.trim_start().starts_with(&name)).unwrap_or_else(|| panic!("{name}"));
+            assert!(line.contains("0/0 spill"), "{line}");
+        }
+    }
+    assert!(!text.contains("TFLOP/s for attention_sm90"), "{text}");
+}

@@ -301,6 +301,29 @@ pub fn prefill_attention_model() -> Result<(MatrixModel, u32), String> {
         .clone()
 }
 
+/// The Hopper prefill kernels (kernels/attention_sm90.cu): their resources from the sm_90a
+/// `ptxas -v` report, and why the report predicts no figure for them.
+pub fn hopper_text() -> String {
+    let mut s = String::from(
+        "Hopper prefill attention (attention_sm90, sm_90a: TMA, wgmma, a producer and two consumer warpgroups):\n\
+         \x20 not modelled: a wgmma model is believed only once calibrated against a peer compiled here\n\
+         \x20 (FlashAttention-3's hopper/ main loop), which this report does not have yet, so it predicts\n\
+         \x20 no TFLOP/s for these kernels; the layer predictions below use the mma.sync kernel's model.\n",
+    );
+    match super::all_resources("sm_90") {
+        Ok(modules) => {
+            for k in modules.iter().filter(|(m, _)| m.name == "attention_sm90").flat_map(|(_, ks)| ks) {
+                s += &format!(
+                    "  {}: {} registers at launch (setmaxnreg: 24 producer, 240 consumer), {}/{} spill st/ld\n",
+                    k.name, k.registers, k.spill_stores, k.spill_loads
+                );
+            }
+        }
+        Err(e) => s += &format!("  cannot read the ptxas reports: {e}\n"),
+    }
+    s + "\n"
+}
+
 /// The report as text.
 pub fn report() -> String {
     let mut s = String::from(
@@ -382,6 +405,7 @@ pub fn report() -> String {
             Err(e) => s += &format!("{}: cannot analyze: {e}\n\n", spec.kernel),
         }
     }
+    s += &hopper_text();
     s += &super::qlinear_model::qlinear_text();
     s += &super::coverage::coverage_text();
     s += "Shared memory per architecture (bytes per block; per GPU: blocks per SM by shared memory, \
