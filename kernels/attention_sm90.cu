@@ -20,10 +20,15 @@
 //   O += P V      wgmma m64n<head_dim>k16 with P from registers (S's accumulator layout is the A
 //                 fragment layout, converted to bf16/f16 in place) and V MN-major, keys / 16
 //                 issues.
-// Ping-pong: two named barriers order the consumers' matrix products, so that while one
-// warpgroup runs its softmax the tensor cores work on the other's: warpgroup c waits at barrier
-// 1 + c before it issues S = Q K^T, and arrives at the other's barrier after it issued O += P V
-// (warpgroup 1 opens with one arrival at barrier 1, and skips its last, so both balance).
+// Inside a warpgroup the two products overlap: each turn issues S = Q K^T of tile i and behind
+// it O += P V of tile i - 1 (two commit groups), waits for the first (wgmma.wait_group 1) and
+// computes tile i's mask and row maxima while the P V still runs; only then does it wait for it,
+// release its stage, rescale O and exponentiate tile i into P (the order of operations on O, and
+// so every bit, is that of the plain loop). Across warpgroups, ping-pong: two named barriers
+// order the consumers' turns, so that while one runs its softmax the tensor cores work on the
+// other's products: warpgroup c waits at barrier 1 + c before it issues, and arrives at the
+// other's barrier after (warpgroup 1 opens with one arrival at barrier 1, and skips its last, so
+// both balance).
 //
 // Shared memory (dynamic, aligned up to 1024 bytes, LLK_ATTN_SM90_SMEM_HD<D>): head dims in
 // panels of 64 (128 bytes a row), each 128-byte swizzled as TMA writes it and as wgmma's
@@ -40,8 +45,9 @@
 // Precision as attention.cu: products and sums in f32, P rounded to the input dtype for P V.
 //
 // Scope: bf16 and f16, head_dim 64, 128 and 256, contiguous K/V. K/V read in place from the paged
-// cache, f32, and head_dim 32 and 96 stay on attention.cu's kernels. Not yet: issuing the next
-// tile's S = Q K^T before the current softmax inside a warpgroup, and a TMA store of the output.
+// cache, f32, and head_dim 32 and 96 stay on attention.cu's kernels. Not yet: a TMA store of the
+// output. ptxas must not serialize the wgmma (its C7518 note): every issue and wait sits on a
+// path all threads of the warpgroup take, the first and last tiles peeled out of the loop.
 #include "common/llk.cuh"
 #include "common/mbarrier.cuh"
 #include "common/prefill_blocks.cuh"
@@ -191,15 +197,24 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
 
   llk::mbarrier_wait(full_q, 0);
   const unsigned char* sq = smem + L::q + 64 * c * 128;  // this warpgroup's 64 rows of each panel
-  for (int i = 0; i < tiles; ++i) {
+  uint32_t pa[kKeys / 16][4];  // P as A fragments: k-step kk holds keys 16 kk .. 16 kk + 15
+  // O += P V of tile i from the P in `pa` (one commit group).
+  auto issue_pv = [&](int i) {
     const int st = i % kStages;
-    const uint32_t parity = uint32_t(i / kStages) & 1;
-    const unsigned char* sk = smem + L::k + st * L::kTileBytes;
     const unsigned char* sv = smem + L::v + st * L::kTileBytes;
-
-    // S = Q K^T, after the other warpgroup issued its products.
-    llk::named_barrier_sync(my_turn, 256);
-    llk::mbarrier_wait(&full_k[st], parity);
+    llk::mbarrier_wait(&full_v[st], uint32_t(i / kStages) & 1);
+    llk::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      llk::wgmma_rs<T, D, true>(o, pa[kk], llk::wgmma_desc(sv + kk * 2048, L::kPanelKV, 1024, llk::WgmmaSwizzle::B128),
+                                true);
+    llk::wgmma_commit();
+  };
+  // S = Q K^T of tile i (one commit group).
+  auto issue_s = [&](int i) {
+    const int st = i % kStages;
+    const unsigned char* sk = smem + L::k + st * L::kTileBytes;
+    llk::mbarrier_wait(&full_k[st], uint32_t(i / kStages) & 1);
     llk::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -208,9 +223,12 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
                                             kmajor_desc(sk + panel * L::kPanelKV + at), kk > 0);
     }
     llk::wgmma_commit();
-    llk::wgmma_wait<0>(sc);
-
-    // Mask, only on tiles that cross a mask or sequence boundary.
+  };
+  // Tile i's scores: mask (only tiles that cross a mask or sequence boundary) and the online
+  // softmax's row maxima, in base 2 as attention.cu; returns whether a maximum moved (corr, base
+  // set). O is not touched: the last tile's P V may still run.
+  float corr[2], base[2];
+  auto row_maxima = [&](int i) {
     const int tile = kt.first + i, n0 = tile * kKeys;
     if (tile < kt.free_lo || tile >= kt.free_hi) {
       // perf-model: cold {
@@ -221,8 +239,6 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
       }
       // perf-model: cold }
     }
-    // Online softmax in base 2 (as attention.cu): row maxima over the quad, rescale, exponentiate.
-    float corr[2], base[2];
     bool moved = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -234,11 +250,14 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
       const llk::SoftmaxStep step = llk::online_softmax_step(m[h], l[h], mx, scale[h]);
       base[h] = step.base, corr[h] = step.corr, moved = moved || step.moved;
     }
+    return moved;
+  };
+  // Once O and the P registers are free: rescale O, exponentiate tile i's scores into P.
+  auto rescale_and_exponentiate = [&](bool moved) {
     if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
       for (int e = 0; e < D / 2; ++e) o[e] *= corr[(e >> 1) & 1];
     }
-    uint32_t pa[kKeys / 16][4];  // P as A fragments: k-step kk holds keys 16 kk .. 16 kk + 15
 #pragma unroll
     for (int e = 0; e < kKeys / 2; e += 2) {
       const int h = (e >> 1) & 1;
@@ -249,18 +268,33 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
       const int j = e >> 2;
       pa[j >> 1][h + 2 * (j & 1)] = llk::pack_pair<T>(x0, x1);
     }
+  };
 
-    // O += P V; then the stage is free, and the other warpgroup's turn.
-    llk::mbarrier_wait(&full_v[st], parity);
-    llk::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk)
-      llk::wgmma_rs<T, D, true>(o, pa[kk], llk::wgmma_desc(sv + kk * 2048, L::kPanelKV, 1024, llk::WgmmaSwizzle::B128),
-                                true);
-    llk::wgmma_commit();
+  // Each turn (after the other warpgroup issued its products): S = Q K^T of tile i, and behind
+  // it O += P V of tile i - 1, so that tile i's scores are computed while the last tile's P V
+  // runs; the first tile has no P V before it, the last one's runs after the loop.
+  if (tiles > 0) {
+    llk::named_barrier_sync(my_turn, 256);
+    issue_s(0);
+    if (c == 0 || tiles > 1) llk::named_barrier_arrive(their_turn, 256);
+    llk::wgmma_wait<0>(sc);
+    rescale_and_exponentiate(row_maxima(0));
+  }
+  for (int i = 1; i < tiles; ++i) {
+    llk::named_barrier_sync(my_turn, 256);
+    issue_s(i);
+    issue_pv(i - 1);
     if (c == 0 || i + 1 < tiles) llk::named_barrier_arrive(their_turn, 256);
+    llk::wgmma_wait<1>(sc);  // S of tile i; P V of tile i - 1 may still run
+    const bool moved = row_maxima(i);
+    llk::wgmma_wait<0>(o);   // P V of tile i - 1: O, the P registers and its stage are free
+    llk::mbarrier_arrive(&empty[(i - 1) % kStages]);
+    rescale_and_exponentiate(moved);
+  }
+  if (tiles > 0) {
+    issue_pv(tiles - 1);
     llk::wgmma_wait<0>(o);
-    llk::mbarrier_arrive(&empty[st]);
+    llk::mbarrier_arrive(&empty[(tiles - 1) % kStages]);
   }
 
   // Finish: quad-wide sums, normalize, store (rows of the block and sequence only).

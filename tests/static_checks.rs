@@ -522,6 +522,9 @@ fn the_hopper_attention_kernel_runs_on_wgmma_fed_by_tma_in_warp_specialized_warp
     // products as HGMMA (64 x keys for S, 64 x head_dim for O), loads by TMA (UTMALDG.3D),
     // synchronizes on transaction barriers (SYNCS), ping-pongs on named barriers, reallocates
     // registers (USETMAXREG) and keeps everything in registers (no local memory).
+    let report = PathBuf::from(env!("LLK_KERNEL_BUILD_DIR")).join("sm_90").join("attention_sm90.ptxas.txt");
+    let report = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("{}: {e}", report.display()));
+    assert!(!report.contains("C7518"), "ptxas serializes the wgmma:\n{report}");
     for (name, ops) in per_function(&sass("attention_sm90")) {
         let d =
             ["hd64", "hd128", "hd256"].iter().position(|h| name.contains(&format!("{h}_"))).map(|i| 64 << i).unwrap();
@@ -542,6 +545,10 @@ fn the_hopper_attention_kernel_runs_on_wgmma_fed_by_tma_in_warp_specialized_warp
             assert!(has(&want), "{name} lacks {want}");
         }
         assert!(!ops.iter().any(|o| o.starts_with("HMMA")), "{name} uses mma.sync");
+        // Not serialized by ptxas (a wait behind every HGMMA): the S and P V groups overlap.
+        let waits = ops.iter().filter(|o| *o == "WARPGROUP.DEPBAR.LE").count();
+        let hgmma = ops.iter().filter(|o| o.starts_with("HGMMA")).count();
+        assert!(waits <= 4 && hgmma >= 4 * waits, "{name}: {waits} wgmma waits for {hgmma} HGMMA");
         assert!(!ops.iter().any(|o| o.starts_with("LDL") || o.starts_with("STL")), "{name} uses local memory");
         assert!(!has("BPT.TRAP"), "{name} traps at sm_90");
     }
