@@ -24,7 +24,10 @@
 // it O += P V of tile i - 1 (two commit groups), waits for the first (wgmma.wait_group 1) and
 // computes tile i's mask and row maxima while the P V still runs; only then does it wait for it,
 // release its stage, rescale O and exponentiate tile i into P (the order of operations on O, and
-// so every bit, is that of the plain loop). Across warpgroups, ping-pong: two named barriers
+// so every bit, is that of the plain loop). The PTX has this order; the SASS that nvcc 13.0's
+// ptxas makes of it does not yet: it places the wait for the P V right after the wait for S
+// (WARPGROUP.DEPBAR 0x1 then 0x0, the softmax after both), so on the GPU the overlap that runs
+// is the ping-pong between the warpgroups below. Across warpgroups, ping-pong: two named barriers
 // order the consumers' turns, so that while one runs its softmax the tensor cores work on the
 // other's products: warpgroup c waits at barrier 1 + c before it issues, and arrives at the
 // other's barrier after (warpgroup 1 opens with one arrival at barrier 1, and skips its last, so
