@@ -163,7 +163,7 @@ impl<'a> KernelArgs<'a> {
             }
         }
         let address = self.read_tensor(what, t)?;
-        self.tensor_map_at(what, address, t.dtype(), layout)
+        self.encode(what, address, t.dtype(), layout, &strides)
     }
 
     /// The tensor map of `layout` over elements of `dtype` from `address`, the first element of
@@ -176,14 +176,30 @@ impl<'a> KernelArgs<'a> {
         dtype: DType,
         layout: &TmaLayout,
     ) -> Result<LlkTensorMap> {
-        let op = self.op();
-        let strides = layout.check(op, dtype)?;
+        let strides = layout.check(self.op(), dtype)?;
+        self.encode(what, address, dtype, layout, &strides)
+    }
+
+    /// Encodes a checked `layout` (its strides in bytes) for the launching target.
+    fn encode(
+        &self,
+        what: &'static str,
+        address: u64,
+        dtype: DType,
+        layout: &TmaLayout,
+        strides: &[u64],
+    ) -> Result<LlkTensorMap> {
         if address % 16 != 0 {
-            return Err(Error::invalid(op, what, format!("{address:#x}"), "a tensor map's base is 16-byte aligned"));
+            return Err(Error::invalid(
+                self.op(),
+                what,
+                format!("{address:#x}"),
+                "a tensor map's base is 16-byte aligned",
+            ));
         }
         match self.device().target() {
-            Target::Emulated => Ok(emulated(address, dtype, layout, &strides)),
-            Target::Cuda => cuda(address, dtype, layout, &strides),
+            Target::Emulated => Ok(emulated(address, dtype, layout, strides)),
+            Target::Cuda => cuda(address, dtype, layout, strides),
         }
     }
 }
