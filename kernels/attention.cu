@@ -139,8 +139,6 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const Sequence s = locate(p, blockIdx.x);
   const RowMap rows = row_map(p, s, kRows);
-  const int used_rows = rows.tokens_per_block * rows.pack;
-  auto row_valid = [&](int r) { return r < used_rows && rows.token(r) < s.q_len; };
   const int64_t kv_head = int(rows.first_head) / int(p.q_heads / p.kv_heads);
   // Block row of this lane's row i (m-tile i / 2, half i % 2): each warp owns kMT * 16
   // consecutive rows.
@@ -160,7 +158,7 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
   // Q tile: rows outside the sequence are zero-filled.
   for (int i = tid; i < kRows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
-    const bool ok = row_valid(r);
+    const bool ok = rows.valid(r, s.q_len);
     const T* src = ok ? q + (s.q_start + rows.token(r)) * p.q_token_stride + rows.head(r) * p.q_head_stride + c * 8 : q;
     llk::cp_async_16(sQ + swz<D>(r, c), src, ok ? 16 : 0);
   }
@@ -433,14 +431,14 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
 #pragma unroll
     for (int i = 0; i < kLaneRows; ++i) {
       const int r = lane_row(i);
-      if (row_valid(r)) reinterpret_cast<float*>(p.lse)[rows.head(r) * p.total_q + s.q_start + rows.token(r)] = lse[i];
+      if (rows.valid(r, s.q_len)) reinterpret_cast<float*>(p.lse)[rows.head(r) * p.total_q + s.q_start + rows.token(r)] = lse[i];
     }
   }
   __syncthreads();
   T* out = reinterpret_cast<T*>(p.out);
   for (int i = tid; i < kRows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
-    if (!row_valid(r)) continue;
+    if (!rows.valid(r, s.q_len)) continue;
     const uint4 val = *reinterpret_cast<const uint4*>(sQ + swz<D>(r, c));
     llk::store_u4(out + (s.q_start + rows.token(r)) * p.out_token_stride + rows.head(r) * p.out_head_stride + c * 8, val);
   }
@@ -461,8 +459,7 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
   const int tid = int(threadIdx.x), r = tid / 4, sub = tid % 4;
   const Sequence s = locate(p, blockIdx.x);
   const RowMap rows = row_map(p, s, kSimtRows);
-  const int used_rows = rows.tokens_per_block * rows.pack;
-  const bool valid = r < used_rows && rows.token(r) < s.q_len;
+  const bool valid = rows.valid(r, s.q_len);
   const int64_t kv_head = rows.first_head / (p.q_heads / p.kv_heads);
   const int64_t token = rows.token(r), head = rows.head(r);
   const int64_t pos = s.k_len - s.q_len + token;

@@ -10,28 +10,30 @@
 // registers back (setmaxnreg.dec to 24) and one elected thread issues every load, by TMA
 // (kernels/common/tma.cuh) from the tensor maps in the params: Q once (the block's 128 rows, one
 // box of `pack` heads x 128 / pack tokens per 64-dim panel), then K and V tiles of 128 keys (64 at
-// head_dim 256) into a ring of 2 stages. Each stage has a "full" mbarrier for K and one for V (arrive.expect_tx of the
-// tile's bytes, completed by the copies) and an "empty" one that the 256 consumer threads arrive
-// on when they are done with the stage; the producer waits for it before refilling. Warpgroups 1
-// and 2 are the consumers (setmaxnreg.inc to 240), 64 rows each; per tile, each:
+// head_dim 256) into a ring of 2 stages. Each stage has a "full" mbarrier for K and one for V
+// (arrive.expect_tx of the tile's bytes, completed by the copies), and an "empty" one for each
+// that the 256 consumer threads arrive on when they are done with it (K once its S is computed,
+// V once its P V is); the producer waits for it before refilling. Warpgroups 1 and 2 are the
+// consumers (setmaxnreg.inc to 240), 64 rows each; per tile, each:
 //   S = Q K^T     wgmma m64n<keys>k16 from shared memory (Q and K K-major), head_dim / 16 issues;
 //   softmax       in registers: mask (only tiles that cross a mask or sequence boundary), the
-//                 online max / sum in base 2 with quad shuffles, O rescaled when a maximum moved;
-//   O += P V      wgmma m64n<head_dim>k16 with P from registers (S's accumulator layout is the A
-//                 fragment layout, converted to bf16/f16 in place) and V MN-major, keys / 16
-//                 issues.
+//                 online max / sum in base 2 with quad shuffles, the exponentials in place;
+//   O += P V      O rescaled when a maximum moved, then wgmma m64n<head_dim>k16 with P from
+//                 registers (S's accumulator layout is the A fragment layout, converted to
+//                 bf16/f16) and V MN-major, keys / 16 issues.
 // Inside a warpgroup the two products overlap: each turn issues S = Q K^T of tile i and behind
-// it O += P V of tile i - 1 (two commit groups), waits for the first (wgmma.wait_group 1) and
-// computes tile i's mask and row maxima while the P V still runs; only then does it wait for it,
-// release its stage, rescale O and exponentiate tile i into P (the order of operations on O, and
-// so every bit, is that of the plain loop). The PTX has this order; the SASS that nvcc 13.0's
-// ptxas makes of it does not yet: it places the wait for the P V right after the wait for S
-// (WARPGROUP.DEPBAR 0x1 then 0x0, the softmax after both), so on the GPU the overlap that runs
-// is the ping-pong between the warpgroups below. Across warpgroups, ping-pong: two named barriers
-// order the consumers' turns, so that while one runs its softmax the tensor cores work on the
-// other's products: warpgroup c waits at barrier 1 + c before it issues, and arrives at the
-// other's barrier after (warpgroup 1 opens with one arrival at barrier 1, and skips its last, so
-// both balance).
+// it O += P V of tile i - 1 (two commit groups), waits for the first only (wgmma.wait_group 1)
+// and runs tile i's whole softmax while the P V still runs; the wait for that P V opens the next
+// turn. (ptxas places a wgmma wait as early as its basic block allows: a wait at the end of the
+// turn, after the softmax, is hoisted above it. At the loop's head it cannot be, and the sm_90a
+// SASS has the softmax's MUFU.EX2 between WARPGROUP.DEPBAR 0x1 and 0x0, which
+// tests/static_checks.rs asserts.) The order of operations on O, and so every bit, is that of
+// the plain loop: O = O * corr_i + P_i V_i.
+//
+// Across warpgroups, ping-pong: two named barriers order the consumers' turns, so that while one
+// runs its softmax the tensor cores work on the other's products: warpgroup c waits at barrier
+// 1 + c before it issues, and arrives at the other's barrier after (warpgroup 1 opens with one
+// arrival at barrier 1, and skips its last, so both balance).
 //
 // Shared memory (dynamic, aligned up to 1024 bytes, LLK_ATTN_SM90_SMEM_HD<D>): head dims in
 // panels of 64 (128 bytes a row), each 128-byte swizzled as TMA writes it and as wgmma's
@@ -86,9 +88,9 @@ struct Layout {
   static constexpr int k = q + kQBytes;
   static constexpr int v = k + kStages * kTileBytes;
   static constexpr int bars = v + kStages * kTileBytes;
-  static constexpr int kBarriers = 1 + 3 * kStages;  // full Q; full K, full V, empty per stage
-  static constexpr int bytes = bars + 64 + 1024;     // + the alignment slack
-  static_assert(kBarriers * 8 <= 64, "the mbarriers fit their 64 bytes");
+  static constexpr int kBarriers = 1 + 4 * kStages;  // full Q; full and empty K, full and empty V per stage
+  static constexpr int bytes = bars + 128 + 1024;    // + the alignment slack
+  static_assert(kBarriers * 8 <= 128, "the mbarriers fit their 128 bytes");
 };
 static_assert(Layout<64>::bytes == LLK_ATTN_SM90_SMEM_HD64 && Layout<128>::bytes == LLK_ATTN_SM90_SMEM_HD128 &&
                   Layout<256>::bytes == LLK_ATTN_SM90_SMEM_HD256,
@@ -126,7 +128,8 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
   uint64_t* full_q = bars;
   uint64_t* full_k = bars + 1;
   uint64_t* full_v = full_k + kStages;
-  uint64_t* empty = full_v + kStages;
+  uint64_t* empty_k = full_v + kStages;
+  uint64_t* empty_v = empty_k + kStages;
 
   if (past_last_tile(p, blockIdx.x)) return;  // the whole block: before any barrier
   const int tid = int(threadIdx.x), wg = tid / 128;
@@ -143,7 +146,8 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
     for (int st = 0; st < kStages; ++st) {
       llk::mbarrier_init(&full_k[st], 1);
       llk::mbarrier_init(&full_v[st], 1);
-      llk::mbarrier_init(&empty[st], 256);
+      llk::mbarrier_init(&empty_k[st], 256);
+      llk::mbarrier_init(&empty_v[st], 256);
     }
     llk::fence_mbarrier_init();
   }
@@ -155,17 +159,19 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
     if (tid >= 32 || !llk::elect_one_sync()) return;
     const int32_t q_token = int32_t(s.q_start + rows.first_token), first_head = int32_t(rows.first_head);
     // The Q box is pack heads x tokens_per_block tokens: the used rows (128 when pack divides 128).
-    llk::mbarrier_arrive_expect_tx(full_q, uint32_t(L::kPanels * kPanel * 2 * rows.pack * rows.tokens_per_block));
+    llk::mbarrier_arrive_expect_tx(full_q, uint32_t(L::kPanels * kPanel * 2 * rows.used));
     for (int c = 0; c < L::kPanels; ++c)
       llk::tensor_copy_to_shared(smem + L::q + c * L::kPanelQ, P.q_map, {c * kPanel, first_head, q_token}, full_q);
     for (int i = 0; i < tiles; ++i) {
       const int st = i % kStages;
-      if (i >= kStages) llk::mbarrier_wait(&empty[st], uint32_t(i / kStages - 1) & 1);
+      const uint32_t refill = uint32_t(i / kStages - 1) & 1;  // the phase of the stage's last use
       const int32_t key = int32_t(s.k_start) + (kt.first + i) * kKeys;
+      if (i >= kStages) llk::mbarrier_wait(&empty_k[st], refill);
       llk::mbarrier_arrive_expect_tx(&full_k[st], L::kTileBytes);
       for (int c = 0; c < L::kPanels; ++c)
         llk::tensor_copy_to_shared(smem + L::k + st * L::kTileBytes + c * L::kPanelKV, P.k_map, {c * kPanel, kv_head, key},
                                    &full_k[st]);
+      if (i >= kStages) llk::mbarrier_wait(&empty_v[st], refill);
       llk::mbarrier_arrive_expect_tx(&full_v[st], L::kTileBytes);
       for (int c = 0; c < L::kPanels; ++c)
         llk::tensor_copy_to_shared(smem + L::v + st * L::kTileBytes + c * L::kPanelKV, P.v_map, {c * kPanel, kv_head, key},
@@ -180,7 +186,6 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
   const int t = tid % 128, w = t / 32, g = (t % 32) / 4, qd = t % 4;
   // This thread's two rows (wgmma's accumulator layout): h = 0, 1 -> row 64 c + 16 w + g + 8 h.
   auto block_row = [&](int h) { return 64 * c + 16 * w + g + 8 * h; };
-  auto row_valid = [&](int r) { return r < rows.tokens_per_block * rows.pack && rows.token(r) < s.q_len; };
   KeyInterval keys[2];
   float scale[2];
 #pragma unroll
@@ -227,11 +232,12 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
     }
     llk::wgmma_commit();
   };
-  // Tile i's scores: mask (only tiles that cross a mask or sequence boundary) and the online
-  // softmax's row maxima, in base 2 as attention.cu; returns whether a maximum moved (corr, base
-  // set). O is not touched: the last tile's P V may still run.
+  // Tile i's scores: mask (only tiles that cross a mask or sequence boundary), the online
+  // softmax's row maxima (in base 2 as attention.cu) and the exponentials, in place in `sc`; l
+  // takes their sums. Returns whether a maximum moved (corr, base set). O and the P registers are
+  // not touched: the last tile's P V may still run.
   float corr[2], base[2];
-  auto row_maxima = [&](int i) {
+  auto softmax = [&](int i) {
     const int tile = kt.first + i, n0 = tile * kKeys;
     if (tile < kt.free_lo || tile >= kt.free_hi) {
       // perf-model: cold {
@@ -253,51 +259,65 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
       const llk::SoftmaxStep step = llk::online_softmax_step(m[h], l[h], mx, scale[h]);
       base[h] = step.base, corr[h] = step.corr, moved = moved || step.moved;
     }
+#pragma unroll
+    for (int e = 0; e < kKeys / 2; e += 2) {
+      const int h = (e >> 1) & 1;
+      sc[e] = llk::fast_exp2(fmaf(sc[e], scale[h], -base[h]));
+      sc[e + 1] = llk::fast_exp2(fmaf(sc[e + 1], scale[h], -base[h]));
+      l[h] += sc[e] + sc[e + 1];
+    }
     return moved;
   };
-  // Once O and the P registers are free: rescale O, exponentiate tile i's scores into P.
-  auto rescale_and_exponentiate = [&](bool moved) {
+  // Once the P V before has completed: P from the exponentials, rounded to T (column 8 j + 2 qd of
+  // half h, j = e / 4, goes to k-step j / 2, register h + 2 (j % 2)).
+  auto to_p = [&]() {
+#pragma unroll
+    for (int e = 0; e < kKeys / 2; e += 2) {
+      const int j = e >> 2;
+      pa[j >> 1][((e >> 1) & 1) + 2 * (j & 1)] = llk::pack_pair<T>(sc[e], sc[e + 1]);
+    }
+  };
+  // Before the next P V: O rescaled when a maximum moved.
+  auto rescale_o = [&](bool moved) {
     if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
       for (int e = 0; e < D / 2; ++e) o[e] *= corr[(e >> 1) & 1];
     }
-#pragma unroll
-    for (int e = 0; e < kKeys / 2; e += 2) {
-      const int h = (e >> 1) & 1;
-      const float x0 = llk::fast_exp2(fmaf(sc[e], scale[h], -base[h]));
-      const float x1 = llk::fast_exp2(fmaf(sc[e + 1], scale[h], -base[h]));
-      l[h] += x0 + x1;
-      // Column 8 j + 2 qd of half h, j = e / 4: k-step j / 2, register h + 2 (j % 2).
-      const int j = e >> 2;
-      pa[j >> 1][h + 2 * (j & 1)] = llk::pack_pair<T>(x0, x1);
-    }
   };
 
-  // Each turn (after the other warpgroup issued its products): S = Q K^T of tile i, and behind
-  // it O += P V of tile i - 1, so that tile i's scores are computed while the last tile's P V
-  // runs; the first tile has no P V before it, the last one's runs after the loop.
+  // Turn i (after the other warpgroup issued its products): S = Q K^T of tile i, O rescaled, and
+  // behind it O += P V of tile i - 1; the wait for S only, tile i's softmax while that P V runs.
+  // The wait for the P V opens the next turn, so that ptxas, which schedules a wgmma wait as early
+  // as its basic block allows, cannot hoist it above the softmax. K of a tile is released once
+  // its S is done, V once its P V is. The first tile has no P V before it, the last one's runs
+  // after the loop; every path that issued a wgmma passes a wait before O is read.
   if (tiles > 0) {
     llk::named_barrier_sync(my_turn, 256);
     issue_s(0);
     if (c == 0 || tiles > 1) llk::named_barrier_arrive(their_turn, 256);
     llk::wgmma_wait<0>(sc);
-    rescale_and_exponentiate(row_maxima(0));
-  }
-  for (int i = 1; i < tiles; ++i) {
-    llk::named_barrier_sync(my_turn, 256);
-    issue_s(i);
-    issue_pv(i - 1);
-    if (c == 0 || i + 1 < tiles) llk::named_barrier_arrive(their_turn, 256);
-    llk::wgmma_wait<1>(sc);  // S of tile i; P V of tile i - 1 may still run
-    const bool moved = row_maxima(i);
-    llk::wgmma_wait<0>(o);   // P V of tile i - 1: O, the P registers and its stage are free
-    llk::mbarrier_arrive(&empty[(i - 1) % kStages]);
-    rescale_and_exponentiate(moved);
-  }
-  if (tiles > 0) {
+    llk::mbarrier_arrive(&empty_k[0]);
+    bool moved = softmax(0);
+    for (int i = 1; i < tiles; ++i) {
+      llk::wgmma_wait<0>(o);  // P V of tile i - 2: O and the P registers are free
+      if (i >= 2) llk::mbarrier_arrive(&empty_v[(i - 2) % kStages]);
+      to_p();
+      llk::named_barrier_sync(my_turn, 256);
+      issue_s(i);
+      rescale_o(moved);
+      issue_pv(i - 1);
+      if (c == 0 || i + 1 < tiles) llk::named_barrier_arrive(their_turn, 256);
+      llk::wgmma_wait<1>(sc);  // S of tile i; P V of tile i - 1 may still run
+      llk::mbarrier_arrive(&empty_k[i % kStages]);
+      moved = softmax(i);
+    }
+    llk::wgmma_wait<0>(o);
+    if (tiles >= 2) llk::mbarrier_arrive(&empty_v[(tiles - 2) % kStages]);
+    to_p();
+    rescale_o(moved);
     issue_pv(tiles - 1);
     llk::wgmma_wait<0>(o);
-    llk::mbarrier_arrive(&empty[(tiles - 1) % kStages]);
+    llk::mbarrier_arrive(&empty_v[(tiles - 1) % kStages]);
   }
 
   // Finish: quad-wide sums, normalize, store (rows of the block and sequence only).
@@ -309,7 +329,7 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const float inv = sum == 0.f ? 0.f : 1.f / sum;  // fully masked: zeros; NaN stays NaN
     const int r = block_row(h);
-    if (!row_valid(r)) continue;
+    if (!rows.valid(r, s.q_len)) continue;
     T* orow = out + (s.q_start + rows.token(r)) * p.out_token_stride + rows.head(r) * p.out_head_stride;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)

@@ -234,9 +234,9 @@ typedef struct AttentionParams {
 #define LLK_ATTN_SM90_STAGES 2
 #define LLK_ATTN_SM90_PANEL 64
 #define LLK_ATTN_SM90_KEYS_HD256 64
-#define LLK_ATTN_SM90_SMEM_HD64 83008
-#define LLK_ATTN_SM90_SMEM_HD128 164928
-#define LLK_ATTN_SM90_SMEM_HD256 197696
+#define LLK_ATTN_SM90_SMEM_HD64 83072
+#define LLK_ATTN_SM90_SMEM_HD128 164992
+#define LLK_ATTN_SM90_SMEM_HD256 197760
 
 // AttentionParams and the TMA maps of the three inputs, dimension 0 innermost (LlkTensorMap).
 typedef struct AttentionSm90Params {

@@ -548,8 +548,24 @@ fn the_hopper_attention_kernel_runs_on_wgmma_fed_by_tma_in_warp_specialized_warp
         // Not serialized by ptxas (a wait behind every HGMMA): the S and P V groups overlap.
         let waits = ops.iter().filter(|o| *o == "WARPGROUP.DEPBAR.LE").count();
         let hgmma = ops.iter().filter(|o| o.starts_with("HGMMA")).count();
-        assert!(waits <= 4 && hgmma >= 4 * waits, "{name}: {waits} wgmma waits for {hgmma} HGMMA");
+        assert!(waits <= 5 && hgmma >= 4 * waits, "{name}: {waits} wgmma waits for {hgmma} HGMMA");
         assert!(!ops.iter().any(|o| o.starts_with("LDL") || o.starts_with("STL")), "{name} uses local memory");
         assert!(!has("BPT.TRAP"), "{name} traps at sm_90");
+    }
+    // The overlap inside a warpgroup survives ptxas: in the main loop's one partial wait (S done,
+    // the P V behind it still running) and the full wait after it lie the tile's exponentials
+    // (keys / 2 MUFU.EX2 per thread), and ptxas injected no wait of its own (its C7517 note).
+    assert!(!report.contains("C7517"), "ptxas injects a wgmma wait:\n{report}");
+    for (name, lines) in per_function_lines(&sass("attention_sm90")) {
+        let keys = if name.contains("hd256_") { 64 } else { 128 };
+        let partial: Vec<usize> =
+            lines.iter().enumerate().filter(|(_, l)| l.starts_with("WARPGROUP.DEPBAR.LE gsb0, 0x1")).map(|(i, _)| i).collect();
+        assert_eq!(partial.len(), 1, "{name}: {} partial wgmma waits", partial.len());
+        let overlapped = lines[partial[0] + 1..]
+            .iter()
+            .take_while(|l| !l.starts_with("WARPGROUP.DEPBAR"))
+            .filter(|l| l.starts_with("MUFU.EX2"))
+            .count();
+        assert!(overlapped >= keys / 2, "{name}: {overlapped} exponentials run beside the P V, not {}", keys / 2);
     }
 }

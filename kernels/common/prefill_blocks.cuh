@@ -78,9 +78,12 @@ __device__ inline BlockKeys block_keys(const AttentionParams& p, const Sequence&
 // first_head + r % pack.
 struct RowMap {
   int pack, tokens_per_block;  // 32-bit: r / pack is cheap
+  int used;                    // pack x tokens_per_block: fewer than the block's rows when pack does not divide it
   int64_t first_token, first_head;
   __device__ int64_t token(int r) const { return first_token + r / pack; }
   __device__ int64_t head(int r) const { return first_head + r % pack; }
+  // Row r is one to store: within the used rows and the sequence's q_len tokens.
+  __device__ bool valid(int r, int64_t q_len) const { return r < used && token(r) < q_len; }
 };
 
 __device__ inline RowMap row_map(const AttentionParams& p, const Sequence& s, int rows_per_block) {
@@ -90,6 +93,7 @@ __device__ inline RowMap row_map(const AttentionParams& p, const Sequence& s, in
   RowMap m;
   m.pack = int(p.pack);
   m.tokens_per_block = rows_per_block / m.pack;
+  m.used = m.pack * m.tokens_per_block;
   m.first_token = s.block * m.tokens_per_block;
   m.first_head = int64_t(kv_head) * group + int64_t(int(blockIdx.y) % packs) * m.pack;
   return m;

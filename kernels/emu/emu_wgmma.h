@@ -29,7 +29,8 @@
 //   * Asynchrony: wgmma.commit_group closes a group, wgmma.wait_group N completes every
 //     committed group but the newest N. With LLK_EMU_CP_ASYNC_AT_WAIT (the latest moment) the
 //     product is computed at the first covering wait of the warpgroup, reading shared memory
-//     then, and the accumulator registers hold a NaN pattern in between: a read before the wait
+//     then (the waiting thread yields first, so other threads' stores before that moment land
+//     in it), and the accumulator registers hold a NaN pattern in between: a read before the wait
 //     sees NaN, a write before it is reported as a race with the source lines. The A fragment is
 //     read through its registers at the wait too, and a change since the issue is a race (so it
 //     must stay in scope until then, as its registers stay live on the GPU). With
@@ -281,11 +282,22 @@ inline void wgmma_fence() { wgmma_state().threads[size_t(fiber_index(tl_worker, 
 inline void wgmma_commit() { wgmma_state().threads[size_t(fiber_index(tl_worker, tl_worker->cur))].group++; }
 
 // wgmma.wait_group n: completes, in issue order, this thread's share of every op in a committed
-// group but the newest n.
+// group but the newest n. When one is still in flight the thread first yields, so that the
+// product reads its operands as late as the wait allows: after whatever other threads do in
+// between (a stage released to the producer before the wait is refilled first, and the product
+// then reads the new tile).
 inline void wgmma_wait(int n) {
-  const int t = fiber_index(tl_worker, tl_worker->cur);
+  Worker* w = tl_worker;
+  Fiber* f = w->cur;
+  const int t = fiber_index(w, f);
   WgmmaThread& me = wgmma_state().threads[size_t(t)];
   const int limit = me.group - n;
+  for (const WgmmaPending& p : me.pending) {
+    if (p.group < limit && !p.done) {
+      yield_to_scheduler(w, f);
+      break;
+    }
+  }
   size_t keep = 0;
   bool retired = false;
   for (size_t i = 0; i < me.pending.size(); ++i) {
