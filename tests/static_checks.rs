@@ -558,8 +558,12 @@ fn the_hopper_attention_kernel_runs_on_wgmma_fed_by_tma_in_warp_specialized_warp
     assert!(!report.contains("C7517"), "ptxas injects a wgmma wait:\n{report}");
     for (name, lines) in per_function_lines(&sass("attention_sm90")) {
         let keys = if name.contains("hd256_") { 64 } else { 128 };
-        let partial: Vec<usize> =
-            lines.iter().enumerate().filter(|(_, l)| l.starts_with("WARPGROUP.DEPBAR.LE gsb0, 0x1")).map(|(i, _)| i).collect();
+        let partial: Vec<usize> = lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.starts_with("WARPGROUP.DEPBAR.LE gsb0, 0x1"))
+            .map(|(i, _)| i)
+            .collect();
         assert_eq!(partial.len(), 1, "{name}: {} partial wgmma waits", partial.len());
         let overlapped = lines[partial[0] + 1..]
             .iter()
