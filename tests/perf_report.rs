@@ -655,8 +655,20 @@ fn the_report_lists_the_hopper_kernels_and_predicts_nothing_uncalibrated_for_the
     for d in [64, 128, 256] {
         for dtype in ["bf16", "f16"] {
             let name = format!("attention_sm90_hd{d}_{dtype}: ");
-            let line = text.lines().find(|l| l.trim_start().starts_with(&name)).unwrap_or_else(|| panic!("{name}"));
+            let at = text.lines().position(|l| l.trim_start().starts_with(&name)).unwrap_or_else(|| panic!("{name}"));
+            let line = text.lines().nth(at).unwrap_or_default();
             assert!(line.contains("0/0 spill"), "{line}");
+            // The next line: the softmax's exponentials (one MUFU.EX2 per score, keys / 2 per
+            // thread) run while the P V is in flight.
+            let beside = text.lines().nth(at + 1).unwrap_or_default();
+            let mufu = beside
+                .strip_prefix("    beside the in-flight P V (between the S wait and the P V wait): ")
+                .and_then(|r| r.split(", ").nth(1))
+                .and_then(|r| r.strip_suffix(" MUFU"))
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or_else(|| panic!("{name}: {beside}"));
+            let keys = if d == 256 { 64 } else { 128 };
+            assert!(mufu >= keys / 2, "{name}: {beside}");
         }
     }
     assert!(!text.contains("TFLOP/s for attention_sm90"), "{text}");

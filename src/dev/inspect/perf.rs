@@ -25,7 +25,9 @@ pub use super::memory_model::{
     memory_calibration, memory_calibration_text, peer_memory_counts, predict_memory_launch,
 };
 use super::memory_model::{memory_text, predict_memory};
-use super::sass::{Mix, Sass, cold_addresses, cold_ranges, disassemble, hot_path, loads_in_flight, loops};
+use super::sass::{
+    Mix, Sass, beside_partial_wgmma_wait, cold_addresses, cold_ranges, disassemble, hot_path, loads_in_flight, loops,
+};
 use super::{KernelCode, KernelResources, kernel_code};
 
 /// What the report says about one kernel.
@@ -302,7 +304,8 @@ pub fn prefill_attention_model() -> Result<(MatrixModel, u32), String> {
 }
 
 /// The Hopper prefill kernels (kernels/attention_sm90.cu): their resources from the sm_90a
-/// `ptxas -v` report, and why the report predicts no figure for them.
+/// `ptxas -v` report, the work their SASS runs beside the in-flight P V (the overlap inside a
+/// warpgroup), and why the report predicts no figure for them.
 pub fn hopper_text() -> String {
     let mut s = String::from(
         "Hopper prefill attention (attention_sm90, sm_90a: TMA, wgmma, a producer and two consumer warpgroups):\n\
@@ -317,6 +320,14 @@ pub fn hopper_text() -> String {
                     "  {}: {} registers at launch (setmaxnreg: 24 producer, 240 consumer), {}/{} spill st/ld\n",
                     k.name, k.registers, k.spill_stores, k.spill_loads
                 );
+                s += &match kernel_code("attention_sm90", &k.name).map(|c| beside_partial_wgmma_wait(&c.code)) {
+                    Ok(Some(m)) => format!(
+                        "    beside the in-flight P V (between the S wait and the P V wait): {} instructions, {} MUFU\n",
+                        m.total, m.mufu
+                    ),
+                    Ok(None) => "    no partial wgmma wait: nothing runs beside the P V\n".to_string(),
+                    Err(e) => format!("    cannot disassemble: {e}\n"),
+                };
             }
         }
         Err(e) => s += &format!("  cannot read the ptxas reports: {e}\n"),

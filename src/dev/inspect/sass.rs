@@ -122,6 +122,16 @@ pub fn cold_addresses(
     Ok(cold)
 }
 
+/// The instructions between a partial wgmma wait (`WARPGROUP.DEPBAR.LE gsb0, 0x1`: every group
+/// but the newest has completed) and the next wait: what the thread runs while that newest group
+/// (in a flash-attention loop, the P V behind the S it waited for) is still on the tensor cores.
+/// None when the code has no partial wait.
+pub fn beside_partial_wgmma_wait(code: &[Sass]) -> Option<Mix> {
+    let is_wait = |i: &Sass| i.op == "WARPGROUP.DEPBAR.LE";
+    let at = code.iter().position(|i| is_wait(i) && i.operands.replace(' ', "").starts_with("gsb0,0x1"))?;
+    Some(Mix::of(code[at + 1..].iter().take_while(|i| !is_wait(i))))
+}
+
 /// Parses `cuobjdump -sass` text (one function) into instructions.
 pub fn parse_sass(text: &str) -> Vec<Sass> {
     let mut v = Vec::new();
