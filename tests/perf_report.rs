@@ -237,6 +237,26 @@ fn regenerate_peer_counts() {
     }
 }
 
+/// Regenerates the wgmma peer's loops of tests/fixtures/perf/fa3_hd128_bf16_fwd_sm90.json from
+/// a cubin compiled outside the repository (the fixture's "how"): `LLK_PEER_CUBIN=fa3.cubin
+/// LLK_PEER_PTXAS=build.log cargo test --features dev --test perf_report -- --ignored
+/// regenerate_wgmma_peer_counts --nocapture`.
+#[test]
+#[ignore]
+fn regenerate_wgmma_peer_counts() {
+    let cubin = std::fs::read(std::env::var("LLK_PEER_CUBIN").expect("LLK_PEER_CUBIN")).expect("cubin");
+    let ptxas = std::fs::read_to_string(std::env::var("LLK_PEER_PTXAS").expect("LLK_PEER_PTXAS")).expect("ptxas log");
+    for r in llama_kernels::dev::inspect::parse_ptxas(&ptxas) {
+        println!("{}: registers {}, spill {}/{}", r.name, r.registers, r.spill_stores, r.spill_loads);
+        for l in llama_kernels::dev::inspect::perf::peer_wgmma_loops(&cubin, &r.name).expect("loops") {
+            println!(
+                "  {{ \"body\": {{ \"total\": {}, \"hgmma\": {}, \"mufu\": {} }}, \"beside\": {{ \"total\": {}, \"mufu\": {} }} }}",
+                l.body.total, l.body.hgmma, l.body.mufu, l.beside.total, l.beside.mufu
+            );
+        }
+    }
+}
+
 /// Regenerates the memory-bound peer's counts of tests/fixtures/perf/llmc_layernorm_forward_fp32_sm90.json
 /// from a cubin compiled outside the repository (the fixture's "how"): `LLK_PEER_CUBIN=ln.cubin
 /// LLK_PEER_PTXAS=ptxas.log LLK_PEER_ELEMENTS=3,24 cargo test --features dev --test perf_report --
@@ -652,24 +672,32 @@ fn embedding_lookups_stream_at_copy_bandwidth() {
 fn the_report_lists_the_hopper_kernels_and_predicts_nothing_uncalibrated_for_them() {
     let text = llama_kernels::dev::inspect::perf::hopper_text();
     assert!(text.contains("not modelled"), "{text}");
+    // "N instructions (H HGMMA, M MUFU); beside the in-flight P V: B instructions, E MUFU"
+    let numbers = |l: &str| -> Vec<usize> {
+        l.split(|c: char| !c.is_ascii_digit()).filter(|w| !w.is_empty()).filter_map(|w| w.parse().ok()).collect()
+    };
     for d in [64, 128, 256] {
         for dtype in ["bf16", "f16"] {
             let name = format!("attention_sm90_hd{d}_{dtype}: ");
             let at = text.lines().position(|l| l.trim_start().starts_with(&name)).unwrap_or_else(|| panic!("{name}"));
             let line = text.lines().nth(at).unwrap_or_default();
             assert!(line.contains("0/0 spill"), "{line}");
-            // The next line: the softmax's exponentials (one MUFU.EX2 per score, keys / 2 per
-            // thread) run while the P V is in flight.
-            let beside = text.lines().nth(at + 1).unwrap_or_default();
-            let mufu = beside
-                .strip_prefix("    beside the in-flight P V (between the S wait and the P V wait): ")
-                .and_then(|r| r.split(", ").nth(1))
-                .and_then(|r| r.strip_suffix(" MUFU"))
-                .and_then(|n| n.parse::<usize>().ok())
-                .unwrap_or_else(|| panic!("{name}: {beside}"));
+            // One main loop: S and P V (head_dim / 16 + keys / 16 HGMMA), and the softmax's
+            // exponentials (one MUFU.EX2 per score, keys / 2 per thread) while the P V runs.
+            let main = text.lines().nth(at + 1).unwrap_or_default();
+            let n = numbers(main.split_once("main loop: ").map(|x| x.1).unwrap_or_else(|| panic!("{name}: {main}")));
             let keys = if d == 256 { 64 } else { 128 };
-            assert!(mufu >= keys / 2, "{name}: {beside}");
+            assert_eq!(n.len(), 5, "{name}: {main}");
+            assert_eq!(n[1], d / 16 + keys / 16, "{name}: HGMMA per tile: {main}");
+            assert!(n[4] >= keys / 2 && n[4] <= n[2], "{name}: {main}");
         }
     }
+    // The peer's loops come from the fixture; FlashAttention-3's unmasked causal loop runs only
+    // part of its 64 exponentials beside its P V (ptxas hoists its wait).
+    let fa3 =
+        text.lines().find(|l| l.contains("causal (128 x 128), unmasked tiles: ")).unwrap_or_else(|| panic!("{text}"));
+    let n = numbers(fa3.split_once("unmasked tiles: ").map(|x| x.1).unwrap_or_default());
+    assert_eq!(n.len(), 5, "{fa3}");
+    assert!(n[1] == 16 && n[4] < 64, "{fa3}");
     assert!(!text.contains("TFLOP/s for attention_sm90"), "{text}");
 }

@@ -25,14 +25,16 @@ impl Sass {
 }
 
 /// Runs the toolchain's `tool` (`cuobjdump`, `nvdisasm`) with `args` on `cubin`, written to a
-/// temporary file named after `tag` and a per-process counter (threads analyzing the same kernel
-/// at once never share a file); its standard output.
+/// temporary file named after (the start of) `tag` and a per-process counter (threads analyzing
+/// the same kernel at once never share a file); its standard output.
 fn run_on_cubin(tool: &str, args: &[&str], cubin: &[u8], tag: &str) -> Result<String, String> {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let bin = std::path::PathBuf::from(env!("LLK_CUDA_BIN")).join(tool);
     let dir = std::env::temp_dir().join(format!("llk-perf-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("temp dir: {e}"))?;
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // A mangled template name can pass the 255 bytes a file name may have: its start will do.
+    let tag: String = tag.chars().take(64).collect();
     let path = dir.join(format!("{tag}.{tool}.{n}.cubin"));
     std::fs::write(&path, cubin).map_err(|e| format!("write cubin: {e}"))?;
     let out = Command::new(&bin)
@@ -122,14 +124,34 @@ pub fn cold_addresses(
     Ok(cold)
 }
 
-/// The instructions between a partial wgmma wait (`WARPGROUP.DEPBAR.LE gsb0, 0x1`: every group
-/// but the newest has completed) and the next wait: what the thread runs while that newest group
-/// (in a flash-attention loop, the P V behind the S it waited for) is still on the tensor cores.
-/// None when the code has no partial wait.
-pub fn beside_partial_wgmma_wait(code: &[Sass]) -> Option<Mix> {
+/// A wgmma main loop, found by its partial wait (`WARPGROUP.DEPBAR.LE gsb0, 0x1`: every group
+/// but the newest has completed; in a flash-attention loop, S = Q K^T waited for while the P V
+/// issued behind it still runs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WgmmaLoop {
+    /// The innermost loop around the partial wait, every path (a branched-over mask included).
+    pub body: Mix,
+    /// What the thread runs between the partial wait and the next wait: beside the P V.
+    pub beside: Mix,
+}
+
+/// The wgmma main loops of a function, in address order: one per partial wait inside a loop.
+pub fn wgmma_loops(code: &[Sass]) -> Vec<WgmmaLoop> {
     let is_wait = |i: &Sass| i.op == "WARPGROUP.DEPBAR.LE";
-    let at = code.iter().position(|i| is_wait(i) && i.operands.replace(' ', "").starts_with("gsb0,0x1"))?;
-    Some(Mix::of(code[at + 1..].iter().take_while(|i| !is_wait(i))))
+    let spans = loops(code);
+    let mut out = Vec::new();
+    for (at, wait) in code.iter().enumerate() {
+        if !is_wait(wait) || !wait.operands.replace(' ', "").starts_with("gsb0,0x1") {
+            continue;
+        }
+        let inner = spans.iter().filter(|(t, e)| *t <= wait.addr && wait.addr <= *e).min_by_key(|(t, e)| e - t);
+        let Some(&(top, end)) = inner else { continue };
+        out.push(WgmmaLoop {
+            body: Mix::of(code.iter().filter(|i| top <= i.addr && i.addr <= end)),
+            beside: Mix::of(code[at + 1..].iter().take_while(|i| !is_wait(i))),
+        });
+    }
+    out
 }
 
 /// Parses `cuobjdump -sass` text (one function) into instructions.
@@ -239,6 +261,8 @@ pub struct Mix {
     /// Every instruction except NOP.
     pub total: usize,
     pub hmma: usize,
+    /// wgmma (HGMMA, sm_90a).
+    pub hgmma: usize,
     pub ldsm: usize,
     pub ldgsts: usize,
     pub mufu: usize,
@@ -264,6 +288,7 @@ impl Mix {
             match i.base() {
                 "NOP" => continue,
                 "HMMA" => m.hmma += 1,
+                "HGMMA" => m.hgmma += 1,
                 "LDSM" => m.ldsm += 1,
                 "LDGSTS" => m.ldgsts += 1,
                 "MUFU" => m.mufu += 1,
