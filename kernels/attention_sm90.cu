@@ -206,29 +206,31 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
   llk::mbarrier_wait(full_q, 0);
   const unsigned char* sq = smem + L::q + 64 * c * 128;  // this warpgroup's 64 rows of each panel
   uint32_t pa[kKeys / 16][4];  // P as A fragments: k-step kk holds keys 16 kk .. 16 kk + 15
+  // The descriptors of Q (this warpgroup's rows) and of stage 0's K and V, made once: a k-step,
+  // panel or stage further is the same layout with its start address advanced.
+  const uint64_t q_desc = kmajor_desc(sq), k_desc = kmajor_desc(smem + L::k);
+  const uint64_t v_desc = llk::wgmma_desc(smem + L::v, L::kPanelKV, 1024, llk::WgmmaSwizzle::B128);
   // O += P V of tile i from the P in `pa` (one commit group).
   auto issue_pv = [&](int i) {
     const int st = i % kStages;
-    const unsigned char* sv = smem + L::v + st * L::kTileBytes;
     llk::mbarrier_wait(&full_v[st], uint32_t(i / kStages) & 1);
     llk::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
-      llk::wgmma_rs<T, D, true>(o, pa[kk], llk::wgmma_desc(sv + kk * 2048, L::kPanelKV, 1024, llk::WgmmaSwizzle::B128),
-                                true);
+      llk::wgmma_rs<T, D, true>(o, pa[kk], llk::wgmma_desc_advance(v_desc, st * L::kTileBytes + kk * 2048), true);
     llk::wgmma_commit();
   };
   // S = Q K^T of tile i (one commit group).
   auto issue_s = [&](int i) {
     const int st = i % kStages;
-    const unsigned char* sk = smem + L::k + st * L::kTileBytes;
     llk::mbarrier_wait(&full_k[st], uint32_t(i / kStages) & 1);
     llk::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int panel = kk / 4, at = (kk % 4) * 32;
-      llk::wgmma_ss<T, kKeys, false, false>(sc, kmajor_desc(sq + panel * L::kPanelQ + at),
-                                            kmajor_desc(sk + panel * L::kPanelKV + at), kk > 0);
+      llk::wgmma_ss<T, kKeys, false, false>(
+          sc, llk::wgmma_desc_advance(q_desc, panel * L::kPanelQ + at),
+          llk::wgmma_desc_advance(k_desc, st * L::kTileBytes + panel * L::kPanelKV + at), kk > 0);
     }
     llk::wgmma_commit();
   };

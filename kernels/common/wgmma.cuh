@@ -35,6 +35,11 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t lbo, u
   return enc(smem_address(smem)) | enc(lbo) << 16 | enc(sbo) << 32 | uint64_t(swizzle) << 62;
 }
 
+// The descriptor of the same operand layout `bytes` further on (a 16-byte multiple): the start
+// address field (bits 0-13, in 16-byte units) advanced. Shared memory ends below 256 KiB, so the
+// field never carries into the bits above it.
+__device__ __forceinline__ uint64_t wgmma_desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
