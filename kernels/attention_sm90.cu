@@ -132,7 +132,9 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
   uint64_t* empty_v = empty_k + kStages;
 
   if (past_last_tile(p, blockIdx.x)) return;  // the whole block: before any barrier
-  const int tid = int(threadIdx.x), wg = tid / 128;
+  // The warpgroup index through a shuffle: the compiler then knows it is uniform, and keeps what
+  // derives from it (the consumer's wgmma descriptors) in uniform registers.
+  const int tid = int(threadIdx.x), wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   const Sequence s = locate(p, blockIdx.x);
   const RowMap rows = row_map(p, s, kRows);
   const int group = int(p.q_heads / p.kv_heads);
