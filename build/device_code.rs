@@ -68,12 +68,13 @@ const NVCC_FLAGS: [&str; 4] = ["-ptx", "-O3", "-std=c++17", "-DNDEBUG"];
 /// report reads.
 pub const LINEINFO_ARCH: &str = "sm_90";
 /// The families built with `-lineinfo` at [`LINEINFO_ARCH`]: those whose hot path the static
-/// performance report reads from the line table (a report `Spec` with a `cold_source`: without
-/// the table it cannot analyze the kernel, and `tests/perf_report.rs` fails). Line tables triple
+/// performance report reads from the line table (a report `Spec` with a `cold_source`, and the
+/// Hopper kernels' wgmma loops: without the table it cannot analyze the kernel, and
+/// `tests/perf_report.rs` fails). Line tables triple
 /// a cubin, and the package
 /// has to stay under crates.io's 10 MB, so the other families (and every sm_80 copy) go without;
 /// compute-sanitizer then names their kernels and offsets but not source lines.
-pub const LINEINFO_FAMILIES: [&str; 1] = ["attention"];
+pub const LINEINFO_FAMILIES: [&str; 2] = ["attention", "attention_sm90"];
 
 /// Whether `family` is built with `-lineinfo` for `arch`.
 pub fn has_lineinfo(arch: &str, family: &str) -> bool {

@@ -197,7 +197,18 @@ fn the_json_report_has_every_kernel_and_calibration_row_as_numbers() {
     let kind = |k: &str| rows.iter().filter(|r| r["kind"] == k).count();
     assert_eq!(kind("matrix"), calibration().expect("calibration").len());
     assert_eq!(kind("memory"), memory_calibration().expect("memory calibration").len());
-    assert!(kind("matrix") >= 4 && kind("memory") >= 2, "{} rows", rows.len());
+    assert_eq!(kind("wgmma"), llama_kernels::dev::inspect::perf::wgmma_calibration().expect("wgmma").len());
+    assert!(kind("matrix") >= 4 && kind("memory") >= 2 && kind("wgmma") >= 12, "{} rows", rows.len());
+    let hopper = v["hopper"]["kernels"].as_array().unwrap_or_else(|| panic!("hopper: {}", v["hopper"]));
+    assert_eq!(hopper.len(), 6, "{}", v["hopper"]);
+    for k in hopper {
+        assert!(finite(&k["loop_tflops"], "loop_tflops") > 0.0, "{k}");
+        let launches = k["launches"].as_array().expect("launches");
+        assert_eq!(launches.len(), 6, "{k}");
+        for l in launches {
+            assert!(finite(&l["tflops"], "tflops") > 0.0, "{l}");
+        }
+    }
     for r in rows {
         let (published, predicted, error) =
             (finite(&r["published"], "published"), finite(&r["predicted"], "predicted"), finite(&r["error"], "error"));
@@ -237,7 +248,7 @@ fn regenerate_peer_counts() {
     }
 }
 
-/// Regenerates the wgmma peer's loops of tests/fixtures/perf/fa3_hd128_bf16_fwd_sm90.json from
+/// Regenerates the wgmma peers' loops of tests/fixtures/perf/fa3_bf16_fwd_sm90.json from
 /// a cubin compiled outside the repository (the fixture's "how"): `LLK_PEER_CUBIN=fa3.cubin
 /// LLK_PEER_PTXAS=build.log cargo test --features dev --test perf_report -- --ignored
 /// regenerate_wgmma_peer_counts --nocapture`.
@@ -669,9 +680,8 @@ fn embedding_lookups_stream_at_copy_bandwidth() {
 }
 
 #[test]
-fn the_report_lists_the_hopper_kernels_and_predicts_nothing_uncalibrated_for_them() {
+fn the_report_lists_the_hopper_kernels_with_their_wgmma_loops() {
     let text = llama_kernels::dev::inspect::perf::hopper_text();
-    assert!(text.contains("not modelled"), "{text}");
     // "N instructions (H HGMMA, M MUFU); beside the in-flight P V: B instructions, E MUFU"
     let numbers = |l: &str| -> Vec<usize> {
         l.split(|c: char| !c.is_ascii_digit()).filter(|w| !w.is_empty()).filter_map(|w| w.parse().ok()).collect()
@@ -690,6 +700,11 @@ fn the_report_lists_the_hopper_kernels_and_predicts_nothing_uncalibrated_for_the
             assert_eq!(n.len(), 5, "{name}: {main}");
             assert_eq!(n[1], d / 16 + keys / 16, "{name}: HGMMA per tile: {main}");
             assert!(n[4] >= keys / 2 && n[4] <= n[2], "{name}: {main}");
+            // The hot path (no mask) keeps every HGMMA and MUFU and drops the mask's instructions.
+            let hot = text.lines().nth(at + 2).unwrap_or_default();
+            let h = numbers(hot.split_once("hot path: ").map(|x| x.1).unwrap_or_else(|| panic!("{name}: {hot}")));
+            assert_eq!(h.len(), 3, "{name}: {hot}");
+            assert!(h[0] < n[0] && h[1] == n[1] && h[2] == n[2], "{name}: {hot} vs {main}");
         }
     }
     // The peer's loops come from the fixture; FlashAttention-3's unmasked causal loop runs only
@@ -699,5 +714,64 @@ fn the_report_lists_the_hopper_kernels_and_predicts_nothing_uncalibrated_for_the
     let n = numbers(fa3.split_once("unmasked tiles: ").map(|x| x.1).unwrap_or_default());
     assert_eq!(n.len(), 5, "{fa3}");
     assert!(n[1] == 16 && n[4] < 64, "{fa3}");
-    assert!(!text.contains("TFLOP/s for attention_sm90"), "{text}");
+}
+
+/// The wgmma model against every published FlashAttention-3 figure in the fixture: fitted on the
+/// three non-causal 16k figures (one number, the exposed part of the chain, whose recorded value
+/// must be the fit's), it predicts those and the ten held out (4k and 8k, causal) within 5%.
+#[test]
+fn the_wgmma_model_predicts_flash_attention_3_within_5_percent() {
+    use llama_kernels::dev::inspect::hopper_report::fit_exposed_chain;
+    use llama_kernels::dev::inspect::perf::{h200, wgmma_calibration};
+    let rows = wgmma_calibration().expect("wgmma calibration");
+    let fitted: Vec<_> = rows.iter().filter(|r| r.fitted).collect();
+    assert_eq!(fitted.len(), 3, "one fitted figure per head dim: {rows:?}");
+    assert!(rows.len() >= 12, "{} figures", rows.len());
+    for r in &rows {
+        assert!(r.error.abs() <= 0.05, "{} at {:?}: {:+.1}%", r.peer, r.workload, 100.0 * r.error);
+    }
+    let (a, worst) = fit_exposed_chain().expect("fit");
+    assert!(
+        (a - h200::WGMMA_EXPOSED_CHAIN).abs() <= 0.01,
+        "the fit gives {a}, h200 records {}",
+        h200::WGMMA_EXPOSED_CHAIN
+    );
+    assert!(worst <= 0.04, "fit error {worst}");
+    // Neither limit alone fits: no hiding at all, or all of it hidden, is off by more than 10%.
+    let k = &llama_kernels::dev::inspect::perf::fa3_kernels().expect("fixture")[0];
+    let (w, published, _) = &k.published[2];
+    for a in [0.0, 2.0] {
+        let e = (k.model.predict_at(w, a).tflops - published) / published;
+        assert!(e.abs() > 0.10, "{}: a = {a} fits within {:+.1}%", k.name, 100.0 * e);
+    }
+}
+
+/// Our Hopper kernels under the calibrated wgmma model: per tile within 10% of FlashAttention-3's
+/// main loop at each head dim, and at hd128 causal (4k to 16k, the FA3 paper's launches) at least
+/// 95% of FA3's published figure and 1.5x the mma.sync kernel's prediction (the issue's goal,
+/// predicted; no GPU measured it). A softmax that grows, or an overlap that ptxas undoes, fails.
+#[test]
+fn the_hopper_kernel_is_predicted_at_flash_attention_3s_rate() {
+    use llama_kernels::dev::inspect::hopper_report::paper_workload;
+    use llama_kernels::dev::inspect::perf::{fa3_kernels, our_hopper_kernels, predict_launch, prefill_attention_model};
+    let ours = our_hopper_kernels().expect("our kernels");
+    let peers = fa3_kernels().expect("fixture");
+    assert_eq!(ours.len(), 6, "bf16 and f16 at three head dims");
+    for k in &ours {
+        let d = k.model.head_dim;
+        let peer = peers.iter().find(|p| !p.causal && p.model.head_dim == d).expect("FA3 non-causal peer");
+        let (o, p) = (k.model.loop_tflops(), peer.model.loop_tflops());
+        assert!(o >= 0.9 * p, "{}: main loop {o:.0} TFLOP/s, FA3 {p:.0}", k.name);
+        let t = k.model.tile(&k.model.unmasked);
+        assert!(t.tile_clk > t.issue_clk && t.tile_clk > t.smem_clk, "{}: {t:?}", k.name);
+    }
+    let k = ours.iter().find(|k| k.name == "attention_sm90_hd128_bf16").expect("hd128 bf16");
+    let causal = peers.iter().find(|p| p.causal && p.model.head_dim == 128).expect("FA3 hd128 causal");
+    let (mma, blocks) = prefill_attention_model().expect("mma.sync model");
+    for (w, published, _) in &causal.published {
+        let w = paper_workload(w.seq, 128, true);
+        let (o, m) = (k.model.predict(&w).tflops, predict_launch(&mma, &w, blocks).tflops);
+        assert!(o >= 0.95 * published, "seq {}: {o:.0} TFLOP/s, FA3 published {published:.0}", w.seq);
+        assert!(o >= 1.5 * m, "seq {}: {o:.0} TFLOP/s, mma.sync {m:.0}", w.seq);
+    }
 }

@@ -47,6 +47,16 @@ pub const LAUNCH_US: f64 = 4.0;
 /// A block's prologue (Q load) and epilogue (normalize, O store), in main-loop tiles.
 pub const BLOCK_OVERHEAD_TILES: f64 = 1.0;
 
+// The wgmma model's terms (issue 20, `wgmma_model`).
+/// Dense 16-bit wgmma FLOPs per SM per clock: the datasheet's 989 TFLOP/s is 132 SMs x 4096 at
+/// 1.83 GHz ([`CLOCK_GHZ`], the clock the wgmma model runs at).
+pub const WGMMA_FLOPS_PER_CLK: f64 = 4096.0;
+/// The part of a consumer warpgroup's chain (its softmax issue slots or its MUFU time) that the
+/// ping-pong and the in-warpgroup overlap do not hide, net of the latencies the counts leave out.
+/// Fitted: the minimax value over FlashAttention-3's three non-causal 16k figures
+/// (`perf::wgmma_calibration`, asserted in `tests/perf_report.rs`).
+pub const WGMMA_EXPOSED_CHAIN: f64 = 0.85;
+
 /// Blocks per SM from registers, threads and shared memory (sm_90 allocation rules: registers
 /// per warp in units of 256).
 pub fn occupancy(regs: u32, threads: u32, smem: u32) -> u32 {

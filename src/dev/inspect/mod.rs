@@ -6,6 +6,7 @@
 pub mod attention_model;
 pub mod coverage;
 pub mod h200;
+pub mod hopper_report;
 pub mod kernel_spec;
 pub mod layer_model;
 pub mod memory_model;
@@ -14,6 +15,7 @@ pub mod perf_json;
 pub mod qlinear_model;
 pub mod sass;
 pub mod smem;
+pub mod wgmma_model;
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};

@@ -19,15 +19,17 @@ pub use super::attention_model::{
 };
 pub use super::h200;
 pub use super::h200::occupancy;
+pub use super::hopper_report::{
+    FA3_FIXTURE, OurHopperKernel, WgmmaCalibration, fa3_kernels, hopper_text, our_hopper_kernels, peer_wgmma_loops,
+    wgmma_calibration,
+};
 pub use super::kernel_spec::{Region, SPECS, Spec};
 pub use super::memory_model::{
     H100_SXM, H200, LLMC_FIXTURE, MemoryCalibration, MemoryGpu, MemoryLaunch, MemoryPrediction, PeerMemoryCounts,
     memory_calibration, memory_calibration_text, peer_memory_counts, predict_memory_launch,
 };
 use super::memory_model::{memory_text, predict_memory};
-use super::sass::{
-    Mix, Sass, WgmmaLoop, cold_addresses, cold_ranges, disassemble, hot_path, loads_in_flight, loops, wgmma_loops,
-};
+use super::sass::{Mix, Sass, cold_addresses, cold_ranges, disassemble, hot_path, loads_in_flight, loops};
 use super::{KernelCode, KernelResources, kernel_code};
 
 /// What the report says about one kernel.
@@ -301,86 +303,6 @@ pub fn prefill_attention_model() -> Result<(MatrixModel, u32), String> {
             Ok((k.matrix.ok_or("attention has no matrix model")?, k.blocks_per_sm))
         })
         .clone()
-}
-
-/// The FA3 hd128 forward peer: the wgmma main loops of its sm_90a SASS, read with this module's
-/// code (`tests/perf_report.rs`, `regenerate_wgmma_peer_counts`).
-pub const FA3_FIXTURE: &str = include_str!("../../../tests/fixtures/perf/fa3_hd128_bf16_fwd_sm90.json");
-
-/// The wgmma main loops of `kernel` in an external sm_90a cubin (a peer compiled here).
-pub fn peer_wgmma_loops(cubin: &[u8], kernel: &str) -> Result<Vec<WgmmaLoop>, String> {
-    Ok(wgmma_loops(&disassemble(cubin, kernel)?))
-}
-
-fn wgmma_loop_text(l: &WgmmaLoop) -> String {
-    format!(
-        "{} instructions ({} HGMMA, {} MUFU); beside the in-flight P V: {} instructions, {} MUFU",
-        l.body.total, l.body.hgmma, l.body.mufu, l.beside.total, l.beside.mufu
-    )
-}
-
-/// The peer's loops from the fixture, one line each.
-fn fa3_text() -> Result<String, String> {
-    let v: serde_json::Value = serde_json::from_str(FA3_FIXTURE).map_err(|e| format!("fixture: {e}"))?;
-    let mut s = String::new();
-    for k in v["kernels"].as_array().ok_or("fixture: no kernels")? {
-        for l in k["loops"].as_array().ok_or("fixture: no loops")? {
-            let n = |part: &str, f: &str| {
-                l[part][f].as_u64().map(|x| x as usize).ok_or(format!("fixture: no loops.{part}.{f}"))
-            };
-            let body = Mix {
-                total: n("body", "total")?,
-                hgmma: n("body", "hgmma")?,
-                mufu: n("body", "mufu")?,
-                ..Mix::default()
-            };
-            let beside = Mix { total: n("beside", "total")?, mufu: n("beside", "mufu")?, ..Mix::default() };
-            s += &format!(
-                "    {}, {}: {}\n",
-                k["name"].as_str().unwrap_or("?"),
-                l["what"].as_str().unwrap_or("?"),
-                wgmma_loop_text(&WgmmaLoop { body, beside })
-            );
-        }
-    }
-    Ok(s)
-}
-
-/// The Hopper prefill kernels (kernels/attention_sm90.cu): their resources from the sm_90a
-/// `ptxas -v` report, their main loop per tile and thread and what of it runs beside the
-/// in-flight P V (the overlap inside a warpgroup), the same for FlashAttention-3, and why the
-/// report predicts no figure for them.
-pub fn hopper_text() -> String {
-    let mut s = String::from(
-        "Hopper prefill attention (attention_sm90, sm_90a: TMA, wgmma, a producer and two consumer warpgroups):\n\
-         \x20 not modelled: a wgmma model is believed only once calibrated against a peer's measured\n\
-         \x20 figures, and the instruction counts below (ours and FlashAttention-3's, compiled here) are\n\
-         \x20 not yet such a model, so this report predicts no TFLOP/s for these kernels; the layer\n\
-         \x20 predictions below use the mma.sync kernel's model. Per K/V tile and consumer thread; a loop\n\
-         \x20 counts every path (ours includes the mask that interior tiles branch over, FA3 runs its\n\
-         \x20 masked tiles in a loop of their own):\n",
-    );
-    match super::all_resources("sm_90") {
-        Ok(modules) => {
-            for k in modules.iter().filter(|(m, _)| m.name == "attention_sm90").flat_map(|(_, ks)| ks) {
-                s += &format!(
-                    "  {}: {} registers at launch (setmaxnreg: 24 producer, 240 consumer), {}/{} spill st/ld\n",
-                    k.name, k.registers, k.spill_stores, k.spill_loads
-                );
-                s += &match kernel_code("attention_sm90", &k.name).map(|c| wgmma_loops(&c.code)) {
-                    Ok(loops) if !loops.is_empty() => {
-                        loops.iter().map(|l| format!("    main loop: {}\n", wgmma_loop_text(l))).collect()
-                    }
-                    Ok(_) => "    no partial wgmma wait in a loop: nothing runs beside the P V\n".to_string(),
-                    Err(e) => format!("    cannot disassemble: {e}\n"),
-                };
-            }
-        }
-        Err(e) => s += &format!("  cannot read the ptxas reports: {e}\n"),
-    }
-    s += "  FlashAttention-3, hd128 bf16 forward, the same nvcc (tests/fixtures/perf/fa3_hd128_bf16_fwd_sm90.json):\n";
-    s += &fa3_text().unwrap_or_else(|e| format!("    {e}\n"));
-    s + "\n"
 }
 
 /// The report as text.

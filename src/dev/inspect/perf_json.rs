@@ -86,6 +86,31 @@ pub fn report_json() -> Value {
         })),
         Err(e) => errors.push(e),
     }
+    match super::hopper_report::wgmma_calibration() {
+        Ok(cal) => rows.extend(cal.iter().map(|r| {
+            let w = &r.workload;
+            json!({
+                "peer": r.peer,
+                "kind": "wgmma",
+                "workload": format!(
+                    "batch {} x {} heads, seq {}, head_dim {}, {}",
+                    w.batch,
+                    w.heads,
+                    w.seq,
+                    w.head_dim,
+                    if w.causal { "causal" } else { "non-causal" }
+                ),
+                "gpu": "H100 SXM",
+                "unit": "TFLOP/s",
+                "published": r.published_tflops,
+                "predicted": r.predicted_tflops,
+                "error": r.error,
+                "fitted": r.fitted,
+                "source": r.source,
+            })
+        })),
+        Err(e) => errors.push(e),
+    }
     match memory_calibration() {
         Ok(cal) => rows.extend(cal.iter().map(|r| {
             json!({
@@ -111,11 +136,62 @@ pub fn report_json() -> Value {
         "kernels": kernels,
         "calibration": rows,
         "calibration_errors": errors,
+        "hopper": hopper_json(),
         "coverage": coverage_json(),
         "packed": packed_json(),
         "layers": layers_json(),
         "shared_memory": super::smem::json().unwrap_or_else(|e| json!({ "error": e.to_string() })),
     })
+}
+
+/// The Hopper prefill kernels under the wgmma model: per kernel its tile's terms, its main-loop
+/// TFLOP/s, and its predictions at the FA3 paper's launches (16k tokens, hidden 2048), next to
+/// FA3's published figure and, at hd128, the mma.sync kernel's prediction.
+fn hopper_json() -> Value {
+    use super::attention_model::predict_launch;
+    use super::hopper_report::{fa3_kernels, our_hopper_kernels, paper_workload};
+    let (kernels, peers) = match (our_hopper_kernels(), fa3_kernels()) {
+        (Ok(k), Ok(p)) => (k, p),
+        (Err(e), _) | (_, Err(e)) => return json!({ "error": e }),
+    };
+    let mma = super::perf::prefill_attention_model().ok();
+    let rows: Vec<Value> = kernels
+        .iter()
+        .map(|k| {
+            let d = k.model.head_dim;
+            let t = k.model.tile(&k.model.unmasked);
+            let mut launches = Vec::new();
+            for causal in [false, true] {
+                for seq in [4096, 8192, 16384] {
+                    let w = paper_workload(seq, d, causal);
+                    let fa3 = peers
+                        .iter()
+                        .filter(|p| p.model.head_dim == d && p.causal == causal)
+                        .flat_map(|p| p.published.iter())
+                        .find(|(pw, _, _)| pw.seq == seq)
+                        .map(|(_, t, _)| *t);
+                    let mma_sync = mma.as_ref().filter(|_| d == 128).map(|(m, b)| predict_launch(m, &w, *b).tflops);
+                    launches.push(json!({
+                        "seq": seq, "batch": w.batch, "heads": w.heads, "causal": causal,
+                        "tflops": k.model.predict(&w).tflops,
+                        "fa3_published_h100": fa3,
+                        "mma_sync_predicted": mma_sync,
+                    }));
+                }
+            }
+            json!({
+                "kernel": k.name,
+                "head_dim": d,
+                "keys": k.model.keys,
+                "hot_path": { "total": k.model.unmasked.total, "hgmma": k.model.unmasked.hgmma, "mufu": k.model.unmasked.mufu },
+                "tile_clk": { "gemm": t.gemm_clk, "chain": t.chain_clk, "issue": t.issue_clk, "smem": t.smem_clk, "tile": t.tile_clk },
+                "bound": t.bound,
+                "loop_tflops": k.model.loop_tflops(),
+                "launches": launches,
+            })
+        })
+        .collect();
+    json!({ "exposed_chain": super::h200::WGMMA_EXPOSED_CHAIN, "clock_ghz": super::h200::CLOCK_GHZ, "kernels": rows })
 }
 
 /// The packed linear kernels (`qlinear_model`): the decode GEMV at Llama 3 8B's projections at 1

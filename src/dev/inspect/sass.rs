@@ -133,6 +133,8 @@ pub struct WgmmaLoop {
     pub body: Mix,
     /// What the thread runs between the partial wait and the next wait: beside the P V.
     pub beside: Mix,
+    /// The loop's first and last instruction addresses.
+    pub span: (u32, u32),
 }
 
 /// The wgmma main loops of a function, in address order: one per partial wait inside a loop.
@@ -149,6 +151,7 @@ pub fn wgmma_loops(code: &[Sass]) -> Vec<WgmmaLoop> {
         out.push(WgmmaLoop {
             body: Mix::of(code.iter().filter(|i| top <= i.addr && i.addr <= end)),
             beside: Mix::of(code[at + 1..].iter().take_while(|i| !is_wait(i))),
+            span: (top, end),
         });
     }
     out
