@@ -681,7 +681,8 @@ fn embedding_lookups_stream_at_copy_bandwidth() {
 
 #[test]
 fn the_report_lists_the_hopper_kernels_with_their_wgmma_loops() {
-    let text = llama_kernels::dev::inspect::perf::hopper_text();
+    use llama_kernels::dev::inspect::perf;
+    let text = perf::hopper_text(perf::prefill_attention_model().ok());
     // "N instructions (H HGMMA, M MUFU); beside the in-flight P V: B instructions, E MUFU"
     let numbers = |l: &str| -> Vec<usize> {
         l.split(|c: char| !c.is_ascii_digit()).filter(|w| !w.is_empty()).filter_map(|w| w.parse().ok()).collect()

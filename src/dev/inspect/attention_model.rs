@@ -136,6 +136,12 @@ pub struct Workload {
     pub heaviest_first: bool,
 }
 
+/// The reference launch the report predicts for our attention kernel: a 16k-token causal
+/// prefill of Llama 3 8B (32 q heads, head_dim 128, one q head per 128-row block), heaviest row
+/// block first as `locate` dispatches them.
+pub const OUR_PREFILL: Workload =
+    Workload { seq: 16384, batch: 1, heads: 32, head_dim: 128, causal: true, heaviest_first: true };
+
 /// Launch-level prediction: TFLOP/s as benchmarks count it (4 s^2 d h b, halved when causal).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LaunchPrediction {

@@ -6,9 +6,8 @@
 
 use std::sync::OnceLock;
 
-use super::attention_model::{Workload, predict_launch};
+use super::attention_model::{MatrixModel, OUR_PREFILL, Workload, predict_launch};
 use super::h200;
-use super::perf::{OUR_PREFILL, prefill_attention_model};
 use super::sass::{Mix, WgmmaLoop, cold_addresses, cold_ranges, disassemble, hot_path, wgmma_loops};
 use super::wgmma_model::{WgmmaCounts, WgmmaKernel};
 use super::{all_resources, kernel_code};
@@ -240,8 +239,9 @@ pub fn paper_workload(seq: usize, head_dim: usize, causal: bool) -> Workload {
     Workload { seq, batch: 16384 / seq.max(1), heads: 2048 / head_dim.max(1), head_dim, causal, heaviest_first: true }
 }
 
-/// The Hopper section of the report.
-pub fn hopper_text() -> String {
+/// The Hopper section of the report. `mma` is the mma.sync prefill kernel's calibrated model and
+/// blocks per SM (`perf::prefill_attention_model`), printed beside ours where it is known.
+pub fn hopper_text(mma: Option<(MatrixModel, u32)>) -> String {
     let mut s = String::from(
         "Hopper prefill attention (attention_sm90, sm_90a: TMA, wgmma, a producer and two consumer warpgroups).\n\
          Per K/V tile and consumer thread; \"every path\" includes the mask that interior tiles branch over,\n\
@@ -295,14 +295,14 @@ pub fn hopper_text() -> String {
             s += &format!("  {}: {}\n", p.name, tile_text(&p.model));
         }
     }
-    s += &prediction_text();
+    s += &prediction_text(mma);
     s += &wgmma_calibration_text();
     s
 }
 
 /// Our bf16 Hopper kernels at the paper's launches, next to FA3's published figure and the
 /// mma.sync kernel's prediction (hd128, the kernel the mma.sync model covers).
-fn prediction_text() -> String {
+fn prediction_text(mma: Option<(MatrixModel, u32)>) -> String {
     let mut s = String::from(
         "  Predicted TFLOP/s for ours at the FA3 paper's launches (16k tokens in all, hidden 2048), heaviest row\n\
          \x20 block first; FA3's published H100 figure and, at hd128, the mma.sync kernel's model beside:\n",
@@ -310,7 +310,6 @@ fn prediction_text() -> String {
     let (Ok(kernels), Ok(peers)) = (our_hopper_kernels(), fa3_kernels()) else {
         return s + "    cannot read the kernels or the fixture\n";
     };
-    let mma = prefill_attention_model().ok();
     for k in kernels.iter().filter(|k| k.name.ends_with("_bf16")) {
         let d = k.model.head_dim;
         for causal in [false, true] {

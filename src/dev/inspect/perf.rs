@@ -15,7 +15,7 @@
 //! assuming every unrolled slot is active. Matrix kernels: the loop with the most HMMA.
 
 pub use super::attention_model::{
-    LaunchPrediction, LoopCounts, MatrixModel, Workload, matrix_model, predict_launch, schedule_efficiency,
+    LaunchPrediction, LoopCounts, MatrixModel, OUR_PREFILL, Workload, matrix_model, predict_launch, schedule_efficiency,
 };
 pub use super::h200;
 pub use super::h200::occupancy;
@@ -277,12 +277,6 @@ pub fn calibration() -> Result<Vec<Calibration>, String> {
     Ok(out)
 }
 
-/// The reference launch the report predicts for our attention kernel: a 16k-token causal
-/// prefill of Llama 3 8B (32 q heads, head_dim 128, one q head per 128-row block), heaviest row
-/// block first as `locate` dispatches them.
-pub const OUR_PREFILL: Workload =
-    Workload { seq: 16384, batch: 1, heads: 32, head_dim: 128, causal: true, heaviest_first: true };
-
 /// The main-loop counts of the matrix loop (the loop with the most HMMA) of `kernel` in an
 /// external sm_90 cubin (a peer compiled here), read with the report's code.
 pub fn peer_loop_counts(cubin: &[u8], kernel: &str) -> Result<LoopCounts, String> {
@@ -386,7 +380,7 @@ pub fn report() -> String {
             Err(e) => s += &format!("{}: cannot analyze: {e}\n\n", spec.kernel),
         }
     }
-    s += &hopper_text();
+    s += &hopper_text(prefill_attention_model().ok());
     s += &super::qlinear_model::qlinear_text();
     s += &super::coverage::coverage_text();
     s += "Shared memory per architecture (bytes per block; per GPU: blocks per SM by shared memory, \

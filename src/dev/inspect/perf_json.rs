@@ -2,7 +2,7 @@
 //! predictions and calibration rows as [`super::perf::report`], with the numbers as numbers.
 //! Predictions of a model, not measurements; `"measured": false` says so in the document.
 
-use super::perf::{KernelPerf, Region, SPECS, analyze, calibration, memory_calibration};
+use super::perf::{KernelPerf, Region, SPECS, Workload, analyze, calibration, memory_calibration};
 use serde_json::{Value, json};
 
 fn kernel_json(k: &KernelPerf) -> Value {
@@ -50,6 +50,28 @@ fn kernel_json(k: &KernelPerf) -> Value {
     v
 }
 
+/// One attention calibration row: a peer's published H100 figure against the `kind` model.
+fn attention_row(kind: &str, peer: &str, w: &Workload, published: f64, predicted: f64, source: &str) -> Value {
+    json!({
+        "peer": peer,
+        "kind": kind,
+        "workload": format!(
+            "batch {} x {} heads, seq {}, head_dim {}, {}",
+            w.batch,
+            w.heads,
+            w.seq,
+            w.head_dim,
+            if w.causal { "causal" } else { "non-causal" }
+        ),
+        "gpu": "H100 SXM",
+        "unit": "TFLOP/s",
+        "published": published,
+        "predicted": predicted,
+        "error": (predicted - published) / published,
+        "source": source,
+    })
+}
+
 /// The report as a JSON value: `kernels` (one object per kernel, or `{kernel, error}` for one
 /// that cannot be analyzed), `calibration` (every peer's published figures against the model)
 /// and `calibration_errors` (a fixture that cannot be read).
@@ -63,51 +85,19 @@ pub fn report_json() -> Value {
         .collect();
     let (mut rows, mut errors) = (Vec::new(), Vec::new());
     match calibration() {
-        Ok(cal) => rows.extend(cal.iter().map(|r| {
-            let w = &r.workload;
-            json!({
-                "peer": r.peer,
-                "kind": "matrix",
-                "workload": format!(
-                    "batch {} x {} heads, seq {}, head_dim {}, {}",
-                    w.batch,
-                    w.heads,
-                    w.seq,
-                    w.head_dim,
-                    if w.causal { "causal" } else { "non-causal" }
-                ),
-                "gpu": "H100 SXM",
-                "unit": "TFLOP/s",
-                "published": r.published_tflops,
-                "predicted": r.predicted.tflops,
-                "error": r.error,
-                "source": r.source,
-            })
-        })),
+        Ok(cal) => {
+            rows.extend(cal.iter().map(|r| {
+                attention_row("matrix", &r.peer, &r.workload, r.published_tflops, r.predicted.tflops, &r.source)
+            }))
+        }
         Err(e) => errors.push(e),
     }
     match super::hopper_report::wgmma_calibration() {
         Ok(cal) => rows.extend(cal.iter().map(|r| {
-            let w = &r.workload;
-            json!({
-                "peer": r.peer,
-                "kind": "wgmma",
-                "workload": format!(
-                    "batch {} x {} heads, seq {}, head_dim {}, {}",
-                    w.batch,
-                    w.heads,
-                    w.seq,
-                    w.head_dim,
-                    if w.causal { "causal" } else { "non-causal" }
-                ),
-                "gpu": "H100 SXM",
-                "unit": "TFLOP/s",
-                "published": r.published_tflops,
-                "predicted": r.predicted_tflops,
-                "error": r.error,
-                "fitted": r.fitted,
-                "source": r.source,
-            })
+            let mut row =
+                attention_row("wgmma", &r.peer, &r.workload, r.published_tflops, r.predicted_tflops, &r.source);
+            row["fitted"] = Value::Bool(r.fitted);
+            row
         })),
         Err(e) => errors.push(e),
     }

@@ -24,7 +24,7 @@
 //! `a` ([`h200::WGMMA_EXPOSED_CHAIN`]) is the part of the chain the overlaps do not hide, net of
 //! the chain's latencies that the counts leave out: the one fitted number, at the datasheet clock
 //! [`h200::CLOCK_GHZ`] (at which the dense rate is 989 TFLOP/s), on FlashAttention-3's three
-//! non-causal 16k figures ([`super::perf::wgmma_calibration`]); its other published figures
+//! non-causal 16k figures ([`super::hopper_report::wgmma_calibration`]); its other published figures
 //! check it. A launch is its blocks dispatched greedily onto the SMs, one block at a time per SM
 //! (the consumer warpgroups of all resident blocks share the same tensor cores), each block its
 //! tiles (diagonal and sequence-end tiles at the masked loop's counts) plus one tile of prologue
