@@ -233,6 +233,19 @@ fn tile_text(k: &WgmmaKernel) -> String {
     )
 }
 
+/// The sequence lengths of the FA3 paper's launches (16k tokens in all).
+pub const PAPER_SEQS: [usize; 3] = [4096, 8192, 16384];
+
+/// FA3's published figure for `head_dim`, `causal` and `seq`, if the fixture has one.
+pub fn fa3_published(peers: &[PeerKernel], head_dim: usize, causal: bool, seq: usize) -> Option<f64> {
+    peers
+        .iter()
+        .filter(|p| p.model.head_dim == head_dim && p.causal == causal)
+        .flat_map(|p| p.published.iter())
+        .find(|(w, _, _)| w.seq == seq)
+        .map(|(_, tflops, _)| *tflops)
+}
+
 /// The launches the report predicts for our Hopper kernels: the FA3 paper's (16k tokens, hidden
 /// 2048) at `seq`, dispatched heaviest first as ours are.
 pub fn paper_workload(seq: usize, head_dim: usize, causal: bool) -> Workload {
@@ -314,15 +327,10 @@ fn prediction_text(mma: Option<(MatrixModel, u32)>) -> String {
         let d = k.model.head_dim;
         for causal in [false, true] {
             let mut row = format!("    hd{d:<3} {:<10}", if causal { "causal" } else { "non-causal" });
-            for seq in [4096, 8192, 16384] {
+            for seq in PAPER_SEQS {
                 let w = paper_workload(seq, d, causal);
                 row += &format!(" {}k: {:.0}", seq / 1024, k.model.predict(&w).tflops);
-                let published = peers
-                    .iter()
-                    .filter(|p| p.model.head_dim == d && p.causal == causal)
-                    .flat_map(|p| p.published.iter())
-                    .find(|(pw, _, _)| pw.seq == seq);
-                if let Some((_, fa3, _)) = published {
+                if let Some(fa3) = fa3_published(&peers, d, causal, seq) {
                     row += &format!(" (FA3 {fa3:.0}");
                 } else {
                     row += " (FA3 -";
@@ -342,7 +350,7 @@ fn prediction_text(mma: Option<(MatrixModel, u32)>) -> String {
     // schedules causal row blocks longest first too).
     for p in peers.iter().filter(|p| p.causal) {
         let d = p.model.head_dim;
-        let at: Vec<String> = [4096, 8192, 16384]
+        let at: Vec<String> = PAPER_SEQS
             .iter()
             .map(|&seq| format!("{}k: {:.0}", seq / 1024, p.model.predict(&paper_workload(seq, d, true)).tflops))
             .collect();

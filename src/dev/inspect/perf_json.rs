@@ -139,7 +139,7 @@ pub fn report_json() -> Value {
 /// FA3's published figure and, at hd128, the mma.sync kernel's prediction.
 fn hopper_json() -> Value {
     use super::attention_model::predict_launch;
-    use super::hopper_report::{fa3_kernels, our_hopper_kernels, paper_workload};
+    use super::hopper_report::{PAPER_SEQS, fa3_kernels, fa3_published, our_hopper_kernels, paper_workload};
     let (kernels, peers) = match (our_hopper_kernels(), fa3_kernels()) {
         (Ok(k), Ok(p)) => (k, p),
         (Err(e), _) | (_, Err(e)) => return json!({ "error": e }),
@@ -152,14 +152,9 @@ fn hopper_json() -> Value {
             let t = k.model.tile(&k.model.unmasked);
             let mut launches = Vec::new();
             for causal in [false, true] {
-                for seq in [4096, 8192, 16384] {
+                for seq in PAPER_SEQS {
                     let w = paper_workload(seq, d, causal);
-                    let fa3 = peers
-                        .iter()
-                        .filter(|p| p.model.head_dim == d && p.causal == causal)
-                        .flat_map(|p| p.published.iter())
-                        .find(|(pw, _, _)| pw.seq == seq)
-                        .map(|(_, t, _)| *t);
+                    let fa3 = fa3_published(&peers, d, causal, seq);
                     let mma_sync = mma.as_ref().filter(|_| d == 128).map(|(m, b)| predict_launch(m, &w, *b).tflops);
                     launches.push(json!({
                         "seq": seq, "batch": w.batch, "heads": w.heads, "causal": causal,
