@@ -105,9 +105,9 @@ else
   done
   # The Hopper prefill kernel: CUDA chooses it only with LLK_ATTENTION_SM90=1 until it has passed
   # on hardware; here it runs against the reference (and the mma.sync kernel above).
-  if [[ $gpu == 1 && -x "$stage/bin/test-attention" ]]; then
-    echo "-- test-attention, LLK_ATTENTION_SM90=1"
-    if LLK_ATTENTION_SM90=1 "$stage/bin/test-attention" "${threads[@]}"; then step_ok; else step_failed "test-attention (Hopper kernel)"; fi
+  if [[ $gpu == 1 && -x "$stage/bin/test-kernels" ]]; then
+    echo "-- test-kernels attention::, LLK_ATTENTION_SM90=1"
+    if LLK_ATTENTION_SM90=1 "$stage/bin/test-kernels" attention:: "${threads[@]}"; then step_ok; else step_failed "test-kernels attention:: (Hopper kernel)"; fi
   fi
 fi
 

@@ -19,7 +19,7 @@
 #   scripts/gpu-stage.sh --dry-run             build nothing: list what a stage holds and check the
 #                                              budget (device code compressed from kernels/prebuilt/,
 #                                              the wheel at its pinned size, each binary at
-#                                              BINARY_XZ_BUDGET); tests/gpu_stage.rs runs it
+#                                              BINARY_XZ_BUDGET); xtask/tests/gpu_stage.rs runs it
 #   scripts/gpu-stage.sh --check-listing FILE  check a listing: lines `<bytes> <path>`; a path
 #                                              `archive:member` is inside that archive (not counted
 #                                              in the total), bytes `-` means not built
@@ -38,11 +38,13 @@ readonly BINARY_XZ_BUDGET=$((1 * MIB))
 readonly stage=target/gpu-stage
 readonly build_dir=target/gpu-stage-build
 readonly wheel_pin=scripts/gpu-stage-wheel.txt
-# Test binaries that exercise kernels (static checks, the params mirror, the package build and
-# the performance report read this checkout's build folders and sources, and run in CI instead).
-readonly gpu_tests="rms_norm emulator rope swiglu attention paged_attention moe ptx_wrappers devices_and_tensors interop gpu_graph linear block embedding sampling mbarrier warp_specialize tma"
+# The test binaries that exercise kernels: one per crate (the inspect crate's static checks and
+# xtask's repository checks read this checkout's build folders and sources, and run in CI).
+readonly gpu_tests="kernels model"
+readonly crates="crates/llama-kernels crates/llama-model"
+readonly prebuilt=crates/llama-kernels/kernels/prebuilt
 # Every bench: they time CUDA events and explain themselves on a machine without a GPU.
-benches() { sed -n '/^\[\[bench\]\]/,/^name/s/^name = "\(.*\)"/\1/p' Cargo.toml; }
+benches() { for c in $crates; do sed -n '/^\[\[bench\]\]/,/^name/s/^name = "\(.*\)"/\1/p' "$c/Cargo.toml"; done; }
 # Deterministic archives: the dry run's device-code.tar.xz is the staged one, byte for byte.
 tar_c() { tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --mode=u+rw,go+r -cf - "$@"; }
 xz_device_code() { xz -T0 -1 -c; }
@@ -95,10 +97,10 @@ dry_run() {
   listing="$tmp/listing.txt"
   # The device code as a build from kernels/prebuilt/ stages it (byte-identical to a source build).
   mkdir -p "$tmp/dc"
-  awk '$1 == "output" { print $2 "  " $3 }' kernels/prebuilt/manifest.txt | LC_ALL=C sort -k2 >"$tmp/dc/device-code.sha256"
+  awk '$1 == "output" { print $2 "  " $3 }' $prebuilt/manifest.txt | LC_ALL=C sort -k2 >"$tmp/dc/device-code.sha256"
   {
     echo "# gpu-stage --dry-run: nothing built; binaries at BINARY_XZ_BUDGET each"
-    echo "$(tar_c -C kernels/prebuilt sm_90 sm_80 -C "$tmp/dc" device-code.sha256 | xz_device_code | wc -c) device-code.tar.xz"
+    echo "$(tar_c -C $prebuilt sm_90 sm_80 -C "$tmp/dc" device-code.sha256 | xz_device_code | wc -c) device-code.tar.xz"
     echo "$(wheel_field size) $(wheel_field file)"
     for f in scripts/gpu-run.sh scripts/torch_compare.py; do echo "$(wc -c <"$f") $(basename "$f")"; done
     local n=0 b
@@ -124,10 +126,10 @@ esac
 start=$SECONDS
 scripts/setup.sh >/dev/null
 if [[ -z "${LLK_DEVICE_CODE:-}" ]]; then
-  if scripts/regen-kernels.sh --check >/dev/null 2>&1; then
+  if cargo xtask regen-kernels --check >/dev/null 2>&1; then
     export LLK_DEVICE_CODE=prebuilt
   else
-    echo "gpu-stage: kernels/prebuilt/ is stale (scripts/regen-kernels.sh --check): compiling the kernels with nvcc"
+    echo "gpu-stage: kernels/prebuilt/ is stale (cargo xtask regen-kernels --check): compiling the kernels with nvcc"
     export LLK_DEVICE_CODE=source
   fi
 fi
@@ -144,7 +146,7 @@ mkdir -p "$build_dir"
 # build of the library. Release settings, symbols stripped by the linker, no debug info.
 LLK_DEVICE_CODE_LOCATION=external CARGO_TARGET_DIR="$build_dir" \
   CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
-  cargo build --release -p llama-kernels -p llama-kernels-cli "${targets[@]}" --message-format=json-render-diagnostics >"$json"
+  cargo build --release -p llama-kernels -p llama-model -p llama-kernels-cli "${targets[@]}" --message-format=json-render-diagnostics >"$json"
 
 # Binaries, and the device-code folders of the builds of llama-kernels (one per feature set).
 python3 - "$json" "$stage/bin" "$gpu_tests" >"$build_dir/gpu-stage-outputs.txt" <<'PY'

@@ -1,0 +1,40 @@
+//! The kernels of `kernels/embedding.cu`.
+
+use super::KernelTable;
+use crate::dtype::DType;
+use crate::spec::quant::QuantFormat;
+
+/// Every kernel, by (vectorized, dtype).
+pub static KERNELS: KernelTable<(bool, DType)> = KernelTable {
+    module: "embedding",
+    entries: &[
+        ((false, DType::F32), "embedding_f32"),
+        ((false, DType::F16), "embedding_f16"),
+        ((false, DType::BF16), "embedding_bf16"),
+        ((true, DType::F32), "embedding_vec_f32"),
+        ((true, DType::F16), "embedding_vec_f16"),
+        ((true, DType::BF16), "embedding_vec_bf16"),
+    ],
+};
+
+macro_rules! packed {
+    ($($fmt:ident $name:literal),*) => {
+        &[$(
+            ((QuantFormat::$fmt, DType::F32), concat!("qembedding_", $name, "_f32")),
+            ((QuantFormat::$fmt, DType::F16), concat!("qembedding_", $name, "_f16")),
+            ((QuantFormat::$fmt, DType::BF16), concat!("qembedding_", $name, "_bf16")),
+        )*]
+    };
+}
+
+/// The lookups from a packed table, by (format, output dtype).
+pub static PACKED: KernelTable<(QuantFormat, DType)> = KernelTable {
+    module: "embedding",
+    entries: packed!(Q8_0 "q8_0", Q4_0 "q4_0", Q4_1 "q4_1", Q4_K "q4_k", Q6_K "q6_k", NF4 "nf4"),
+};
+
+/// The symbols of this family, for static checks.
+#[cfg(feature = "dev")]
+pub fn symbols() -> impl Iterator<Item = crate::backend::KernelRef> {
+    KERNELS.symbols().chain(PACKED.symbols())
+}

@@ -1,0 +1,27 @@
+//! The kernel crate's tests: every op against the f64 reference on the emulated target (and on
+//! a GPU when one is usable), the emulator's own checks, and the device code's freshness. One
+//! binary, so that the device code it embeds is linked once.
+
+mod attention;
+mod common;
+mod devices_and_tensors;
+mod embedding;
+mod emu_conversions;
+mod emulator;
+mod gpu_graph;
+mod interop;
+mod linear;
+mod mbarrier;
+mod moe;
+mod paged_attention;
+mod prebuilt_fresh;
+mod properties;
+mod ptx_wrappers;
+mod qlinear;
+mod rms_norm;
+mod rope;
+mod sampling;
+mod swiglu;
+mod tma;
+mod warp_specialize;
+mod wgmma;

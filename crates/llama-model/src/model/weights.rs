@@ -1,0 +1,358 @@
+//! A whole model's weights on the host ([`HostModel`]): the token embedding, every decoder
+//! layer, the final norm and the LM head, under Hugging Face layouts, from a safetensors
+//! checkpoint directory or a GGUF file. Values are f32 rounded once to the run dtype, as
+//! [`HostTensor`]s are everywhere in this crate, so the device upload and the f64 reference see
+//! the same numbers.
+//!
+//! GGUF files (llama.cpp's `llama` architecture) are mapped to the same layout: `token_embd`,
+//! `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up,
+//! ffn_down}`, `output_norm` and `output` (absent: tied to the embedding). llama.cpp's converter
+//! reorders the rows of each q and k head for its interleaved RoPE (`permute`: Hugging Face row
+//! `a * head_dim / 2 + b` becomes row `2 b + a`); the loader restores Hugging Face's order, so a
+//! GGUF model is the same half-split model its safetensors original is (`tests/gguf_hf.rs` checks
+//! rows and logits against Hugging Face transformers loading the same GGUF). The configuration
+//! comes from the `llama.*` metadata, checked by the same code as a `config.json`.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::formats::config::{LayerSpec, ModelConfig, ModelKind};
+use crate::formats::files::open_regular;
+use crate::formats::gguf::{GgufFile, GgufValue};
+use crate::formats::Checkpoint;
+use llama_kernels::spec::weights::{HostLayerWeights, HostTensor};
+use llama_kernels::dtype::{DType, round_to};
+use crate::error::{Error, Result};
+use llama_kernels::spec::quant::PackedWeight;
+
+/// Largest vocabulary a model may have (token ids are i32; Llama 3 has 128 256, Gemma 262 144).
+pub const MAX_VOCAB: usize = 1 << 20;
+
+/// How a model's projections run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WeightFormat {
+    /// As the file stores them: a GGUF file's quantized projections packed, a checkpoint's dense.
+    #[default]
+    AsStored,
+    /// Every projection dense in the run dtype (a GGUF file's dequantized at load).
+    Dense,
+    /// Every projection packed in NF4 (blocks of 64): a dense checkpoint quantized at load;
+    /// projections already packed stay as they are.
+    Nf4,
+}
+
+/// A whole model's host weights.
+#[derive(Clone, Debug)]
+pub struct HostModel {
+    /// The parsed configuration (the `config.json`, or the GGUF metadata as one).
+    pub config: ModelConfig,
+    /// Every decoder layer, in order.
+    pub layers: Vec<(LayerSpec, HostLayerWeights)>,
+    /// `model.embed_tokens.weight`, `[vocab, hidden]`.
+    pub embed: HostTensor,
+    /// `model.norm.weight`, `[hidden]`.
+    pub norm: HostTensor,
+    /// `lm_head.weight`, `[vocab, hidden]`; `None` when tied to the embedding.
+    pub lm_head: Option<HostTensor>,
+    /// Epsilon of the final norm (the config's `rms_norm_eps`).
+    pub eps: f32,
+    /// The LM head kept packed (a GGUF `output.weight`, or the tied `token_embd.weight`, of a
+    /// packed type); [`HostModel::lm_head`] holds its dequantized values. When it is the tied
+    /// embedding, the device model looks tokens up in it too (no dense table on the device).
+    pub lm_head_packed: Option<PackedWeight>,
+}
+
+impl HostModel {
+    /// Tokens in the vocabulary.
+    pub fn vocab(&self) -> usize {
+        self.embed.shape.first().copied().unwrap_or(0)
+    }
+    /// Elements per token of the hidden states.
+    pub fn hidden(&self) -> usize {
+        self.embed.shape.get(1).copied().unwrap_or(0)
+    }
+    /// Applies `format` (see [`WeightFormat`]) to a model loaded in run dtype `dtype`.
+    pub fn set_weight_format(&mut self, format: WeightFormat, dtype: DType) -> Result<()> {
+        match format {
+            WeightFormat::AsStored => Ok(()),
+            WeightFormat::Dense => {
+                self.dequantize_packed();
+                Ok(())
+            }
+            WeightFormat::Nf4 => self.quantize_nf4(64, dtype),
+        }
+    }
+    /// Whether any projection is kept packed (see [`HostLayerWeights::packed`]).
+    pub fn is_packed(&self) -> bool {
+        self.lm_head_packed.is_some() || self.layers.iter().any(|(_, w)| !w.packed.is_empty())
+    }
+    /// Drops the packed forms: every projection then runs dense (with the same values: the
+    /// dense tensors hold the dequantized weights rounded to the run dtype).
+    pub fn dequantize_packed(&mut self) {
+        self.layers.iter_mut().for_each(|(_, w)| w.packed.clear());
+        self.lm_head_packed = None;
+    }
+    /// Quantizes every projection of the dense layers (q, k, v, o, gate, up, down) to NF4 in
+    /// blocks of `block` (bitsandbytes' `quantize_4bit`, see [`PackedWeight::quantize_nf4`]);
+    /// the dense tensors then hold the dequantized values rounded to `dtype`, the run dtype.
+    /// Projections already packed are left as they are.
+    pub fn quantize_nf4(&mut self, block: usize, dtype: DType) -> Result<()> {
+        Ok(self.layers.iter_mut().try_for_each(|(spec, w)| w.quantize_nf4(spec, block, dtype))?)
+    }
+    /// The LM head: its own weight, or the embedding when tied.
+    pub fn lm_head(&self) -> &HostTensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Checks the shapes of the embedding, norm and LM head against the layers.
+    fn checked(self) -> Result<HostModel> {
+        let hidden = self.layers.first().map(|(s, _)| s.hidden).ok_or_else(|| Error::Checkpoint {
+            tensor: "model.layers.0".into(),
+            why: "the model has no layers".into(),
+        })?;
+        let vocab = self.embed.shape.first().copied().unwrap_or(0);
+        if self.embed.shape != [vocab, hidden] || vocab == 0 || vocab > MAX_VOCAB {
+            return Err(Error::Checkpoint {
+                tensor: "embed_tokens".into(),
+                why: format!("shape {:?}, expected [vocab 1..={MAX_VOCAB}, {hidden}]", self.embed.shape),
+            });
+        }
+        if self.norm.shape != [hidden] {
+            return Err(Error::Checkpoint { tensor: "norm".into(), why: format!("shape {:?}", self.norm.shape) });
+        }
+        if let Some(p) = &self.lm_head_packed {
+            if [p.layout.rows, p.layout.cols] != [vocab, hidden] {
+                return Err(Error::Checkpoint {
+                    tensor: "lm_head".into(),
+                    why: format!("packed [{}, {}], expected [{vocab}, {hidden}]", p.layout.rows, p.layout.cols),
+                });
+            }
+        }
+        if let Some(h) = &self.lm_head {
+            if h.shape != [vocab, hidden] {
+                return Err(Error::Checkpoint {
+                    tensor: "lm_head".into(),
+                    why: format!("shape {:?}, expected [{vocab}, {hidden}]", h.shape),
+                });
+            }
+        }
+        Ok(self)
+    }
+
+    /// A checkpoint directory ([`HostModel::from_checkpoint`]) or a GGUF file
+    /// ([`HostModel::from_gguf`]), whichever `path` is.
+    pub fn open(path: impl AsRef<Path>, dtype: DType) -> Result<HostModel> {
+        let path = path.as_ref();
+        if path.is_dir() { Self::from_checkpoint(path, dtype) } else { Self::from_gguf(path, dtype) }
+    }
+
+    /// A Hugging Face checkpoint directory (`config.json` + safetensors), converted to `dtype`.
+    pub fn from_checkpoint(dir: impl AsRef<Path>, dtype: DType) -> Result<HostModel> {
+        let dir = dir.as_ref();
+        let ckpt = Checkpoint::open(dir)?;
+        let raw = read_json(&dir.join("config.json"))?;
+        let config = ckpt.config().clone();
+        let layers = (0..config.num_layers()).map(|i| ckpt.layer(i, dtype)).collect::<Result<Vec<_>>>()?;
+        let (spec, _) =
+            layers.first().ok_or_else(|| Error::Config { field: "num_hidden_layers".into(), why: "0".into() })?;
+        let hidden = spec.hidden;
+        let text = raw.get("text_config").unwrap_or(&raw);
+        let vocab = text.get("vocab_size").and_then(Value::as_u64).and_then(|v| usize::try_from(v).ok());
+        let vocab = vocab.filter(|v| (1..=MAX_VOCAB).contains(v)).ok_or_else(|| Error::Config {
+            field: "vocab_size".into(),
+            why: format!("missing or not 1..={MAX_VOCAB}"),
+        })?;
+        let tied = raw.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false);
+        let prefix = ckpt.layer_prefix(0)?.trim_end_matches("layers.0.").to_string();
+        let embed = ckpt.tensor(&format!("{prefix}embed_tokens.weight"), &[vocab, hidden], dtype)?;
+        let norm = ckpt.tensor(&format!("{prefix}norm.weight"), &[hidden], dtype)?;
+        let head_name = format!("{}lm_head.weight", prefix.trim_end_matches("model."));
+        let lm_head = if tied && !ckpt.lists(&head_name) {
+            None
+        } else {
+            Some(ckpt.tensor(&head_name, &[vocab, hidden], dtype)?)
+        };
+        let eps = spec.rms_norm_eps;
+        HostModel { config, layers, embed, norm, lm_head, eps, lm_head_packed: None }.checked()
+    }
+
+    /// A GGUF file of llama.cpp's `llama` architecture, dequantized and converted to `dtype`
+    /// (see the module docs).
+    pub fn from_gguf(path: impl AsRef<Path>, dtype: DType) -> Result<HostModel> {
+        let file = GgufFile::open(path)?;
+        let config = ModelConfig::from_value(&gguf_config(&file)?)?;
+        if config.kind() != ModelKind::Llama {
+            return Err(Error::Unsupported { what: "GGUF models other than llama".into() });
+        }
+        if file.tensor("rope_freqs.weight").is_ok() {
+            return Err(Error::Unsupported {
+                what: "GGUF rope_freqs (Llama 3.1 frequency factors); load the safetensors checkpoint instead".into(),
+            });
+        }
+        let fetch = |name: &str, shape: &[usize]| -> Result<HostTensor> {
+            let t = file.tensor(name)?;
+            if t.shape != shape {
+                return Err(Error::Checkpoint {
+                    tensor: name.to_string(),
+                    why: format!("shape {:?} disagrees with the metadata (expected {shape:?})", t.shape),
+                });
+            }
+            let data = file.dequantize(name)?.into_iter().map(|v| round_to(dtype, f64::from(v)) as f32).collect();
+            Ok(HostTensor::new(shape, data)?)
+        };
+        // A projection stored in a packed type stays packed; its dense tensor holds the
+        // dequantized values rounded to `dtype` (what the packed kernels multiply by).
+        let fetch_packed = |name: &str, shape: &[usize]| -> Result<Option<PackedWeight>> {
+            let t = file.tensor(name)?;
+            if t.dtype.quant_format().is_none() || t.shape != shape {
+                return Ok(None);
+            }
+            file.packed(name).map(Some)
+        };
+        let layers = (0..config.num_layers())
+            .map(|i| {
+                let spec = config.layer(i)?;
+                let mut packed = std::collections::BTreeMap::new();
+                let mut w = HostLayerWeights::from_source(&spec, |name, shape| {
+                    let gguf = gguf_layer_name(name)
+                        .ok_or_else(|| Error::Checkpoint { tensor: name.into(), why: "has no GGUF name".into() })?;
+                    let gguf = format!("blk.{i}.{gguf}");
+                    let order = match name {
+                        "self_attn.q_proj.weight" | "self_attn.q_proj.bias" => {
+                            Some(unpermute_order(shape[0], spec.q_heads))
+                        }
+                        "self_attn.k_proj.weight" | "self_attn.k_proj.bias" => {
+                            Some(unpermute_order(shape[0], spec.kv_heads))
+                        }
+                        _ => None,
+                    };
+                    let p = if shape.len() == 2 { fetch_packed(&gguf, shape)? } else { None };
+                    let t = match p {
+                        Some(mut p) => {
+                            if let Some(order) = &order {
+                                p = p.permute_rows(order)?;
+                            }
+                            let t = HostTensor::new(shape, p.dequantize_to(dtype))?;
+                            packed.insert(name.to_string(), p);
+                            t
+                        }
+                        None => {
+                            let t = fetch(&gguf, shape)?;
+                            match &order {
+                                Some(order) => permute_rows(&t, order)?,
+                                None => t,
+                            }
+                        }
+                    };
+                    Ok::<_, Error>(t)
+                })?;
+                w.packed = packed;
+                Ok((spec, w))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let hidden = layers.first().map_or(0, |(s, _)| s.hidden);
+        let vocab = file.tensor("token_embd.weight")?.shape.first().copied().unwrap_or(0);
+        if !(1..=MAX_VOCAB).contains(&vocab) {
+            return Err(Error::Checkpoint { tensor: "token_embd.weight".into(), why: format!("vocab {vocab}") });
+        }
+        let embed = fetch("token_embd.weight", &[vocab, hidden])?;
+        let norm = fetch("output_norm.weight", &[hidden])?;
+        let lm_head =
+            if file.tensor("output.weight").is_ok() { Some(fetch("output.weight", &[vocab, hidden])?) } else { None };
+        let head_name = if lm_head.is_some() { "output.weight" } else { "token_embd.weight" };
+        let lm_head_packed = fetch_packed(head_name, &[vocab, hidden])?;
+        let eps = layers.first().map_or(1e-5, |(s, _)| s.rms_norm_eps);
+        HostModel { config, layers, embed, norm, lm_head, eps, lm_head_packed }.checked()
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut open_regular(path)?, &mut text)
+        .map_err(|e| Error::Io { path: path.display().to_string(), why: e.to_string() })?;
+    serde_json::from_str(&text)
+        .map_err(|e| Error::Io { path: path.display().to_string(), why: format!("not JSON: {e}") })
+}
+
+/// The GGUF name of a layer tensor, from its Hugging Face name.
+fn gguf_layer_name(hf: &str) -> Option<String> {
+    let (module, kind) = hf.rsplit_once('.')?;
+    let base = match module {
+        "input_layernorm" => "attn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "post_attention_layernorm" => "ffn_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        _ => return None,
+    };
+    Some(format!("{base}.{kind}"))
+}
+
+/// The row order that restores Hugging Face's layout in each of `heads` heads of a q or k
+/// projection of `rows` rows: row `a * head_dim / 2 + b` of a head comes from row `2 b + a`
+/// (result row `i` is source row `order[i]`).
+fn unpermute_order(rows: usize, heads: usize) -> Vec<usize> {
+    let head_dim = rows / heads.max(1);
+    let half = head_dim / 2;
+    let mut order: Vec<usize> = (0..rows).collect();
+    for h in 0..heads {
+        for a in 0..2 {
+            for b in 0..half {
+                order[h * head_dim + a * half + b] = h * head_dim + 2 * b + a;
+            }
+        }
+    }
+    order
+}
+
+/// `t` (a weight `[rows, in]` or a bias `[rows]`) with its rows reordered: row `i` is row
+/// `order[i]` of `t`.
+fn permute_rows(t: &HostTensor, order: &[usize]) -> Result<HostTensor> {
+    let cols: usize = t.shape.iter().skip(1).product();
+    let data = order.iter().flat_map(|&r| t.data[r * cols..(r + 1) * cols].iter().copied()).collect();
+    Ok(HostTensor::new(&t.shape, data)?)
+}
+
+/// The `config.json` equivalent of a GGUF file's `llama.*` metadata.
+fn gguf_config(file: &GgufFile) -> Result<Value> {
+    let m = file.metadata();
+    let arch = m.get("general.architecture").and_then(GgufValue::as_str).unwrap_or("");
+    if arch != "llama" {
+        return Err(Error::Unsupported { what: format!("GGUF architecture `{arch}` (supported: llama)") });
+    }
+    let int = |key: &str| m.get(&format!("llama.{key}")).and_then(GgufValue::as_u64);
+    let num = |key: &str| m.get(&format!("llama.{key}")).and_then(GgufValue::as_f64);
+    let need =
+        |key: &str| int(key).ok_or_else(|| Error::Config { field: format!("llama.{key}"), why: "missing".into() });
+    let heads = need("attention.head_count")?;
+    let mut c = json!({
+        "model_type": "llama",
+        "hidden_size": need("embedding_length")?,
+        "num_hidden_layers": need("block_count")?,
+        "intermediate_size": need("feed_forward_length")?,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int("attention.head_count_kv").unwrap_or(heads),
+        "rms_norm_eps": num("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+        "rope_theta": num("rope.freq_base").unwrap_or(10_000.0),
+    });
+    if let Some(d) = int("attention.key_length") {
+        c["head_dim"] = json!(d);
+    }
+    if let Some(kind) = m.get("llama.rope.scaling.type").and_then(GgufValue::as_str) {
+        if kind != "none" {
+            return Err(Error::Unsupported { what: format!("GGUF rope scaling `{kind}`") });
+        }
+    }
+    if let (Some(rot), Some(hidden)) = (int("rope.dimension_count"), int("embedding_length")) {
+        let head_dim = int("attention.key_length").unwrap_or(hidden / heads.max(1));
+        if rot != head_dim {
+            return Err(Error::Unsupported { what: format!("GGUF partial rotary ({rot} of {head_dim} dims)") });
+        }
+    }
+    Ok(c)
+}

@@ -1,0 +1,13 @@
+//! The model crate's tests: file formats (safetensors checkpoints, GGUF, bitsandbytes), the
+//! tokenizers and chat templates, decoder layers and whole models against the f64 reference.
+//! One binary, so that the device code it embeds is linked once.
+
+#[path = "../../../llama-kernels/tests/kernels/common.rs"]
+mod common;
+mod block;
+mod gguf;
+mod gguf_hf;
+mod hf_fixtures;
+mod model;
+mod nf4;
+mod tokenizer;
