@@ -3,7 +3,7 @@
 #   bin.tar.xz          the llama-kernels binary, the GPU test binaries and the bench binaries,
 #                       built with LLK_DEVICE_CODE_LOCATION=external: each carries the emulated
 #                       kernels and only the size and SHA-256 of each device-code file
-#   device-code.tar.xz  the device code, once: sm_90/ and sm_80/ (the layout of kernels/prebuilt/)
+#   device-code.tar.xz  the device code, once: sm_90/ and sm_80/ (the layout of a build's OUT_DIR)
 #                       and device-code.sha256; gpu-run.sh unpacks it, checks it with sha256sum and
 #                       points LLK_DEVICE_CODE_DIR at it
 #   the compute-sanitizer wheel (pinned, with its hash and size, in scripts/gpu-stage-wheel.txt),
@@ -17,7 +17,7 @@
 #
 #   scripts/gpu-stage.sh                       build and stage
 #   scripts/gpu-stage.sh --dry-run             build nothing: list what a stage holds and check the
-#                                              budget (device code compressed from kernels/prebuilt/,
+#                                              budget (device code unpacked from the prebuilt archive,
 #                                              the wheel at its pinned size, each binary at
 #                                              BINARY_XZ_BUDGET); xtask/tests/gpu_stage.rs runs it
 #   scripts/gpu-stage.sh --check-listing FILE  check a listing: lines `<bytes> <path>`; a path
@@ -26,7 +26,7 @@
 #
 # The build is one cargo invocation, in its own target folder (target/gpu-stage-build, so that
 # the switch of device-code location does not rebuild the normal target/), with symbols stripped
-# at link time. It uses the prebuilt device code when kernels/prebuilt/ is fresh (no nvcc run),
+# at link time. It uses the prebuilt device code when the committed copy is fresh (no nvcc run),
 # else compiles the kernels; LLK_DEVICE_CODE, if set, decides instead.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -95,12 +95,16 @@ dry_run() {
   local listing tmp
   tmp=$(mktemp -d)
   listing="$tmp/listing.txt"
-  # The device code as a build from kernels/prebuilt/ stages it (byte-identical to a source build).
-  mkdir -p "$tmp/dc"
-  awk '$1 == "output" { print $2 "  " $3 }' $prebuilt/manifest.txt | LC_ALL=C sort -k2 >"$tmp/dc/device-code.sha256"
+  # The device code as a build from the prebuilt archive stages it (byte-identical to a source
+  # build): unpacked from it (LLK_PREBUILT_UNPACKED names a folder that already holds it).
+  local dc="${LLK_PREBUILT_UNPACKED:-$tmp/dc}"
+  if [[ -z "${LLK_PREBUILT_UNPACKED:-}" ]]; then
+    cargo xtask unpack-prebuilt "$dc" >/dev/null || { echo "gpu-stage: cannot unpack the prebuilt device code"; return 1; }
+  fi
+  awk '$1 == "output" { print $2 "  " $3 }' $prebuilt/manifest.txt | LC_ALL=C sort -k2 >"$tmp/device-code.sha256"
   {
     echo "# gpu-stage --dry-run: nothing built; binaries at BINARY_XZ_BUDGET each"
-    echo "$(tar_c -C $prebuilt sm_90 sm_80 -C "$tmp/dc" device-code.sha256 | xz_device_code | wc -c) device-code.tar.xz"
+    echo "$(tar_c -C "$dc" sm_90 sm_80 -C "$tmp" device-code.sha256 | xz_device_code | wc -c) device-code.tar.xz"
     echo "$(wheel_field size) $(wheel_field file)"
     for f in scripts/gpu-run.sh scripts/torch_compare.py; do echo "$(wc -c <"$f") $(basename "$f")"; done
     local n=0 b
@@ -129,7 +133,7 @@ if [[ -z "${LLK_DEVICE_CODE:-}" ]]; then
   if cargo xtask regen-kernels --check >/dev/null 2>&1; then
     export LLK_DEVICE_CODE=prebuilt
   else
-    echo "gpu-stage: kernels/prebuilt/ is stale (cargo xtask regen-kernels --check): compiling the kernels with nvcc"
+    echo "gpu-stage: the prebuilt device code is stale (cargo xtask regen-kernels --check): compiling the kernels with nvcc"
     export LLK_DEVICE_CODE=source
   fi
 fi

@@ -11,8 +11,9 @@
 //! * **source**: nvcc and ptxas compile `kernels/*.cu` here. nvcc is looked up in `$NVCC`,
 //!   `$CUDA_HOME`/`$CUDA_PATH`, the project toolchain of `scripts/setup.sh`, `PATH`, then
 //!   `/usr/local/cuda`.
-//! * **prebuilt**: the committed copy in `kernels/prebuilt/`, used when no nvcc is found, and only
-//!   when its manifest's hashes match the current sources and build settings.
+//! * **prebuilt**: the committed copy in `kernels/prebuilt/` (one zstd-compressed archive and its
+//!   manifest), used when no nvcc is found, and only when its manifest's hashes match the current
+//!   sources and build settings and every file unpacked from it matches its hash.
 //!
 //! `LLK_DEVICE_CODE=source` requires nvcc; `LLK_DEVICE_CODE=prebuilt` uses the committed copy even
 //! when nvcc exists (still checked). How the device code is compiled, and the manifest, live in
@@ -115,7 +116,8 @@ fn run() -> Result<(), String> {
                 .into());
         }
         (Mode::Auto | Mode::Prebuilt, nvcc) => {
-            let manifest = device_code::verify_prebuilt(&root).map_err(|problems| {
+            // The committed archive, unpacked where the module table expects the files.
+            let manifest = device_code::unpack_verified(&root, &out, &families).map_err(|problems| {
                 let why = if mode == Mode::Prebuilt {
                     "LLK_DEVICE_CODE=prebuilt, but the prebuilt device code"
                 } else {
@@ -133,7 +135,6 @@ fn run() -> Result<(), String> {
                     if mode == Mode::Prebuilt { ", and unset LLK_DEVICE_CODE" } else { "" }
                 )
             })?;
-            copy_prebuilt(&root, &out, &families)?;
             println!("cargo:rustc-env=LLK_NVCC_VERSION=");
             let bin = match nvcc.and_then(|n| n.parent().map(Path::to_path_buf)) {
                 Some(bin) => bin,
@@ -162,20 +163,6 @@ fn run() -> Result<(), String> {
     println!("cargo:rustc-env=LLK_CUDA_BIN={}", cuda_bin.display());
     println!("cargo:rustc-env=LLK_DEVICE_CODE_ORIGIN={origin}");
     println!("cargo:rustc-env=LLK_KERNEL_BUILD_DIR={}", out.display());
-    Ok(())
-}
-
-/// The committed device code into OUT_DIR, where the module table expects it.
-fn copy_prebuilt(root: &Path, out: &Path, families: &[String]) -> Result<(), String> {
-    let src = root.join(device_code::PREBUILT_DIR);
-    for f in device_code::output_files(families) {
-        let to = out.join(&f);
-        if let Some(dir) = to.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        }
-        std::fs::copy(src.join(&f), &to)
-            .map_err(|e| format!("cannot copy {} to {}: {e}", src.join(&f).display(), to.display()))?;
-    }
     Ok(())
 }
 

@@ -31,12 +31,19 @@ enum Task {
         #[arg(long)]
         check: bool,
     },
+    /// Unpacks the committed device code (kernels/prebuilt/device-code.tar.zst) into DIR, each
+    /// file checked against the manifest.
+    UnpackPrebuilt {
+        /// Where the sm_90/ and sm_80/ folders go.
+        dir: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
     let (name, result) = match Cli::parse().task {
         Task::RegenParams { check } => ("regen-params", xtask::regen_params(check)),
         Task::RegenKernels { force, check } => ("regen-kernels", xtask::regen_kernels::run(force, check)),
+        Task::UnpackPrebuilt { dir } => ("unpack-prebuilt", xtask::regen_kernels::unpack(&dir)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

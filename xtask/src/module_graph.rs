@@ -29,13 +29,27 @@ pub const CRATES: [Layers; 3] = [
     Layers {
         dir: "crates/llama-kernels",
         layers: &[
-            "dtype", "target", "error", "ffi", "spec", "reference", "backend", "tensor", "launch", "kernels", "ops",
+            "dtype",
+            "target",
+            "error",
+            "ffi",
+            "spec",
+            "reference",
+            "backend",
+            "tensor",
+            "launch",
+            "kernels",
+            "ops",
             "dev",
         ],
         // The implementation is checked against the specification, never calls it.
         reference: Some(("reference", &["dev"])),
     },
-    Layers { dir: "crates/llama-model", layers: &["error", "formats", "text", "block", "model", "dev"], reference: None },
+    Layers {
+        dir: "crates/llama-model",
+        layers: &["error", "formats", "text", "block", "model", "dev"],
+        reference: None,
+    },
     Layers {
         dir: "crates/llama-kernels-inspect",
         layers: &[

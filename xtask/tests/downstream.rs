@@ -1,24 +1,29 @@
-//! A crate that depends on llama-kernels builds and runs where there is no CUDA at all.
+//! A crate that depends on llama-kernels and llama-model builds and runs where there is no CUDA
+//! at all.
 //!
-//! Packages this crate as crates.io would (`cargo package`), checks what the package holds and
-//! its size, unpacks it, and builds a scratch crate that depends on it by path, with `NVCC`,
-//! `CUDA_HOME` and `CUDA_PATH` unset and no nvcc on `PATH` (the unpacked package has no
-//! `.toolchain`). The build must take the prebuilt device code; the scratch program runs one op of
-//! each family on the emulated target and checks the results.
+//! Packages both crates as crates.io would (`cargo package`), checks what the kernel crate's
+//! package holds and its size, unpacks both, and builds a scratch crate that depends on them by
+//! path (the model crate's dependency on the kernel crate patched to the unpacked package), with
+//! `NVCC`, `CUDA_HOME` and `CUDA_PATH` unset and no nvcc on `PATH` (an unpacked package is not in
+//! a repository checkout, so it finds no project toolchain). The build must take the prebuilt
+//! device code; the scratch program runs one op of each family on the emulated target and checks
+//! the results against plain Rust, then runs a small model through the model crate and checks
+//! that decoding a token against the paged cache gives the logits of a prefill of the same
+//! tokens.
 //!
 //! Its own target folder (`<target>/tmp/downstream/target`) keeps the main build unlocked and
 //! makes a rerun faster; the first run compiles the crate and its dependencies again.
-
-#[path = "../build/device_code.rs"]
-mod device_code;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::Instant;
 
-/// crates.io's limit on a .crate file.
-const MAX_CRATE_BYTES: u64 = 10 * 1024 * 1024;
+use xtask::device_code;
+
+/// crates.io's limit on a .crate file is 10 MB; the kernel crate keeps headroom below it for the
+/// kernels to come.
+const MAX_CRATE_BYTES: u64 = 8 * 1024 * 1024;
 
 fn cargo() -> Command {
     let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
@@ -75,7 +80,8 @@ fn path_without_nvcc() -> OsString {
 
 #[test]
 fn a_dependent_crate_builds_from_the_package_without_cuda() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let repo = xtask::repo_root();
+    let root = xtask::kernel_crate();
     let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("downstream");
     let version = env!("CARGO_PKG_VERSION");
     for stale in ["package-target/package", "unpacked", "scratch"] {
@@ -87,17 +93,16 @@ fn a_dependent_crate_builds_from_the_package_without_cuda() {
     let (out, _) = cargo_offline_first("cargo package --list", |c| {
         c.current_dir(&root)
             .args(["package", "--list", "--allow-dirty", "-p", "llama-kernels", "--manifest-path"])
-            .arg(root.join("Cargo.toml"));
+            .arg(repo.join("Cargo.toml"));
     });
     assert!(out.status.success(), "cargo package --list failed: {}", show(&out));
     let listed: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
-    let families = device_code::families(&root).expect("kernel families");
     let mut required: Vec<String> = ["Cargo.toml", "build.rs", "build/device_code.rs", device_code::MANIFEST_PATH]
         .iter()
         .map(|s| s.to_string())
         .collect();
     required.extend(device_code::input_files(&root).expect("inputs"));
-    required.extend(device_code::output_files(&families).iter().map(|f| format!("{}/{f}", device_code::PREBUILT_DIR)));
+    required.push(device_code::PREBUILT_ARCHIVE.to_string());
     required.extend(
         ["kernels/emu/emu_runtime.h", "kernels/emu/emu_types.h", "kernels/emu/emu_exports.cc"].map(String::from),
     );
@@ -109,46 +114,58 @@ fn a_dependent_crate_builds_from_the_package_without_cuda() {
         .collect();
     assert!(junk.is_empty(), "cargo package includes {junk:?}");
 
-    // 2. The package, and its size.
+    // 2. The packages, and their sizes.
     let package_target = work.join("package-target");
     let (out, _) = cargo_offline_first("cargo package", |c| {
-        c.current_dir(&root)
-            .args(["package", "--no-verify", "--allow-dirty", "-p", "llama-kernels", "--manifest-path"])
-            .arg(root.join("Cargo.toml"))
+        c.current_dir(&repo)
+            .args(["package", "--no-verify", "--allow-dirty", "-p", "llama-kernels", "-p", "llama-model"])
+            .arg("--manifest-path")
+            .arg(repo.join("Cargo.toml"))
             .arg("--target-dir")
             .arg(&package_target);
     });
     assert!(out.status.success(), "cargo package failed: {}", show(&out));
-    let krate = package_target.join(format!("package/llama-kernels-{version}.crate"));
-    let size = std::fs::metadata(&krate).unwrap_or_else(|e| panic!("no {}: {e}", krate.display())).len();
+    let krate = |name: &str| package_target.join(format!("package/{name}-{version}.crate"));
+    let size_of =
+        |name: &str| std::fs::metadata(krate(name)).unwrap_or_else(|e| panic!("no {name} package: {e}")).len();
+    let (size, model_size) = (size_of("llama-kernels"), size_of("llama-model"));
     report(&format!(
-        "package {} is {:.2} MB ({size} bytes; crates.io allows 10 MB)",
-        krate.display(),
-        size as f64 / 1e6
+        "packages: llama-kernels {:.2} MB ({size} bytes), llama-model {:.2} MB; crates.io allows 10 MB",
+        size as f64 / 1e6,
+        model_size as f64 / 1e6
     ));
-    assert!(size < MAX_CRATE_BYTES, "the package is {size} bytes, over crates.io's 10 MB limit");
+    assert!(
+        size <= MAX_CRATE_BYTES,
+        "the kernel crate's package is {size} bytes, over its {MAX_CRATE_BYTES}-byte budget"
+    );
 
-    // 3. Unpack it (with fresh modification times: a package whose build script changed must
-    //    rerun it in the reused target folder), and a scratch crate that depends on it.
+    // 3. Unpack them (with fresh modification times: a package whose build script changed must
+    //    rerun it in the reused target folder), and a scratch crate that depends on both.
     let unpacked = work.join("unpacked");
     std::fs::create_dir_all(&unpacked).expect("create unpacked/");
-    let out = Command::new("tar").arg("xzmf").arg(&krate).arg("-C").arg(&unpacked).output().expect("run tar");
-    assert!(out.status.success(), "tar failed: {}", show(&out));
+    for name in ["llama-kernels", "llama-model"] {
+        let out = Command::new("tar").arg("xzmf").arg(krate(name)).arg("-C").arg(&unpacked).output().expect("run tar");
+        assert!(out.status.success(), "tar failed: {}", show(&out));
+    }
     let package = unpacked.join(format!("llama-kernels-{version}"));
-    assert!(!package.join(".toolchain").exists());
+    let model_package = unpacked.join(format!("llama-model-{version}"));
+    assert!(device_code::repository_root(&package).is_none(), "the unpacked package looks like a checkout");
     let scratch = work.join("scratch");
     std::fs::create_dir_all(scratch.join("src")).expect("create scratch/");
     std::fs::write(
         scratch.join("Cargo.toml"),
         format!(
             "[package]\nname = \"downstream-check\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
-             [dependencies]\nllama-kernels = {{ path = {:?} }}\nhalf = \"2\"\n\n[workspace]\n",
+             [dependencies]\nllama-kernels = {{ path = {:?} }}\nllama-model = {{ path = {:?} }}\nhalf = \"2\"\n\n\
+             [patch.crates-io]\nllama-kernels = {{ path = {:?} }}\n\n[workspace]\n",
+            package.to_string_lossy(),
+            model_package.to_string_lossy(),
             package.to_string_lossy()
         ),
     )
     .expect("write scratch/Cargo.toml");
     // The versions this repository is tested with (and has in the registry cache).
-    std::fs::copy(root.join("Cargo.lock"), scratch.join("Cargo.lock")).expect("copy Cargo.lock");
+    std::fs::copy(repo.join("Cargo.lock"), scratch.join("Cargo.lock")).expect("copy Cargo.lock");
     std::fs::write(scratch.join("src/main.rs"), SCRATCH_MAIN).expect("write scratch/src/main.rs");
 
     // 4. Build it without any CUDA.
@@ -185,14 +202,15 @@ fn a_dependent_crate_builds_from_the_package_without_cuda() {
         "the build without nvcc did not use the prebuilt device code: {stdout}"
     );
     assert!(stdout.contains("downstream: all ops match"), "{stdout}");
+    assert!(stdout.contains("downstream: the model decodes what it prefills"), "{stdout}");
     report(&format!(
-        "the dependent crate ran every op family on the emulated target; its {}",
+        "the dependent crate ran every op family and a model on the emulated target; its {}",
         stdout.lines().next().unwrap_or("")
     ));
 }
 
 /// The scratch program: one op of each family on the emulated target, against plain Rust.
-const SCRATCH_MAIN: &str = r#"
+const SCRATCH_MAIN: &str = r##"
 use half::bf16;
 use llama_kernels::{DType, Device, Tensor, ops};
 
@@ -306,6 +324,65 @@ fn main() -> llama_kernels::Result<()> {
     check("gqa_attention", &got, &want, 1e-2);
 
     println!("downstream: all ops match");
+    check_model().map_err(|e| llama_kernels::Error::Unsupported { what: format!("the model check failed: {e}") })
+}
+
+/// A two-layer Llama 3 model with deterministic weights: the logits of the last token after a
+/// prefill of four tokens, against those of a prefill of three and a decode of the fourth
+/// through the paged cache; and a chat template's exact rendering.
+fn check_model() -> llama_model::Result<()> {
+    use llama_model::block::{HostLayerWeights, HostTensor};
+    use llama_model::model::{HostModel, Logits, Model, ModelPlan};
+
+    let config = llama_model::ModelConfig::from_json(r#"{
+        "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "intermediate_size": 96, "num_hidden_layers": 2, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0}"#)?;
+    let tensor = |shape: &[usize], seed: f32| -> llama_kernels::Result<HostTensor> {
+        let n: usize = shape.iter().product();
+        let scale = 1.0 / (*shape.last().unwrap_or(&1) as f32).sqrt();
+        HostTensor::new(shape, (0..n).map(|i| ((i as f32 + seed) * 0.7311).sin() * scale + if shape.len() == 1 { 1.0 } else { 0.0 }).collect())
+    };
+    let mut layers = Vec::new();
+    for l in 0..config.num_layers() {
+        let spec = config.layer(l)?;
+        let mut k = 0.0f32;
+        let w = HostLayerWeights::from_source(&spec, |_, shape| {
+            k += 1.0;
+            tensor(shape, k * 13.0 + l as f32)
+        })?;
+        layers.push((spec, w));
+    }
+    let (vocab, hidden) = (40, 64);
+    let host = HostModel {
+        config, layers,
+        embed: tensor(&[vocab, hidden], 5.0)?, norm: tensor(&[hidden], 6.0)?, lm_head: None,
+        eps: 1e-5, lm_head_packed: None,
+    };
+    let device = Device::emulated();
+    let plan = ModelPlan { slots: 1, max_len: 16, max_tokens: 8 };
+    let tokens = [3u32, 17, 29, 8];
+    let mut once = Model::new(&device, &host, DType::F32, plan)?;
+    let whole: Vec<f32> = once.step(&[(0, &tokens)], Logits::Last)?.to_vec()?;
+    let mut twice = Model::new(&device, &host, DType::F32, plan)?;
+    twice.step(&[(0, &tokens[..3])], Logits::Last)?;
+    let stepped: Vec<f32> = twice.step(&[(0, &tokens[3..])], Logits::Last)?.to_vec()?;
+    assert_eq!(whole.len(), vocab);
+    assert!(whole.iter().all(|v| v.is_finite()), "non-finite logits: {whole:?}");
+    let spread = whole.iter().cloned().fold(f32::MIN, f32::max) - whole.iter().cloned().fold(f32::MAX, f32::min);
+    assert!(spread > 1e-3, "the logits do not depend on the token: {whole:?}");
+    let worst = whole.iter().zip(&stepped).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(worst <= 1e-4 * (1.0 + spread), "prefill and decode disagree by {worst}: {whole:?} vs {stepped:?}");
+    println!("model: prefill and decode agree (worst difference {worst:.1e}, logit spread {spread:.2})");
+
+    let template = llama_model::ChatTemplate::new(
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}",
+        None,
+        None,
+    )?;
+    let text = template.render(&[llama_model::text::Message::new("user", "hi")], false)?;
+    assert_eq!(text, "<user>hi");
+    println!("downstream: the model decodes what it prefills");
     Ok(())
 }
-"#;
+"##;

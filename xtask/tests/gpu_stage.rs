@@ -1,8 +1,8 @@
 //! The GPU stage (`scripts/gpu-stage.sh`) fits what the device tool carries (64 MiB), checked
 //! without building it: `gpu-stage.sh --dry-run` lists what a stage holds (the device code
-//! compressed from `kernels/prebuilt/`, the compute-sanitizer wheel at the size pinned in
-//! `scripts/gpu-stage-wheel.txt`, every binary at its budget) and applies the same budget check
-//! that ends a real stage. The check itself can fail: over-budget listings are rejected, each
+//! unpacked from the prebuilt archive and compressed as a stage does, the compute-sanitizer
+//! wheel at the size pinned in `scripts/gpu-stage-wheel.txt`, every binary at its budget) and
+//! applies the same budget check that ends a real stage. The check itself can fail: over-budget listings are rejected, each
 //! with a message that names the sizes. No network, no cargo build; a few seconds of xz.
 
 use std::path::{Path, PathBuf};
@@ -59,7 +59,19 @@ fn listing(bin_xz: u64, wheel: u64, biggest_binary: u64) -> String {
 
 #[test]
 fn the_dry_run_stage_fits_the_budget() {
-    let out = stage_script(&["--dry-run"]);
+    // The device code the stage would carry, unpacked here (the script would run
+    // `cargo xtask unpack-prebuilt`, a nested cargo).
+    let dc = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("gpu_stage-dc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dc);
+    xtask::regen_kernels::unpack(&dc).expect("unpack the prebuilt device code");
+    let out = Command::new("bash")
+        .arg(root().join("scripts/gpu-stage.sh"))
+        .arg("--dry-run")
+        .env("LLK_PREBUILT_UNPACKED", &dc)
+        .current_dir(root())
+        .output()
+        .expect("run bash scripts/gpu-stage.sh");
+    let _ = std::fs::remove_dir_all(&dc);
     let log = text(&out);
     assert!(out.status.success(), "gpu-stage.sh --dry-run: the stage would not fit:\n{log}");
     let summary = log.lines().last().unwrap_or_default();
@@ -71,7 +83,9 @@ fn the_dry_run_stage_fits_the_budget() {
     let binaries = log.lines().filter(|l| l.starts_with("- bin.tar.xz:bin/")).count();
     let benches: usize = ["crates/llama-kernels", "crates/llama-model"]
         .iter()
-        .map(|c| std::fs::read_to_string(root().join(c).join("Cargo.toml")).expect("Cargo.toml").matches("[[bench]]").count())
+        .map(|c| {
+            std::fs::read_to_string(root().join(c).join("Cargo.toml")).expect("Cargo.toml").matches("[[bench]]").count()
+        })
         .sum();
     assert!(binaries > benches + 1, "{binaries} binaries for {benches} benches:\n{log}");
 }

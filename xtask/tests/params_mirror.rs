@@ -21,7 +21,10 @@ fn committed_mirrors_are_fresh() {
         );
         if libclang {
             let fresh = params_mirror::generate(&root, header).expect("bindgen");
-            assert!(fresh == committed, "{out} differs from bindgen's output for {header}; run cargo xtask regen-params");
+            assert!(
+                fresh == committed,
+                "{out} differs from bindgen's output for {header}; run cargo xtask regen-params"
+            );
         } else {
             eprintln!("note: libclang not found; checked {out} by its SHA-256 stamp only");
         }

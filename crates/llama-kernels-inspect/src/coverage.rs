@@ -26,13 +26,13 @@ use super::memory_model::{H200, MemoryLaunch, MemoryPrediction, predict_memory_l
 use super::qlinear_model::{MmaLoopPrediction, predict_mma_loop};
 use super::sass::{Sass, load_bytes_in_flight, loops};
 use super::{KernelCode, KernelResources, kernel_code};
+use llama_kernels::dev::geometry::decode_smem_bytes;
 use llama_kernels::dev::geometry::params::{
     LLK_DECODE_KEYS, LLK_DECODE_ROWS_MMA, LLK_DECODE_THREADS, LLK_EMBEDDING_ROWS, LLK_EMBEDDING_THREADS,
     LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_BLOCK_N_DECODE, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE,
     LLK_MOE_GEMM_STAGES, LLK_MOE_GEMM_STAGES_DECODE, LLK_MOE_GEMM_THREADS, LLK_MOE_ROUTE_WARPS, LLK_MOE_ROW_THREADS,
     LLK_QUANT_CHUNK,
 };
-use llama_kernels::dev::geometry::decode_smem_bytes;
 use llama_kernels::ops::attention::{decode_stages, plan_splits};
 use llama_kernels::ops::moe::{padded_rows, preferred_block_m};
 use llama_kernels::spec::quant::{QuantFormat, QuantLayout};

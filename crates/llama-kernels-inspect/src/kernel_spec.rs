@@ -128,7 +128,10 @@ pub const SPECS: &[Spec] = &[
         shape: "causal prefill, head_dim 128",
         region: Region::MatrixLoop,
         threads: 128,
-        dyn_smem: llama_kernels::dev::geometry::mma_smem_bytes(128, llama_kernels::dev::geometry::params::LLK_ATTN_KEYS as usize),
+        dyn_smem: llama_kernels::dev::geometry::mma_smem_bytes(
+            128,
+            llama_kernels::dev::geometry::params::LLK_ATTN_KEYS as usize,
+        ),
         vec: 0,
         stores_per_elem: 0,
         bytes_per_elem: 0.0,

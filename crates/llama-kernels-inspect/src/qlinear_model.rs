@@ -32,11 +32,11 @@ use super::h200::{self, occupancy};
 use super::memory_model::{H200, MemoryLaunch, MemoryPrediction, predict_memory_launch};
 use super::sass::{Sass, loops};
 use super::{KernelCode, KernelResources, kernel_code};
-use llama_kernels::dtype::DType;
 use llama_kernels::dev::geometry::params::{
     LLK_QGEMM_SMEM_BYTES, LLK_QGEMM_THREADS, LLK_QGEMV_DEPTH, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_WARPS, LLK_QMMV_DEPTH,
     LLK_QMMV_GROUP, LLK_QMMV_WARPS, LLK_QUANT_CHUNK,
 };
+use llama_kernels::dtype::DType;
 use llama_kernels::ops::qlinear::{MAX_MMA_GEMV_ROWS, gemv_split, has_mma_gemv, mma_gemv_splits};
 use llama_kernels::spec::quant::{QuantFormat, QuantLayout};
 

@@ -12,14 +12,16 @@
 //! checked by `tests/static_checks.rs`.
 
 use llama_kernels::backend::{EmuArch, blocks_per_sm_by_smem};
-use llama_kernels::dtype::DType;
-use llama_kernels::dev::geometry::params::{LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL, LLK_DECODE_STAGES_SMALL};
-use llama_kernels::dev::geometry::params::{LLK_MOE_GEMM_BLOCK_M, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE};
 use llama_kernels::dev::geometry::kernels::attention::{KERNELS as PREFILL, SMALL_KEY_KERNELS};
 use llama_kernels::dev::geometry::kernels::attention_sm90::KERNELS as HOPPER;
 use llama_kernels::dev::geometry::kernels::moe::GEMM;
 use llama_kernels::dev::geometry::kernels::paged_attention::{DECODE_KERNELS, FEW_STAGE_DECODE_KERNELS};
+use llama_kernels::dev::geometry::params::{LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL, LLK_DECODE_STAGES_SMALL};
+use llama_kernels::dev::geometry::params::{
+    LLK_MOE_GEMM_BLOCK_M, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE,
+};
 use llama_kernels::dev::geometry::{decode_smem_bytes, mma_smem_bytes, sm90_keys, sm90_smem_bytes};
+use llama_kernels::dtype::DType;
 use llama_kernels::ops::attention::{decode_stages, mma_keys};
 
 use super::{KernelResources, all_resources};

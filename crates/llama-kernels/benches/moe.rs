@@ -21,9 +21,9 @@ mod common;
 use std::collections::HashSet;
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
-use llama_kernels::block::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
 use llama_kernels::dev::testing::Rng;
 use llama_kernels::ops::moe::{self, ExpertWeights, GemmGroups, MoeAlign, MoeFfnConfig, MoeRouting, WeightLayout};
+use llama_kernels::ops::moe::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
 use llama_kernels::{DType, Device, Tensor};
 
 fn random_ids(tokens: usize, experts: usize, k: usize, seed: u64) -> Vec<i32> {

@@ -23,7 +23,7 @@
 //! | `ptxas-command` | the ptxas command line, likewise |
 //! | `normalization` | what is rewritten between nvcc and ptxas, and in the report |
 //! | `input` | `<sha256> <path>`: one per input of the device build, relative to the crate root |
-//! | `output` | `<sha256> <path>`: one per generated file, relative to `kernels/prebuilt/` |
+//! | `output` | `<sha256> <path>`: one per generated file, its path inside the archive |
 //!
 //! The inputs are every file under `kernels/` except `kernels/emu/` (host-only), `kernels/prebuilt/`
 //! and hidden files: the `.cu` files, `kernels/common/`, `kernels/params.h`.
@@ -55,6 +55,13 @@ pub const OUTPUT_EXTS: [&str; 3] = ["ptx", "cubin", "ptxas.txt"];
 pub const PREBUILT_DIR: &str = "kernels/prebuilt";
 /// Its manifest, relative to the crate root.
 pub const MANIFEST_PATH: &str = "kernels/prebuilt/manifest.txt";
+/// Its files, relative to the crate root: one tar of `<arch>/<family>.<ext>` (the layout of an
+/// output folder of [`build_all`]), compressed with zstd. Text that nvcc and ptxas write for two
+/// architectures shares most of its bytes, and a long-window zstd finds them across files: the
+/// archive is about a sixteenth of the files (gzip, what a registry package applies, a fifth).
+pub const PREBUILT_ARCHIVE: &str = "kernels/prebuilt/device-code.tar.zst";
+/// The largest file the archive may hold (the biggest real one is under 5 MiB).
+const MAX_PREBUILT_FILE: u64 = 256 << 20;
 /// The manifest's `format` value.
 pub const FORMAT: &str = "llama-kernels-prebuilt 1";
 /// The nvcc release the committed copy is made with (`scripts/setup.sh` installs it).
@@ -472,7 +479,7 @@ pub struct Manifest {
     pub normalization: String,
     /// sha256 by path relative to the crate root.
     pub inputs: BTreeMap<String, String>,
-    /// sha256 by path relative to `kernels/prebuilt/`.
+    /// sha256 by path inside the archive ([`PREBUILT_ARCHIVE`]).
     pub outputs: BTreeMap<String, String>,
 }
 
@@ -599,8 +606,8 @@ impl fmt::Display for Problem {
             Problem::Setting { key, manifest, current } => {
                 write!(f, "{key} changed:\n      manifest: {manifest}\n      build:    {current}")
             }
-            Problem::OutputMissing(p) => write!(f, "prebuilt file missing: {PREBUILT_DIR}/{p}"),
-            Problem::OutputChanged(p) => write!(f, "prebuilt file modified: {PREBUILT_DIR}/{p}"),
+            Problem::OutputMissing(p) => write!(f, "prebuilt file missing: {PREBUILT_ARCHIVE}:{p}"),
+            Problem::OutputChanged(p) => write!(f, "prebuilt file modified: {PREBUILT_ARCHIVE}:{p}"),
         }
     }
 }
@@ -641,7 +648,8 @@ pub fn check_settings(m: &Manifest) -> Vec<Problem> {
     v
 }
 
-/// The generated files in `dir` (normally `kernels/prebuilt/`) against the manifest.
+/// The generated files in `dir` (the archive unpacked by [`unpack_prebuilt`]) against the
+/// manifest.
 pub fn check_outputs(dir: &Path, m: &Manifest, families: &[String]) -> Vec<Problem> {
     let mut v = Vec::new();
     for f in output_files(families) {
@@ -657,19 +665,62 @@ pub fn check_outputs(dir: &Path, m: &Manifest, families: &[String]) -> Vec<Probl
     v
 }
 
-/// Reads and checks the committed copy under `root`: Ok(manifest text) when it can be used.
-pub fn verify_prebuilt(root: &Path) -> Result<String, Vec<Problem>> {
+/// Unpacks the committed archive under `root` into `dest`: the files of `families` (each once;
+/// a file missing from the archive is left for [`check_outputs`] to name). Entries are written
+/// only under `dest` and only by the names [`output_files`] gives; returns the other entries'
+/// names (files of families not built here, such as the self-tests; or left over), unwritten.
+pub fn unpack_prebuilt(root: &Path, dest: &Path, families: &[String]) -> Result<Vec<String>, String> {
+    use std::io::Read as _;
+    let path = root.join(PREBUILT_ARCHIVE);
+    let file = std::fs::File::open(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let bad = |e: &dyn fmt::Display| format!("{}: {e}", path.display());
+    let zstd = ruzstd::decoding::StreamingDecoder::new(std::io::BufReader::new(file)).map_err(|e| bad(&e))?;
+    let wanted: std::collections::BTreeSet<String> = output_files(families).into_iter().collect();
+    let mut written = std::collections::BTreeSet::new();
+    let mut others = Vec::new();
+    let mut archive = tar::Archive::new(zstd);
+    for entry in archive.entries().map_err(|e| bad(&e))? {
+        let entry = entry.map_err(|e| bad(&e))?;
+        let name = entry.path().map_err(|e| bad(&e))?.to_string_lossy().into_owned();
+        if !entry.header().entry_type().is_file() || !wanted.contains(&name) || written.contains(&name) {
+            others.push(name);
+            continue;
+        }
+        let size = entry.size();
+        if size > MAX_PREBUILT_FILE {
+            return Err(bad(&format!("{name} is {size} bytes, over {MAX_PREBUILT_FILE}")));
+        }
+        let mut bytes = Vec::with_capacity(size as usize);
+        entry.take(MAX_PREBUILT_FILE).read_to_end(&mut bytes).map_err(|e| bad(&e))?;
+        // `name` is one of output_files(): `<arch>/<family>.<ext>`, never absolute or `..`.
+        let to = dest.join(&name);
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        std::fs::write(&to, bytes).map_err(|e| format!("cannot write {}: {e}", to.display()))?;
+        written.insert(name);
+    }
+    Ok(others)
+}
+
+/// The committed copy's manifest checked against the sources under `root` and this module's
+/// settings: Ok(manifest text) when its files may be used.
+pub fn check_manifest(root: &Path) -> Result<String, Vec<Problem>> {
     let text = std::fs::read_to_string(root.join(MANIFEST_PATH))
         .map_err(|e| vec![Problem::Manifest(format!("cannot read {MANIFEST_PATH}: {e}"))])?;
     let m = Manifest::parse(&text).map_err(|e| vec![Problem::Manifest(e)])?;
     let mut problems = check_inputs(root, &m);
     problems.extend(check_settings(&m));
-    if problems.is_empty() {
-        match families(root) {
-            Ok(f) => problems.extend(check_outputs(&root.join(PREBUILT_DIR), &m, &f)),
-            Err(e) => problems.push(Problem::Manifest(e)),
-        }
-    }
+    if problems.is_empty() { Ok(text) } else { Err(problems) }
+}
+
+/// Checks the committed copy under `root` and unpacks the files of `families` into `dest`,
+/// checking each against the manifest: Ok(manifest text) when they can be used.
+pub fn unpack_verified(root: &Path, dest: &Path, families: &[String]) -> Result<String, Vec<Problem>> {
+    let text = check_manifest(root)?;
+    let m = Manifest::parse(&text).map_err(|e| vec![Problem::Manifest(e)])?;
+    unpack_prebuilt(root, dest, families).map_err(|e| vec![Problem::Manifest(e)])?;
+    let problems = check_outputs(dest, &m, families);
     if problems.is_empty() { Ok(text) } else { Err(problems) }
 }
 

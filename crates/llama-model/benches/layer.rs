@@ -11,13 +11,15 @@
 //!
 //! Without a GPU this prints why and exits 0.
 
+#[path = "../../llama-kernels/benches/common/mod.rs"]
 mod common;
 
 use criterion::{BenchmarkId, Throughput};
 use cudarc::driver::sys::CUevent_flags;
-use llama_kernels::block::config::{FfnSpec, LayerSpec, ModelConfig};
-use llama_kernels::block::{DecoderLayer, HostLayerWeights, KvCache, LayerWorkspace, Step};
-use llama_kernels::{DType, Device, Result, Tensor};
+use llama_kernels::{DType, Device, Tensor};
+use llama_model::Result;
+use llama_model::block::{DecoderLayer, FfnSpec, HostLayerWeights, KvCache, LayerSpec, LayerWorkspace, Step};
+use llama_model::formats::ModelConfig;
 
 const LLAMA3_8B: &str = r#"{"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
   "num_key_value_heads": 8, "intermediate_size": 14336, "num_hidden_layers": 32, "rms_norm_eps": 1e-5,
@@ -110,19 +112,19 @@ fn stage_times(device: &Device, c: &Case, iters: usize) -> Result<Vec<(&'static 
     let ctx = stream.context().clone();
     let mut totals: Vec<(&'static str, f64)> = Vec::new();
     for _ in 0..iters {
-        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        start.record(&stream)?;
+        let start = cuda(ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)))?;
+        cuda(start.record(&stream))?;
         let mut events = Vec::new();
         layer.forward_with_marks(&mut ws, &cache, 0, &step, &hidden, &mut |stage| {
-            let e = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-            e.record(&stream)?;
+            let e = cuda(ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)))?;
+            cuda(e.record(&stream))?;
             events.push((stage, e));
             Ok(())
         })?;
         device.synchronize()?;
         let mut prev = &start;
         for (i, (stage, e)) in events.iter().enumerate() {
-            let us = f64::from(prev.elapsed_ms(e)?) * 1e3;
+            let us = f64::from(cuda(prev.elapsed_ms(e))?) * 1e3;
             if totals.len() <= i {
                 totals.push((stage, 0.0));
             }
@@ -214,4 +216,9 @@ fn main() {
         let parts: Vec<String> = st.iter().map(|(s, us)| format!("{s} {:.0}%", 100.0 * us / total.max(1e-9))).collect();
         println!("{name:<36} {total:>9.1} us: {}", parts.join(", "));
     }
+}
+
+/// A CUDA driver call's result as this crate's.
+fn cuda<T>(r: std::result::Result<T, cudarc::driver::DriverError>) -> Result<T> {
+    r.map_err(|e| llama_kernels::Error::from(e).into())
 }

@@ -31,15 +31,18 @@
 //! plain timed loop and is printed as such. Without a GPU this prints the models and what it
 //! would measure, and exits 0.
 
+#[path = "../../llama-kernels/benches/common/mod.rs"]
 mod common;
 
 use std::time::Instant;
 
 use cudarc::driver::sys::CUevent_flags;
-use llama_kernels::block::{HostFfn, HostLayerWeights, HostTensor, LayerSpec, ModelConfig};
-use llama_kernels::dev::testing::test_model_path;
-use llama_kernels::model::{GenerateOptions, HostModel, Logits, Model, ModelPlan, SamplingConfig};
-use llama_kernels::{DType, Device, Error, Result};
+use llama_kernels::{DType, Device};
+use llama_model::block::{HostFfn, HostLayerWeights, HostTensor, LayerSpec};
+use llama_model::dev::testing::test_model_path;
+use llama_model::formats::ModelConfig;
+use llama_model::model::{GenerateOptions, HostModel, Logits, Model, ModelPlan, SamplingConfig};
+use llama_model::{Error, Result};
 
 const SMOLLM2: &str = r#"{"model_type": "llama", "hidden_size": 576, "num_attention_heads": 9,
   "num_key_value_heads": 3, "intermediate_size": 1536, "num_hidden_layers": 30, "rms_norm_eps": 1e-5,
@@ -139,27 +142,28 @@ struct Marks {
 }
 
 fn marked_step(device: &Device, model: &mut Model, batch: &[(usize, &[u32])]) -> Result<Marks> {
-    let stream = device.cuda_stream().cloned().ok_or_else(|| Error::CudaUnavailable("no stream".into()))?;
+    let stream =
+        device.cuda_stream().cloned().ok_or_else(|| llama_kernels::Error::CudaUnavailable("no stream".into()))?;
     let ctx = stream.context().clone();
     let event = || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
-    let start = event()?;
-    start.record(&stream)?;
+    let start = cuda(event())?;
+    cuda(start.record(&stream))?;
     let mut marks = Vec::new();
     model.step_observed(batch, Logits::Last, &mut |_, _| {
-        let e = event()?;
-        e.record(&stream)?;
+        let e = cuda(event())?;
+        cuda(e.record(&stream))?;
         marks.push(e);
         Ok(())
     })?;
-    let stop = event()?;
-    stop.record(&stream)?;
-    stop.synchronize()?;
+    let stop = cuda(event())?;
+    cuda(stop.record(&stream))?;
+    cuda(stop.synchronize())?;
     let last = marks.last().unwrap_or(&start);
-    let layers_ms = f64::from(start.elapsed_ms(last)?);
+    let layers_ms = f64::from(cuda(start.elapsed_ms(last))?);
     Ok(Marks {
-        total_ms: f64::from(start.elapsed_ms(&stop)?),
+        total_ms: f64::from(cuda(start.elapsed_ms(&stop))?),
         per_layer_ms: layers_ms / marks.len().max(1) as f64,
-        head_ms: f64::from(last.elapsed_ms(&stop)?),
+        head_ms: f64::from(cuda(last.elapsed_ms(&stop))?),
     })
 }
 
@@ -261,7 +265,7 @@ fn run_model(device: &Device, spec: &Spec, host: HostModel, quick: bool) -> Resu
         let start = Instant::now();
         let gpu_ms = device
             .time_with_events(steps, || model.step(&batch, Logits::Last).map(|_| ()))?
-            .ok_or_else(|| Error::CudaUnavailable("CUDA events".into()))?;
+            .ok_or_else(|| llama_kernels::Error::CudaUnavailable("CUDA events".into()))?;
         let wall_ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;
         let m = marked_step(device, &mut model, &batch)?;
         let context = model.len(0);
@@ -441,4 +445,9 @@ fn main() {
     if failed {
         std::process::exit(1);
     }
+}
+
+/// A CUDA driver call's result as this crate's.
+fn cuda<T>(r: std::result::Result<T, cudarc::driver::DriverError>) -> Result<T> {
+    r.map_err(|e| llama_kernels::Error::from(e).into())
 }

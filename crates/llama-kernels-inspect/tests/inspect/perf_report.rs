@@ -2,12 +2,12 @@
 //! from its sm_90 SASS, so that a change that loses one fails CI without a GPU. The numbers are a
 //! model of an H200 (src/inspect/perf.rs), not a measurement.
 
-use llama_kernels::dev::inspect::perf::{
+use llama_kernels_inspect::perf::{
     SPECS, analyze, calibration, h200, memory_calibration, peer_loop_counts, peer_memory_counts, report,
 };
-use llama_kernels::dev::inspect::perf_json::report_json_text;
+use llama_kernels_inspect::perf_json::report_json_text;
 
-fn kernel(name: &str) -> llama_kernels::dev::inspect::perf::KernelPerf {
+fn kernel(name: &str) -> llama_kernels_inspect::perf::KernelPerf {
     let spec = SPECS.iter().find(|s| s.kernel == name).unwrap_or_else(|| panic!("no spec for {name}"));
     analyze(spec).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
@@ -197,7 +197,7 @@ fn the_json_report_has_every_kernel_and_calibration_row_as_numbers() {
     let kind = |k: &str| rows.iter().filter(|r| r["kind"] == k).count();
     assert_eq!(kind("matrix"), calibration().expect("calibration").len());
     assert_eq!(kind("memory"), memory_calibration().expect("memory calibration").len());
-    assert_eq!(kind("wgmma"), llama_kernels::dev::inspect::perf::wgmma_calibration().expect("wgmma").len());
+    assert_eq!(kind("wgmma"), llama_kernels_inspect::perf::wgmma_calibration().expect("wgmma").len());
     assert!(kind("matrix") >= 4 && kind("memory") >= 2 && kind("wgmma") >= 12, "{} rows", rows.len());
     let hopper = v["hopper"]["kernels"].as_array().unwrap_or_else(|| panic!("hopper: {}", v["hopper"]));
     assert_eq!(hopper.len(), 6, "{}", v["hopper"]);
@@ -228,7 +228,7 @@ fn regenerate_peer_counts() {
     let cubin = std::fs::read(std::env::var("LLK_PEER_CUBIN").expect("LLK_PEER_CUBIN")).expect("cubin");
     let ptxas =
         std::env::var("LLK_PEER_PTXAS").map(|p| std::fs::read_to_string(p).expect("ptxas log")).unwrap_or_default();
-    for r in llama_kernels::dev::inspect::parse_ptxas(&ptxas) {
+    for r in llama_kernels_inspect::parse_ptxas(&ptxas) {
         let c = peer_loop_counts(&cubin, &r.name).expect("counts");
         println!(
             "{}: registers {}, spill {}/{}; main_loop {{ \"total\": {}, \"hmma\": {}, \"ldsm\": {}, \"ldgsts\": {}, \"mufu\": {}, \"shfl\": {}, \"bar\": {}, \"fp32\": {} }}",
@@ -257,9 +257,9 @@ fn regenerate_peer_counts() {
 fn regenerate_wgmma_peer_counts() {
     let cubin = std::fs::read(std::env::var("LLK_PEER_CUBIN").expect("LLK_PEER_CUBIN")).expect("cubin");
     let ptxas = std::fs::read_to_string(std::env::var("LLK_PEER_PTXAS").expect("LLK_PEER_PTXAS")).expect("ptxas log");
-    for r in llama_kernels::dev::inspect::parse_ptxas(&ptxas) {
+    for r in llama_kernels_inspect::parse_ptxas(&ptxas) {
         println!("{}: registers {}, spill {}/{}", r.name, r.registers, r.spill_stores, r.spill_loads);
-        for l in llama_kernels::dev::inspect::perf::peer_wgmma_loops(&cubin, &r.name).expect("loops") {
+        for l in llama_kernels_inspect::perf::peer_wgmma_loops(&cubin, &r.name).expect("loops") {
             println!(
                 "  {{ \"body\": {{ \"total\": {}, \"hgmma\": {}, \"mufu\": {} }}, \"beside\": {{ \"total\": {}, \"mufu\": {} }} }}",
                 l.body.total, l.body.hgmma, l.body.mufu, l.beside.total, l.beside.mufu
@@ -282,7 +282,7 @@ fn regenerate_memory_peer_counts() {
         .split(',')
         .filter_map(|e| e.trim().parse().ok())
         .collect();
-    for r in llama_kernels::dev::inspect::parse_ptxas(&ptxas) {
+    for r in llama_kernels_inspect::parse_ptxas(&ptxas) {
         let c = peer_memory_counts(&cubin, &r.name).expect("counts");
         let per_thread: Vec<String> =
             elements.iter().map(|&e| format!("{e} elements: {}", c.instructions_per_thread(e))).collect();
@@ -312,8 +312,8 @@ fn regenerate_memory_peer_counts() {
 /// below the 85% a bandwidth-bound kernel would reach, and says so. Each row adds its fmas and x unpacking: 16 rows cost more.
 #[test]
 fn packed_gemv_covers_dram_latency_and_reports_its_issue_bound() {
-    use llama_kernels::dev::inspect::qlinear_model::{SHAPES, predict_gemv};
     use llama_kernels::spec::quant::QuantFormat;
+    use llama_kernels_inspect::qlinear_model::{SHAPES, predict_gemv};
     for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q4_K, QuantFormat::NF4] {
         for &(shape, out, inp) in &SHAPES {
             let g = predict_gemv(format, shape, out, inp, 1).unwrap();
@@ -333,8 +333,8 @@ fn packed_gemv_covers_dram_latency_and_reports_its_issue_bound() {
 /// in issue slots; predicted at 70% or more of our dense mma.sync GEMM's rate, first order.
 #[test]
 fn packed_gemm_reaches_70_percent_of_the_dense_mma_sync_rate() {
-    use llama_kernels::dev::inspect::qlinear_model::{predict_dense_peer, predict_gemm};
     use llama_kernels::spec::quant::QuantFormat;
+    use llama_kernels_inspect::qlinear_model::{predict_dense_peer, predict_gemm};
     let dense = predict_dense_peer().unwrap();
     assert!(dense.hmma >= 32, "{dense:?}");
     for format in QuantFormat::ALL {
@@ -350,7 +350,7 @@ fn packed_gemm_reaches_70_percent_of_the_dense_mma_sync_rate() {
 /// conversions make them issue-bound: the floor guards that cost).
 #[test]
 fn paged_decode_streams_the_kv_pages_it_reads() {
-    use llama_kernels::dev::inspect::coverage::{decode_cases, decode_splits, predict_decode};
+    use llama_kernels_inspect::coverage::{decode_cases, decode_splits, predict_decode};
     for c in decode_cases() {
         let (d, merge) = predict_decode(&c).unwrap();
         println!(
@@ -380,8 +380,7 @@ fn paged_decode_streams_the_kv_pages_it_reads() {
         let floor = if c.page_bytes == 2 { 0.8 } else { 0.3 };
         assert!(d.steady_fraction >= floor, "{c:?}: steady {:.2}", d.steady_fraction);
         if c.page_bytes == 1 {
-            let bf16 =
-                predict_decode(&llama_kernels::dev::inspect::coverage::DecodeCase { page_bytes: 2, ..c }).unwrap().0;
+            let bf16 = predict_decode(&llama_kernels_inspect::coverage::DecodeCase { page_bytes: 2, ..c }).unwrap().0;
             assert!((2.0 * d.memory.t_dram - bf16.memory.t_dram).abs() < 0.05 * bf16.memory.t_dram, "{c:?}");
         }
     }
@@ -391,7 +390,7 @@ fn paged_decode_streams_the_kv_pages_it_reads() {
 /// once the launch is amortized (16k tokens x 32 heads).
 #[test]
 fn merge_states_streams_both_states() {
-    use llama_kernels::dev::inspect::coverage::predict_merge_states;
+    use llama_kernels_inspect::coverage::predict_merge_states;
     let m = predict_merge_states(16384, 32, 128).unwrap();
     // Its loads in flight nearly cover DRAM latency (the model calls it latency-bound by a hair).
     assert!(m.memory.cover >= 0.8, "{m:?}");
@@ -403,7 +402,7 @@ fn merge_states_streams_both_states() {
 /// guards that cost).
 #[test]
 fn kv_append_is_bandwidth_bound_at_prefill() {
-    use llama_kernels::dev::inspect::coverage::predict_kv_append;
+    use llama_kernels_inspect::coverage::predict_kv_append;
     let k = predict_kv_append(4096, 8, 128, false).unwrap();
     assert_eq!(k.bound, "bandwidth", "{k:?}");
     assert!(k.steady_fraction >= 0.8, "{k:?}");
@@ -418,8 +417,8 @@ fn kv_append_is_bandwidth_bound_at_prefill() {
 /// alignment are a few launches of a few microseconds.
 #[test]
 fn moe_pipeline_levers() {
-    use llama_kernels::dev::inspect::coverage::{predict_moe, scout_moe};
-    use llama_kernels::dev::inspect::qlinear_model::predict_mma_loop;
+    use llama_kernels_inspect::coverage::{predict_moe, scout_moe};
+    use llama_kernels_inspect::qlinear_model::predict_mma_loop;
     for k in [
         "moe_grouped_gemm_kn_swiglu_m16_bf16",
         "moe_grouped_gemm_nk_swiglu_m16_bf16",
@@ -464,8 +463,8 @@ fn moe_pipeline_levers() {
 /// eager launches, and decode at batch 1 dominated by the stages that stream weights.
 #[test]
 fn layer_predictions_are_consistent_and_decode_is_weight_bound() {
-    use llama_kernels::dev::inspect::layer_model::{Phase, layer_predictions};
-    let all = layer_predictions(&llama_kernels::dev::inspect::perf::prefill_attention_model().unwrap());
+    use llama_kernels_inspect::layer_model::{Phase, layer_predictions};
+    let all = layer_predictions(&llama_kernels_inspect::perf::prefill_attention_model().unwrap());
     assert_eq!(all.len(), 15);
     for (m, p, r) in all {
         let sp = r.unwrap_or_else(|e| panic!("{} {p:?}: {e}", m.name));
@@ -508,10 +507,10 @@ fn layer_predictions_are_consistent_and_decode_is_weight_bound() {
 /// packed experts, is an error, not a number.
 #[test]
 fn packed_decode_is_faster_than_bf16_by_the_bytes_it_saves() {
-    use llama_kernels::dev::inspect::layer_model::{
+    use llama_kernels_inspect::layer_model::{
         LLAMA3_8B, LLAMA3_70B, LLAMA4_SCOUT, PACKED_FORMATS, PHASES, Phase, Weights, predict_step, predict_step_with,
     };
-    let attn = llama_kernels::dev::inspect::perf::prefill_attention_model().unwrap();
+    let attn = llama_kernels_inspect::perf::prefill_attention_model().unwrap();
     for m in [LLAMA3_8B, LLAMA3_70B] {
         let bf16 = predict_step(&m, PHASES[0], &attn).unwrap();
         for format in PACKED_FORMATS {
@@ -574,10 +573,10 @@ fn the_json_report_has_the_coverage_and_the_layers() {
 /// within two rows for every format.
 #[test]
 fn the_gemm_takes_over_from_the_gemv_where_the_model_says_it_is_cheaper() {
-    use llama_kernels::dev::inspect::qlinear_model::gemm_crossover_rows;
     use llama_kernels::ops::qlinear::GEMM_FROM_ROWS;
     use llama_kernels::spec::quant::QuantFormat;
     use llama_kernels::{DType, ops::qlinear::has_mma_gemv};
+    use llama_kernels_inspect::qlinear_model::gemm_crossover_rows;
     for format in QuantFormat::ALL.into_iter().filter(|&f| !has_mma_gemv(f, DType::BF16)) {
         let r = gemm_crossover_rows(format).unwrap();
         assert!(
@@ -595,8 +594,8 @@ fn the_gemm_takes_over_from_the_gemv_where_the_model_says_it_is_cheaper() {
 /// about 92%, NF4, whose code book is looked up by byte permutes, at about 87%).
 #[test]
 fn tensor_core_gemv_reaches_the_bandwidth_bound_for_4_bit_weights() {
-    use llama_kernels::dev::inspect::qlinear_model::{SHAPES, mma_gemv_and_gemm_slots, predict_gemv, predict_mma_gemv};
     use llama_kernels::spec::quant::QuantFormat;
+    use llama_kernels_inspect::qlinear_model::{SHAPES, mma_gemv_and_gemm_slots, predict_gemv, predict_mma_gemv};
     for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q4_K, QuantFormat::Q6_K, QuantFormat::NF4] {
         let (gemv, gemm) = mma_gemv_and_gemm_slots(format).unwrap();
         let simt = predict_gemv(format, SHAPES[0].0, SHAPES[0].1, SHAPES[0].2, 1).unwrap().slots_per_iteration;
@@ -665,8 +664,8 @@ fn a100_runs_two_attention_blocks_per_sm_at_head_dim_128() {
 /// reads its packed bytes only (Q6_K's row is about 0.41 of bf16's, so the launch is shorter).
 #[test]
 fn embedding_lookups_stream_at_copy_bandwidth() {
-    use llama_kernels::dev::inspect::coverage::predict_embedding;
     use llama_kernels::spec::quant::QuantFormat;
+    use llama_kernels_inspect::coverage::predict_embedding;
     let dense = predict_embedding(4096, 4096, None).unwrap();
     for table in [None, Some(QuantFormat::Q8_0), Some(QuantFormat::Q6_K)] {
         let c = predict_embedding(4096, 4096, table).unwrap();
@@ -681,7 +680,7 @@ fn embedding_lookups_stream_at_copy_bandwidth() {
 
 #[test]
 fn the_report_lists_the_hopper_kernels_with_their_wgmma_loops() {
-    use llama_kernels::dev::inspect::perf;
+    use llama_kernels_inspect::perf;
     let text = perf::hopper_text(perf::prefill_attention_model().ok());
     // "N instructions (H HGMMA, M MUFU); beside the in-flight P V: B instructions, E MUFU"
     let numbers = |l: &str| -> Vec<usize> {
@@ -722,8 +721,8 @@ fn the_report_lists_the_hopper_kernels_with_their_wgmma_loops() {
 /// must be the fit's), it predicts those and the ten held out (4k and 8k, causal) within 5%.
 #[test]
 fn the_wgmma_model_predicts_flash_attention_3_within_5_percent() {
-    use llama_kernels::dev::inspect::hopper_report::fit_exposed_chain;
-    use llama_kernels::dev::inspect::perf::{h200, wgmma_calibration};
+    use llama_kernels_inspect::hopper_report::fit_exposed_chain;
+    use llama_kernels_inspect::perf::{h200, wgmma_calibration};
     let rows = wgmma_calibration().expect("wgmma calibration");
     let fitted: Vec<_> = rows.iter().filter(|r| r.fitted).collect();
     assert_eq!(fitted.len(), 3, "one fitted figure per head dim: {rows:?}");
@@ -739,7 +738,7 @@ fn the_wgmma_model_predicts_flash_attention_3_within_5_percent() {
     );
     assert!(worst <= 0.04, "fit error {worst}");
     // Neither limit alone fits: no hiding at all, or all of it hidden, is off by more than 10%.
-    let k = &llama_kernels::dev::inspect::perf::fa3_kernels().expect("fixture")[0];
+    let k = &llama_kernels_inspect::perf::fa3_kernels().expect("fixture")[0];
     let (w, published, _) = &k.published[2];
     for a in [0.0, 2.0] {
         let e = (k.model.predict_at(w, a).tflops - published) / published;
@@ -753,8 +752,8 @@ fn the_wgmma_model_predicts_flash_attention_3_within_5_percent() {
 /// predicted; no GPU measured it). A softmax that grows, or an overlap that ptxas undoes, fails.
 #[test]
 fn the_hopper_kernel_is_predicted_at_flash_attention_3s_rate() {
-    use llama_kernels::dev::inspect::hopper_report::paper_workload;
-    use llama_kernels::dev::inspect::perf::{fa3_kernels, our_hopper_kernels, predict_launch, prefill_attention_model};
+    use llama_kernels_inspect::hopper_report::paper_workload;
+    use llama_kernels_inspect::perf::{fa3_kernels, our_hopper_kernels, predict_launch, prefill_attention_model};
     let ours = our_hopper_kernels().expect("our kernels");
     let peers = fa3_kernels().expect("fixture");
     assert_eq!(ours.len(), 6, "bf16 and f16 at three head dims");

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use llama_kernels::backend::{emulated_kernel_info, emulated_kernel_names, kernel_modules};
-use llama_kernels::dev::inspect::{parse_ptxas, ptx_entries};
+use llama_kernels_inspect::{parse_ptxas, ptx_entries};
 
 #[test]
 fn every_symbol_the_wrappers_load_exists_everywhere() {
@@ -105,7 +105,7 @@ fn no_kernel_spills_at_sm_90() {
 /// Every other kernel spills nothing.
 const ATTENTION_SPILL_BUDGET: u32 = 128;
 
-fn check_spills(k: &llama_kernels::dev::inspect::KernelResources, arch: &str) {
+fn check_spills(k: &llama_kernels_inspect::KernelResources, arch: &str) {
     let two_m_tiles =
         k.name.starts_with("attention_hd") && !k.name.starts_with("attention_hd256") && !k.name.ends_with("_f32");
     if two_m_tiles {
@@ -123,15 +123,16 @@ fn sass(module: &str) -> String {
     // The bin folder of the nvcc that built the crate, or of the project toolchain when the
     // build used the prebuilt device code; empty when there was neither. The project toolchain
     // may also have been installed after the build: look there too.
-    let cuda_bin = env!("LLK_CUDA_BIN");
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".toolchain/python/nvidia/cu13/bin/cuobjdump");
+    let cuda_bin = llama_kernels::dev::build::CUDA_BIN;
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.toolchain/python/nvidia/cu13/bin/cuobjdump");
     let bin = [PathBuf::from(cuda_bin).join("cuobjdump"), local]
         .into_iter()
         .find(|p| p.is_absolute() && p.is_file())
         .unwrap_or_else(|| {
             panic!("cuobjdump not found (LLK_CUDA_BIN={cuda_bin:?}): run scripts/setup.sh, which installs it into .toolchain")
         });
-    let cubin = PathBuf::from(env!("LLK_KERNEL_BUILD_DIR")).join("sm_90").join(format!("{module}.cubin"));
+    let cubin =
+        PathBuf::from(llama_kernels::dev::build::KERNEL_BUILD_DIR).join("sm_90").join(format!("{module}.cubin"));
     let out = Command::new(&bin)
         .arg("-sass")
         .arg(&cubin)
@@ -371,7 +372,7 @@ fn moe_gather_and_combine_move_rows_with_128_bit_accesses() {
 
 #[test]
 fn every_planned_shared_memory_size_fits_hopper_and_the_readme_says_what_runs_where() {
-    use llama_kernels::dev::inspect::smem::{ARCHS, table, totals};
+    use llama_kernels_inspect::smem::{ARCHS, table, totals};
     let all = totals().unwrap();
     assert!(all.len() >= 20, "prefill, decode and MoE GEMM configurations: {}", all.len());
     for (u, total) in &all {
@@ -379,7 +380,7 @@ fn every_planned_shared_memory_size_fits_hopper_and_the_readme_says_what_runs_wh
         assert!(total[0] <= ARCHS[0].max_block_bytes, "{} needs {} bytes on sm_90", u.what, total[0]);
     }
     let t = table().unwrap();
-    let readme = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
     assert!(readme.contains(&t), "README's shared-memory table is stale; it should read:\n{t}");
 }
 
@@ -387,12 +388,7 @@ fn every_planned_shared_memory_size_fits_hopper_and_the_readme_says_what_runs_wh
 fn embedding_copies_rows_with_128_bit_accesses() {
     // The 16-byte path: every store is 128-bit; the loads are the 128-bit row vectors and the
     // 32-bit ids of the LLK_EMBEDDING_ROWS tokens a thread looks up per step.
-    let params = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("kernels/params.h")).unwrap();
-    let ids: usize = params
-        .lines()
-        .find_map(|l| l.strip_prefix("#define LLK_EMBEDDING_ROWS "))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("LLK_EMBEDDING_ROWS in kernels/params.h");
+    let ids = llama_kernels::dev::geometry::params::LLK_EMBEDDING_ROWS as usize;
     for (name, global) in vector_kernels("embedding", 3) {
         let (loads, stores): (Vec<&String>, Vec<&String>) = global.iter().partition(|o| o.starts_with("LDG"));
         assert!(!stores.is_empty() && stores.iter().all(|o| o.contains(".128")), "{name}: {stores:?}");
@@ -522,7 +518,8 @@ fn the_hopper_attention_kernel_runs_on_wgmma_fed_by_tma_in_warp_specialized_warp
     // products as HGMMA (64 x keys for S, 64 x head_dim for O), loads by TMA (UTMALDG.3D),
     // synchronizes on transaction barriers (SYNCS), ping-pongs on named barriers, reallocates
     // registers (USETMAXREG) and keeps everything in registers (no local memory).
-    let report = PathBuf::from(env!("LLK_KERNEL_BUILD_DIR")).join("sm_90").join("attention_sm90.ptxas.txt");
+    let report =
+        PathBuf::from(llama_kernels::dev::build::KERNEL_BUILD_DIR).join("sm_90").join("attention_sm90.ptxas.txt");
     let report = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("{}: {e}", report.display()));
     assert!(!report.contains("C7518"), "ptxas serializes the wgmma:\n{report}");
     for (name, ops) in per_function(&sass("attention_sm90")) {

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use criterion::Criterion;
-use llama_kernels::{DType, Device, Result, Tensor};
+use llama_kernels::{DType, Device, Error, Tensor};
 
 /// CUDA device 0, or `None` after printing why there is nothing to measure.
 pub fn gpu_or_explain(bench: &str) -> Option<Device> {
@@ -31,7 +31,12 @@ pub fn criterion() -> Criterion {
 }
 
 /// Mean GPU time of one call of `f`, in microseconds, from CUDA events around `iters` calls.
-pub fn gpu_time_us(device: &Device, iters: usize, mut f: impl FnMut() -> Result<()>) -> f64 {
+/// `f` may return the kernel crate's error or any error that wraps it (the model crate's).
+pub fn gpu_time_us<E: From<Error> + std::fmt::Debug>(
+    device: &Device,
+    iters: usize,
+    mut f: impl FnMut() -> std::result::Result<(), E>,
+) -> f64 {
     f().expect("warm-up launch");
     device.synchronize().expect("sync");
     let ms = device.time_with_events(iters, &mut f).expect("timed launches").expect("CUDA events on a GPU");
@@ -45,7 +50,12 @@ pub const L2_FLUSH_BELOW_BYTES: f64 = 120e6;
 /// call's working set (`bytes`) would fit in the L2 cache, every call is timed alone after a
 /// 256 MiB device copy that evicts it, so bandwidth is not overstated by cache hits. Larger working
 /// sets are timed back to back (they cannot stay in the L2 anyway).
-pub fn summary_time_us(device: &Device, iters: usize, bytes: f64, mut f: impl FnMut() -> Result<()>) -> f64 {
+pub fn summary_time_us<E: From<Error> + std::fmt::Debug>(
+    device: &Device,
+    iters: usize,
+    bytes: f64,
+    mut f: impl FnMut() -> std::result::Result<(), E>,
+) -> f64 {
     if bytes >= L2_FLUSH_BELOW_BYTES {
         return gpu_time_us(device, iters, f);
     }
@@ -63,14 +73,18 @@ pub fn summary_time_us(device: &Device, iters: usize, bytes: f64, mut f: impl Fn
     });
     f().expect("warm-up launch");
     let ms = device
-        .time_each_with_events(iters, || flush.1.copy_from(&flush.0), &mut f)
+        .time_each_with_events(iters, || flush.1.copy_from(&flush.0).map_err(E::from), &mut f)
         .expect("timed launches")
         .expect("CUDA events on a GPU");
     ms * 1e3 / iters as f64
 }
 
 /// Criterion's custom timing: CUDA-event time of `iters` launches.
-pub fn event_duration(device: &Device, iters: u64, f: &mut dyn FnMut() -> Result<()>) -> Duration {
+pub fn event_duration<E: From<Error> + std::fmt::Debug>(
+    device: &Device,
+    iters: u64,
+    f: &mut dyn FnMut() -> std::result::Result<(), E>,
+) -> Duration {
     let ms = device.time_with_events(iters as usize, f).expect("timed launches").expect("CUDA events on a GPU");
     Duration::from_secs_f64(ms / 1e3)
 }

@@ -320,43 +320,49 @@ impl CudaDevice {
 
     /// Total event time of `iters` calls of `f`, each timed alone with `between` (not timed)
     /// queued before it.
-    pub fn time_each_with_events(
+    pub fn time_each_with_events<E: From<Error>>(
         &self,
         iters: usize,
-        between: &mut dyn FnMut() -> Result<()>,
-        f: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<f64> {
+        between: &mut dyn FnMut() -> Result<(), E>,
+        f: &mut dyn FnMut() -> Result<(), E>,
+    ) -> Result<f64, E> {
         let ctx = &self.shared.ctx;
+        let driver = |e: cudarc::driver::DriverError| E::from(Error::from(e));
         let mut events = Vec::with_capacity(iters);
         for _ in 0..iters {
             between()?;
-            let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-            start.record(&self.stream)?;
+            let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+            start.record(&self.stream).map_err(driver)?;
             f()?;
-            let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-            stop.record(&self.stream)?;
+            let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+            stop.record(&self.stream).map_err(driver)?;
             events.push((start, stop));
         }
         self.shared.counters.add(Count::Synchronization);
-        self.stream.synchronize()?;
+        self.stream.synchronize().map_err(driver)?;
         let mut total = 0.0;
         for (a, b) in &events {
-            total += f64::from(a.elapsed_ms(b)?);
+            total += f64::from(a.elapsed_ms(b).map_err(driver)?);
         }
         Ok(total)
     }
 
-    pub fn time_with_events(&self, iters: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    pub fn time_with_events<E: From<Error>>(
+        &self,
+        iters: usize,
+        f: &mut dyn FnMut() -> Result<(), E>,
+    ) -> Result<f64, E> {
         let ctx = &self.shared.ctx;
-        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        start.record(&self.stream)?;
+        let driver = |e: cudarc::driver::DriverError| E::from(Error::from(e));
+        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+        let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+        start.record(&self.stream).map_err(driver)?;
         for _ in 0..iters {
             f()?;
         }
-        stop.record(&self.stream)?;
+        stop.record(&self.stream).map_err(driver)?;
         self.shared.counters.add(Count::Synchronization);
-        stop.synchronize()?;
-        Ok(f64::from(start.elapsed_ms(&stop)?))
+        stop.synchronize().map_err(driver)?;
+        Ok(f64::from(start.elapsed_ms(&stop).map_err(driver)?))
     }
 }

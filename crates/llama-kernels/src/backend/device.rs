@@ -240,7 +240,11 @@ impl Device {
 
     #[doc(hidden)]
     /// GPU timing of `f` with CUDA events (milliseconds), for benchmarks. `None` when emulated.
-    pub fn time_with_events(&self, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<Option<f64>> {
+    pub fn time_with_events<E: From<Error>>(
+        &self,
+        iters: usize,
+        mut f: impl FnMut() -> Result<(), E>,
+    ) -> Result<Option<f64>, E> {
         match &*self.0 {
             DeviceInner::Cuda(c) => c.time_with_events(iters, &mut f).map(Some),
             DeviceInner::Emulated(_) => Ok(None),
@@ -251,12 +255,12 @@ impl Device {
     /// GPU time of `iters` calls of `f` (milliseconds, summed), each timed alone by its own event
     /// pair with `between` queued before it and not timed (benchmarks flush the L2 cache there).
     /// `None` when emulated.
-    pub fn time_each_with_events(
+    pub fn time_each_with_events<E: From<Error>>(
         &self,
         iters: usize,
-        mut between: impl FnMut() -> Result<()>,
-        mut f: impl FnMut() -> Result<()>,
-    ) -> Result<Option<f64>> {
+        mut between: impl FnMut() -> Result<(), E>,
+        mut f: impl FnMut() -> Result<(), E>,
+    ) -> Result<Option<f64>, E> {
         match &*self.0 {
             DeviceInner::Cuda(c) => c.time_each_with_events(iters, &mut between, &mut f).map(Some),
             DeviceInner::Emulated(_) => Ok(None),

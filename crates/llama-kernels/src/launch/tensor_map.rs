@@ -141,7 +141,12 @@ impl<'a> KernelArgs<'a> {
     /// must lie in `t`'s buffer, whose first element must be 16-byte aligned. (The Hopper
     /// kernels map views with [`KernelArgs::tensor_map_at`]; the TMA self-test maps whole tensors.)
     #[cfg(feature = "dev")]
-    pub fn tensor_map(&mut self, what: &'static str, t: &'a crate::tensor::Tensor, layout: &TmaLayout) -> Result<LlkTensorMap> {
+    pub fn tensor_map(
+        &mut self,
+        what: &'static str,
+        t: &'a crate::tensor::Tensor,
+        layout: &TmaLayout,
+    ) -> Result<LlkTensorMap> {
         let op = self.op();
         let strides = layout.check(op, t.dtype())?;
         let esize = t.dtype().size() as u64;

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use cudarc::driver::CudaSlice;
 
 use super::view::{self, Dims, TensorView, TensorViewMut, contiguous_strides};
-use crate::backend::{Device, PinnedStaging};
 use crate::backend::storage::Storage;
 use crate::backend::storage::{CudaBuffer, CudaBufferGuard, CudaElement};
+use crate::backend::{Device, PinnedStaging};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 

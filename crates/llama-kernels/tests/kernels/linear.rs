@@ -5,8 +5,8 @@
 use crate::common;
 
 use half::bf16;
+use llama_kernels::dev::testing::linear_tolerance;
 use llama_kernels::dev::testing::{Rng, Tolerance, compare};
-use llama_kernels::dev::verify::block::linear_tolerance;
 use llama_kernels::dev::verify::rows_tensor;
 use llama_kernels::ops::linear::{linear, linear_add, linear_add_on, linear_on, plan};
 use llama_kernels::reference;

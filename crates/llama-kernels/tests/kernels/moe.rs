@@ -7,7 +7,6 @@
 
 use crate::common;
 
-use llama_kernels::block::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
 use llama_kernels::dev::verify::{
     CaseResult, GemmWeights, IdPattern, LogitPattern, MoeAlignCase, MoeCombineCase, MoeFfnCase, MoeGatherCase,
     MoeGemmCase, MoeRouteCase, moe_align_case, moe_combine_case, moe_ffn_case, moe_gather_case, moe_gemm_case,
@@ -16,6 +15,7 @@ use llama_kernels::dev::verify::{
 use llama_kernels::ops::moe::{
     self, ExpertWeights, GemmGroups, MoeAlign, MoeFfnConfig, MoeResidual, MoeRouting, WeightLayout,
 };
+use llama_kernels::ops::moe::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
 use llama_kernels::{DType, Device, Error, Tensor, TensorView, TensorViewMut};
 
 fn assert_pass(what: &str, device: &Device, r: llama_kernels::Result<CaseResult>) -> CaseResult {
@@ -612,7 +612,7 @@ fn every_permutation_gemm_and_combine_error_is_named() {
     invalid(MoeAlign::plan(&d, 8, usize::MAX / 16).map(|_| ()), "slots");
     assert!(moe::padded_rows(usize::MAX - 3, 8, 64).is_err());
     for max_tokens in [usize::MAX, usize::MAX / 2, 1 << 60] {
-        let r = llama_kernels::block::MoeWorkspace::plan(
+        let r = llama_kernels::ops::moe::MoeWorkspace::plan(
             &d,
             MoeFfnConfig::llama4(64, 64, 8, 1),
             DType::BF16,

@@ -2,7 +2,7 @@
 //! it can fail.
 //!
 //! * Always: the manifest's input hashes match the sources, its commands match
-//!   `build/device_code.rs`, and every committed file matches its hash.
+//!   `build/device_code.rs`, and every file in the committed archive matches its hash.
 //! * When this build compiled the kernels from source with the manifest's nvcc: every embedded
 //!   PTX, cubin and ptxas report equals the committed copy byte for byte. Otherwise (a prebuilt
 //!   build, or another nvcc) the test says why it compared the hashes only.
@@ -12,12 +12,12 @@
 //! * The checks name what differs: a modified, added or removed source, a modified or missing
 //!   prebuilt file, a changed build command.
 
-#[path = "../build/device_code.rs"]
+#[path = "../../build/device_code.rs"]
 mod device_code;
 
 use std::path::{Path, PathBuf};
 
-use device_code::{MANIFEST_PATH, Manifest, PREBUILT_DIR, Problem, REGENERATE};
+use device_code::{MANIFEST_PATH, Manifest, PREBUILT_ARCHIVE, Problem, REGENERATE};
 use llama_kernels::backend::{DEVICE_CODE_ORIGIN, kernel_modules};
 
 /// A line on the test's stderr even when the harness captures output (it captures only the
@@ -34,6 +34,17 @@ fn root() -> PathBuf {
 fn manifest() -> Manifest {
     let text = std::fs::read_to_string(root().join(MANIFEST_PATH)).expect("read kernels/prebuilt/manifest.txt");
     Manifest::parse(&text).expect("parse the manifest")
+}
+
+/// The committed archive unpacked (once per test run, every family).
+fn committed() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = scratch("committed");
+        let families = device_code::families(&root()).expect("families");
+        device_code::unpack_prebuilt(&root(), &dir, &families).expect("unpack the committed archive");
+        dir
+    })
 }
 
 /// A fresh folder under the test target's temp dir.
@@ -60,9 +71,15 @@ fn copy_sources(dir: &Path) {
 
 #[test]
 fn manifest_matches_the_sources_and_the_build() {
-    if let Err(problems) = device_code::verify_prebuilt(&root()) {
-        panic!("{PREBUILT_DIR} is stale:\n{}run {REGENERATE} and commit the result", device_code::describe(&problems));
+    let families = device_code::families(&root()).expect("families");
+    let dir = scratch("verified");
+    if let Err(problems) = device_code::unpack_verified(&root(), &dir, &families) {
+        panic!(
+            "{PREBUILT_ARCHIVE} is stale:\n{}run {REGENERATE} and commit the result",
+            device_code::describe(&problems)
+        );
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -87,7 +104,7 @@ fn embedded_device_code_equals_the_committed_copy() {
     let families = device_code::families(&root()).expect("families");
     let embedded: Vec<_> = kernel_modules().expect("the device code").collect();
     assert_eq!(embedded.iter().map(|m| m.name.to_string()).collect::<Vec<_>>(), families, "embedded families");
-    let prebuilt = root().join(PREBUILT_DIR);
+    let prebuilt = committed();
     let mut differ = Vec::new();
     for module in &embedded {
         let files: [(&str, &[u8]); 6] = [
@@ -102,8 +119,8 @@ fn embedded_device_code_equals_the_committed_copy() {
             let rel = pattern.replace("{}", module.name);
             match std::fs::read(prebuilt.join(&rel)) {
                 Ok(committed) if committed == bytes => {}
-                Ok(_) => differ.push(format!("{PREBUILT_DIR}/{rel} differs from this build's")),
-                Err(e) => differ.push(format!("{PREBUILT_DIR}/{rel}: {e}")),
+                Ok(_) => differ.push(format!("{PREBUILT_ARCHIVE}:{rel} differs from this build's")),
+                Err(e) => differ.push(format!("{PREBUILT_ARCHIVE}:{rel}: {e}")),
             }
         }
     }
@@ -112,7 +129,7 @@ fn embedded_device_code_equals_the_committed_copy() {
         "the committed device code is not what {DEVICE_CODE_ORIGIN} builds:\n  {}\nrun {REGENERATE} and commit the result",
         differ.join("\n  ")
     );
-    report(&format!("embedded device code equals {PREBUILT_DIR}/ byte for byte ({} families)", embedded.len()));
+    report(&format!("embedded device code equals {PREBUILT_ARCHIVE} byte for byte ({} families)", embedded.len()));
 }
 
 #[test]
@@ -145,8 +162,8 @@ fn the_device_build_does_not_depend_on_the_checkout() {
             let text = String::from_utf8_lossy(&x);
             assert!(!text.contains(&*a.to_string_lossy()), "{rel} names the checkout path");
             if same_nvcc {
-                let committed = std::fs::read(root.join(PREBUILT_DIR).join(&rel)).expect("committed file");
-                assert!(x == committed, "{rel} built from a copy differs from {PREBUILT_DIR}/{rel}");
+                let committed = std::fs::read(committed().join(&rel)).expect("committed file");
+                assert!(x == committed, "{rel} built from a copy differs from {PREBUILT_ARCHIVE}:{rel}");
             }
         }
     }
@@ -197,7 +214,7 @@ fn a_modified_prebuilt_file_or_build_command_is_named() {
     let families = device_code::families(&root).expect("families");
     let dir = scratch("outputs");
     for f in device_code::output_files(&families) {
-        copy(&root.join(PREBUILT_DIR).join(&f), &dir.join(&f));
+        copy(&committed().join(&f), &dir.join(&f));
     }
     assert_eq!(device_code::check_outputs(&dir, &m, &families), vec![]);
     let cubin = dir.join("sm_80/swiglu.cubin");

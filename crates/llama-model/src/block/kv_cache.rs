@@ -1,10 +1,10 @@
 //! The paged KV cache of a layer stack: per-layer page pools, host page lists and a free
 //! list (see [`crate::block`] for how a step uses it).
 
+use crate::error::{Error, Result};
 use crate::formats::config::{LayerSpec, MAX_LAYERS};
 use llama_kernels::backend::Device;
 use llama_kernels::dtype::DType;
-use crate::error::{Error, Result};
 use llama_kernels::ops::attention::{KvScales, PagedKvCache, PagedKvConfig};
 
 use super::step::Step;
@@ -128,7 +128,8 @@ impl KvCache {
         }
         let pool =
             PagedKvConfig { num_pages, page_size: c.page_size, kv_heads, head_dim, dtype, scales: KvScales::default() };
-        let layers = (0..layers).map(|_| PagedKvCache::new(device, &pool)).collect::<llama_kernels::Result<Vec<_>>>()?;
+        let layers =
+            (0..layers).map(|_| PagedKvCache::new(device, &pool)).collect::<llama_kernels::Result<Vec<_>>>()?;
         static NEXT_ID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
         Ok(KvCache {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),

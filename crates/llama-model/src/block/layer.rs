@@ -36,15 +36,15 @@
 //! batches) runs the varlen prefill kernel over the paged K/V with device-resident offsets.
 //! Both read the same block table; neither gathers the cache into a contiguous copy.
 
-use crate::formats::config::{FfnSpec, LayerSpec};
 use super::weights::{FfnWeights, HostLayerWeights, LayerWeights};
-use llama_kernels::backend::Device;
-use llama_kernels::ops::moe::MoeWorkspace;
-use llama_kernels::dtype::DType;
 use crate::error::{Error, Result};
+use crate::formats::config::{FfnSpec, LayerSpec};
+use llama_kernels::backend::Device;
+use llama_kernels::dtype::DType;
 use llama_kernels::ops;
 use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, CuSeqlens};
 use llama_kernels::ops::attention::{PagedDecodeOptions, PagedKvCache, PagedKvView};
+use llama_kernels::ops::moe::MoeWorkspace;
 use llama_kernels::ops::qlinear::QScratch;
 use llama_kernels::ops::rope::Rope;
 use llama_kernels::ops::swiglu::GateUp;
@@ -111,7 +111,12 @@ impl DecoderLayer {
     }
 
     /// Layer `index` of a checkpoint, converted to `dtype`.
-    pub fn load(device: &Device, checkpoint: &crate::formats::Checkpoint, index: usize, dtype: DType) -> Result<DecoderLayer> {
+    pub fn load(
+        device: &Device,
+        checkpoint: &crate::formats::Checkpoint,
+        index: usize,
+        dtype: DType,
+    ) -> Result<DecoderLayer> {
         let (spec, host) = checkpoint.layer(index, dtype)?;
         Self::new(device, dtype, spec, &host)
     }
@@ -204,11 +209,21 @@ impl DecoderLayer {
         let s = &self.spec;
         let t = step.tokens;
         if hidden.dtype() != self.dtype {
-            return Err(Error::from(llama_kernels::Error::DTypeMismatch { op: OP, what: "hidden", got: hidden.dtype(), expected: self.dtype }));
+            return Err(Error::from(llama_kernels::Error::DTypeMismatch {
+                op: OP,
+                what: "hidden",
+                got: hidden.dtype(),
+                expected: self.dtype,
+            }));
         }
         for (what, dtype) in [("workspace", ws.dtype), ("cache", cache.dtype)] {
             if dtype != self.dtype {
-                return Err(Error::from(llama_kernels::Error::DTypeMismatch { op: OP, what, got: dtype, expected: self.dtype }));
+                return Err(Error::from(llama_kernels::Error::DTypeMismatch {
+                    op: OP,
+                    what,
+                    got: dtype,
+                    expected: self.dtype,
+                }));
             }
         }
         if hidden.shape() != [t, s.hidden] || !hidden.is_contiguous() {

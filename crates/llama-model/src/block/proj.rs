@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 
 use half::{bf16, f16};
 
+use crate::error::{Error, Result};
 use llama_kernels::backend::Device;
 use llama_kernels::dtype::DType;
-use crate::error::{Error, Result};
 use llama_kernels::ops::linear;
 use llama_kernels::ops::qlinear::{self, QScratch, QWeight};
 use llama_kernels::spec::quant::PackedWeight;
@@ -126,8 +126,12 @@ impl Proj {
 pub(crate) fn upload(device: &Device, dtype: DType, data: &[f32], shape: &[usize]) -> Result<Tensor> {
     match dtype {
         DType::F32 => Ok(Tensor::from_slice(device, data, shape)?),
-        DType::F16 => Ok(Tensor::from_slice(device, &data.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>(), shape)?),
-        DType::BF16 => Ok(Tensor::from_slice(device, &data.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), shape)?),
+        DType::F16 => {
+            Ok(Tensor::from_slice(device, &data.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>(), shape)?)
+        }
+        DType::BF16 => {
+            Ok(Tensor::from_slice(device, &data.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), shape)?)
+        }
         other => Err(Error::from(llama_kernels::Error::UnsupportedDType {
             op: "LayerWeights",
             what: "run dtype",

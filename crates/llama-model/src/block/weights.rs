@@ -6,11 +6,11 @@
 //! Host values are stored as f32 but are already rounded to the run dtype (bf16 and f16 values
 //! are exact in f32), so the device copy and the reference see exactly the same numbers.
 
-use llama_kernels::backend::Device;
-use llama_kernels::ops::moe::{GateUpTensors, MoeFfnWeights, SharedExpertTensors};
-use llama_kernels::dtype::DType;
 use crate::error::{Error, Result};
+use llama_kernels::backend::Device;
+use llama_kernels::dtype::DType;
 use llama_kernels::ops::moe::WeightLayout;
+use llama_kernels::ops::moe::{GateUpTensors, MoeFfnWeights, SharedExpertTensors};
 use llama_kernels::spec::layer::LayerSpec;
 pub use llama_kernels::spec::weights::{HostFfn, HostLayerWeights, HostTensor, check_shapes, expected_shapes};
 use llama_kernels::tensor::Tensor;
@@ -131,7 +131,8 @@ impl LayerWeights {
 
     /// Every packed weight of the layer.
     pub fn packed_weights(&self) -> Vec<&llama_kernels::ops::qlinear::QWeight> {
-        let mut v: Vec<&llama_kernels::ops::qlinear::QWeight> = self.qkv.packed().iter().chain(self.o.packed()).collect();
+        let mut v: Vec<&llama_kernels::ops::qlinear::QWeight> =
+            self.qkv.packed().iter().chain(self.o.packed()).collect();
         if let FfnWeights::Dense { gate_up, down, .. } = &self.ffn {
             v.extend(gate_up.packed().iter().chain(down.packed()));
         }

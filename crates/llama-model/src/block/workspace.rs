@@ -1,14 +1,14 @@
 //! The planned buffers of a layer stack ([`LayerWorkspace`]) and the planning of a step.
 
+use crate::error::{Error, Result};
 use crate::formats::config::{FfnSpec, LayerSpec};
 use llama_kernels::backend::{Device, PinnedStaging};
-use llama_kernels::ops::moe::MoeWorkspace;
 use llama_kernels::dtype::DType;
-use crate::error::{Error, Result};
 use llama_kernels::ops::attention::AttentionWorkspace;
 use llama_kernels::ops::attention::{DecodeShape, PagedDecodeWorkspace};
 use llama_kernels::ops::linear;
 use llama_kernels::ops::moe::MoeFfnConfig;
+use llama_kernels::ops::moe::MoeWorkspace;
 use llama_kernels::ops::qlinear::QScratch;
 use llama_kernels::tensor::Tensor;
 
@@ -120,7 +120,12 @@ impl LayerWorkspace {
             ));
         }
         if !dtype.is_float() {
-            return Err(Error::from(llama_kernels::Error::UnsupportedDType { op, what: "run dtype", dtype, supported: "f32, f16, bf16" }));
+            return Err(Error::from(llama_kernels::Error::UnsupportedDType {
+                op,
+                what: "run dtype",
+                dtype,
+                supported: "f32, f16, bf16",
+            }));
         }
         let (h, t) = (first.hidden, max_tokens);
         // The dense MLP's gate|up buffer (MoE layers use the MoE workspace instead).
@@ -197,7 +202,12 @@ impl LayerWorkspace {
     pub fn begin_step(&mut self, cache: &mut KvCache, batch: &[(usize, usize)]) -> Result<Step> {
         let op = "LayerWorkspace::begin_step";
         if cache.dtype != self.dtype {
-            return Err(Error::from(llama_kernels::Error::DTypeMismatch { op, what: "cache", got: cache.dtype, expected: self.dtype }));
+            return Err(Error::from(llama_kernels::Error::DTypeMismatch {
+                op,
+                what: "cache",
+                got: cache.dtype,
+                expected: self.dtype,
+            }));
         }
         if (cache.kv_heads, cache.head_dim) != (self.kv_heads, self.head_dim) {
             return Err(Error::invalid(

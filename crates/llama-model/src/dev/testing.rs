@@ -36,7 +36,9 @@ impl HostModel {
 pub fn test_model_path() -> std::result::Result<std::path::PathBuf, String> {
     let path = match std::env::var_os("LLK_MODEL") {
         Some(p) => std::path::PathBuf::from(p),
-        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        None => {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        }
     };
     if path.is_file() {
         Ok(path)

@@ -31,8 +31,8 @@ use safetensors::tensor::Dtype;
 use serde_json::Value;
 
 use super::checkpoint::{Checkpoint, RawTensor};
-use llama_kernels::dtype::DType;
 use crate::error::{Error, Result};
+use llama_kernels::dtype::DType;
 use llama_kernels::spec::quant::{NF4_CODE, PackedWeight, QuantFormat, QuantLayout};
 use llama_kernels::spec::quant_nf4::resolve_nested_absmax;
 

@@ -21,9 +21,9 @@ use safetensors::tensor::{Dtype, Metadata};
 
 use super::config::{LayerSpec, ModelConfig};
 use super::files::open_regular;
-use llama_kernels::spec::weights::{HostLayerWeights, HostTensor};
-use llama_kernels::dtype::{DType, round_to};
 use crate::error::{Error, Result};
+use llama_kernels::dtype::{DType, round_to};
+use llama_kernels::spec::weights::{HostLayerWeights, HostTensor};
 
 const INDEX: &str = "model.safetensors.index.json";
 

@@ -9,8 +9,8 @@
 
 use std::time::Instant;
 
-use llama_kernels::dtype::DType;
 use crate::error::{Error, Result};
+use llama_kernels::dtype::DType;
 use llama_kernels::ops::sampling::{SamplingBatch, sample};
 use llama_kernels::tensor::Tensor;
 

@@ -14,8 +14,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use llama_kernels::dtype::DType;
 use crate::error::{Error, Result};
+use llama_kernels::dtype::DType;
 use llama_kernels::ops::sampling::{SamplingBatch, sample};
 pub use llama_kernels::spec::sampling::SamplingConfig;
 use llama_kernels::tensor::Tensor;

@@ -8,10 +8,10 @@
 //! ([`Logits::All`], for verification and perplexity). Sequences are identified by their cache
 //! slot; [`Model::clear`] frees a slot's pages for the next sequence.
 
-use llama_kernels::backend::Device;
 use crate::block::{DecoderLayer, KvCache, KvCacheConfig, LayerSpec, LayerWorkspace, Proj};
-use llama_kernels::dtype::DType;
 use crate::error::{Error, Result};
+use llama_kernels::backend::Device;
+use llama_kernels::dtype::DType;
 use llama_kernels::ops::embedding::EmbeddingTable;
 use llama_kernels::ops::qlinear::{QScratch, QWeight};
 use llama_kernels::ops::{ErrorFlag, embedding, rms_norm};

@@ -7,17 +7,17 @@
 
 use std::path::Path;
 
-use llama_kernels::backend::Device;
-use crate::formats::gguf::GgufFile;
-use llama_kernels::dtype::DType;
 use crate::error::{Error, Result};
+use crate::formats::gguf::GgufFile;
+use llama_kernels::backend::Device;
+use llama_kernels::dtype::DType;
 
-use crate::text::chat::ChatTemplate;
 use super::generate::{GenerateOptions, Generation, SamplingConfig};
 use super::runner::{Model, ModelPlan};
+use super::weights::{HostModel, WeightFormat};
+use crate::text::chat::ChatTemplate;
 use crate::text::stop::StopIds;
 use crate::text::tokenizer::Tokenizer;
-use super::weights::{HostModel, WeightFormat};
 
 /// The run dtype for the model at `path` when none is asked for (see the module docs).
 pub fn default_dtype(path: &Path) -> DType {

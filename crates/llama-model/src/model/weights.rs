@@ -17,14 +17,14 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use crate::error::{Error, Result};
+use crate::formats::Checkpoint;
 use crate::formats::config::{LayerSpec, ModelConfig, ModelKind};
 use crate::formats::files::open_regular;
 use crate::formats::gguf::{GgufFile, GgufValue};
-use crate::formats::Checkpoint;
-use llama_kernels::spec::weights::{HostLayerWeights, HostTensor};
 use llama_kernels::dtype::{DType, round_to};
-use crate::error::{Error, Result};
 use llama_kernels::spec::quant::PackedWeight;
+use llama_kernels::spec::weights::{HostLayerWeights, HostTensor};
 
 /// Largest vocabulary a model may have (token ids are i32; Llama 3 has 128 256, Gemma 262 144).
 pub const MAX_VOCAB: usize = 1 << 20;

@@ -20,8 +20,8 @@ use minijinja::{Environment, ErrorKind};
 use serde::Serialize;
 
 use super::tokenizer::{MAX_CONFIG_BYTES, read_bounded, token_text};
-use crate::formats::gguf::{GgufFile, GgufValue};
 use crate::error::{Error, Result};
+use crate::formats::gguf::{GgufFile, GgufValue};
 
 /// Longest chat template accepted, in bytes (real ones are a few KB).
 pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
@@ -206,15 +206,17 @@ impl ChatTemplate {
             bos_token => self.bos_token.as_deref(),
             eos_token => self.eos_token.as_deref(),
         };
-        template.render(ctx).map_err(|e| Error::from(llama_kernels::Error::InvalidArgument {
-            op: "ChatTemplate::render",
-            name: "messages",
-            value: format!("{} messages", messages.len()),
-            why: match e.kind() {
-                ErrorKind::InvalidOperation => e.detail().unwrap_or("invalid operation").to_string(),
-                _ => e.to_string(),
-            },
-        }))
+        template.render(ctx).map_err(|e| {
+            Error::from(llama_kernels::Error::InvalidArgument {
+                op: "ChatTemplate::render",
+                name: "messages",
+                value: format!("{} messages", messages.len()),
+                why: match e.kind() {
+                    ErrorKind::InvalidOperation => e.detail().unwrap_or("invalid operation").to_string(),
+                    _ => e.to_string(),
+                },
+            })
+        })
     }
 
     /// One user turn followed by the generation prompt: what to encode (without adding

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use tokenizers::models::bpe::Merges;
 
-use crate::formats::gguf::GgufValue;
 use crate::error::{Error, Result};
+use crate::formats::gguf::GgufValue;
 
 /// Most tokens a vocabulary may have (the largest in use are about 262k).
 pub const MAX_VOCAB: usize = 1 << 21;

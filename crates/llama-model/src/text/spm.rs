@@ -96,8 +96,8 @@ use super::gguf_vocab::{
     MAX_MERGES, MERGES, Parts, TOKENS, Vocab, check_added_ids, config, hf_err, kind, meta_array, meta_bool, meta_id,
     read_merges, read_vocab, token_type,
 };
-use crate::formats::gguf::GgufValue;
 use crate::error::Result;
+use crate::formats::gguf::GgufValue;
 
 /// Most bytes of token text hashed while deriving merges from the scores (a token of `L`
 /// bytes costs `L` per split; Llama 2's 32k tokens cost under 2 MB).

@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::tokenizer::{MAX_CONFIG_BYTES, Tokenizer, read_bounded};
-use crate::formats::gguf::{GgufFile, GgufValue};
 use crate::error::{Error, Result};
+use crate::formats::gguf::{GgufFile, GgufValue};
 
 /// Most stop ids a configuration may list.
 pub const MAX_STOP_IDS: usize = 1024;

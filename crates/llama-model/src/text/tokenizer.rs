@@ -50,9 +50,9 @@ use tokenizers::{AddedToken, DecoderWrapper, ModelWrapper, PreTokenizerWrapper, 
 use super::gguf_vocab::{
     MERGES, Parts, check_added_ids, config, hf_err, meta_bool, meta_id, meta_str, read_merges, read_vocab, token_type,
 };
+use crate::error::{Error, Result};
 use crate::formats::files::open_regular;
 use crate::formats::gguf::{GgufFile, GgufValue};
-use crate::error::{Error, Result};
 
 pub use super::gguf_vocab::{MAX_MERGES, MAX_TOKEN_BYTES, MAX_VOCAB};
 pub use super::pretokenizer::{GGUF_PRE_TOKENIZERS, GgufPreTokenizer, gguf_pre_tokenizer};
@@ -394,12 +394,14 @@ impl Tokenizer {
         add_special_tokens: bool,
         op: &'static str,
     ) -> Result<Vec<u32>> {
-        let enc = inner.encode(text, add_special_tokens).map_err(|e| Error::from(llama_kernels::Error::InvalidArgument {
-            op,
-            name: "text",
-            value: format!("{} bytes", text.len()),
-            why: e.to_string(),
-        }))?;
+        let enc = inner.encode(text, add_special_tokens).map_err(|e| {
+            Error::from(llama_kernels::Error::InvalidArgument {
+                op,
+                name: "text",
+                value: format!("{} bytes", text.len()),
+                why: e.to_string(),
+            })
+        })?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
         if add_special_tokens {
             ids.extend(self.prepend_bos);

@@ -8,15 +8,15 @@ use crate::common;
 
 use std::path::PathBuf;
 
-use llama_kernels::block::checkpoint::write_safetensors;
-use llama_kernels::block::config::{FfnSpec, ModelConfig};
-use llama_kernels::block::{
-    Checkpoint, DecoderLayer, HostLayerWeights, HostTensor, KvCache, KvCacheConfig, LayerWorkspace,
-};
-use llama_kernels::dev::verify::block::{LLAMA3_SMALL, LLAMA4_SMALL, check_layer, schedule};
 use llama_kernels::ops::attention::AttentionMask;
 use llama_kernels::ops::rope::RopeLayout;
-use llama_kernels::{DType, Device, Error, Tensor};
+use llama_kernels::{DType, Device, Error as KernelError, Tensor};
+use llama_model::Checkpoint;
+use llama_model::Error;
+use llama_model::block::{DecoderLayer, HostLayerWeights, HostTensor, KvCache, KvCacheConfig, LayerWorkspace};
+use llama_model::dev::verify::block::{LLAMA3_SMALL, LLAMA4_SMALL, check_layer, schedule};
+use llama_model::formats::checkpoint::write_safetensors;
+use llama_model::formats::config::{FfnSpec, ModelConfig};
 
 fn config_err(json: &str) -> (String, String) {
     match ModelConfig::from_json(json) {
@@ -263,7 +263,7 @@ fn checkpoint_errors_name_the_tensor() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn built_in(json: &str, index: usize, dtype: DType) -> (llama_kernels::block::LayerSpec, HostLayerWeights) {
+fn built_in(json: &str, index: usize, dtype: DType) -> (llama_model::block::LayerSpec, HostLayerWeights) {
     let spec = ModelConfig::from_json(json).unwrap().layer(index).unwrap();
     let w = HostLayerWeights::random(&spec, dtype, 11);
     (spec, w)
@@ -398,17 +398,17 @@ fn a_workspace_not_planned_for_a_layers_moe_is_a_named_error_before_launching() 
     let hidden = Tensor::zeros(&d, DType::BF16, &[3, spec.hidden]).unwrap();
     let before = d.counters().launches;
     match layer.forward(&mut ws, &cache, 0, &step, &hidden) {
-        Err(Error::InvalidArgument { name, .. }) => assert_eq!(name, "workspace"),
+        Err(Error::Kernel(KernelError::InvalidArgument { name, .. })) => assert_eq!(name, "workspace"),
         other => panic!("expected InvalidArgument(workspace), got {other:?}"),
     }
     assert_eq!(d.counters().launches, before);
     // MoE layers of one workspace must agree on their shape.
     let mut other = spec;
-    if let llama_kernels::block::FfnSpec::Moe { experts, top_k, intermediate } = spec.ffn {
-        other.ffn = llama_kernels::block::FfnSpec::Moe { experts: experts * 2, top_k, intermediate };
+    if let llama_model::block::FfnSpec::Moe { experts, top_k, intermediate } = spec.ffn {
+        other.ffn = llama_model::block::FfnSpec::Moe { experts: experts * 2, top_k, intermediate };
     }
     match LayerWorkspace::plan(&d, DType::BF16, &[spec, other], 8, &cache) {
-        Err(Error::InvalidArgument { name, .. }) => assert_eq!(name, "specs"),
+        Err(Error::Kernel(KernelError::InvalidArgument { name, .. })) => assert_eq!(name, "specs"),
         other => panic!("expected InvalidArgument(specs), got {other:?}"),
     }
 }
@@ -420,9 +420,9 @@ fn step_validation_errors_are_named() {
     let layer = DecoderLayer::new(&d, DType::BF16, spec, &w).unwrap();
     let mut cache = KvCache::for_layers(&d, DType::BF16, &[spec], 2, 8).unwrap();
     let mut ws = LayerWorkspace::plan(&d, DType::BF16, &[spec], 8, &cache).unwrap();
-    fn name<T>(r: llama_kernels::Result<T>) -> &'static str {
+    fn name<T>(r: llama_model::Result<T>) -> &'static str {
         match r {
-            Err(Error::InvalidArgument { name, .. }) => name,
+            Err(Error::Kernel(KernelError::InvalidArgument { name, .. })) => name,
             Err(e) => panic!("unexpected {e}"),
             Ok(_) => panic!("accepted"),
         }
@@ -441,7 +441,7 @@ fn step_validation_errors_are_named() {
     let wrong = Tensor::zeros(&d, DType::BF16, &[3, spec.hidden]).unwrap();
     assert!(matches!(
         layer.forward(&mut ws, &cache, 0, &step, &wrong),
-        Err(Error::ShapeMismatch { what: "hidden", .. })
+        Err(Error::Kernel(KernelError::ShapeMismatch { what: "hidden", .. }))
     ));
     assert_eq!(name(layer.forward(&mut ws, &cache, 1, &step, &hidden)), "cache layer");
     layer.forward(&mut ws, &cache, 0, &step, &hidden).unwrap();
@@ -450,7 +450,7 @@ fn step_validation_errors_are_named() {
     assert_eq!(name(layer.forward(&mut ws, &cache, 0, &step, &hidden)), "step");
     // A cache of another dtype.
     let mut c32 = KvCache::for_layers(&d, DType::F32, &[spec], 2, 8).unwrap();
-    assert!(matches!(ws.begin_step(&mut c32, &[(0, 1)]), Err(Error::DTypeMismatch { .. })));
+    assert!(matches!(ws.begin_step(&mut c32, &[(0, 1)]), Err(Error::Kernel(KernelError::DTypeMismatch { .. }))));
 }
 
 #[test]
@@ -473,7 +473,7 @@ fn a_small_page_pool_is_shared_reused_and_exhausted_by_name() {
 
     // Slot 2 needs 3 pages, 1 is free: a named error, and nothing changes.
     match ws.begin_step(&mut cache, &[(2, 33)]) {
-        Err(Error::InvalidArgument { name, why, .. }) => assert_eq!(name, "num_pages", "{why}"),
+        Err(Error::Kernel(KernelError::InvalidArgument { name, why, .. })) => assert_eq!(name, "num_pages", "{why}"),
         other => panic!("expected an exhausted pool, got {other:?}"),
     }
     assert_eq!((cache.free_pages(), cache.lens()), (1, &[20, 17, 0][..]));
@@ -482,7 +482,7 @@ fn a_small_page_pool_is_shared_reused_and_exhausted_by_name() {
     let stale = ws.begin_step(&mut cache, &[(1, 1)]).unwrap();
     cache.clear(0);
     match layer.forward(&mut ws, &cache, 0, &stale, &input(1, 2)) {
-        Err(Error::InvalidArgument { name, .. }) => assert_eq!(name, "step"),
+        Err(Error::Kernel(KernelError::InvalidArgument { name, .. })) => assert_eq!(name, "step"),
         other => panic!("expected a stale step, got {other:?}"),
     }
 
@@ -513,7 +513,7 @@ fn a_small_page_pool_is_shared_reused_and_exhausted_by_name() {
 
 /// `Checkpoint::open` on another thread, failing the test (instead of hanging it) if the call
 /// does not return within 20 s: a loader that opens a FIFO blocks forever.
-fn open_within_20s(dir: &std::path::Path) -> llama_kernels::Result<Checkpoint> {
+fn open_within_20s(dir: &std::path::Path) -> llama_model::Result<Checkpoint> {
     let (tx, rx) = std::sync::mpsc::channel();
     let dir = dir.to_path_buf();
     std::thread::spawn(move || {
@@ -611,14 +611,14 @@ fn sizes_from_a_config_are_bounded_before_anything_is_allocated() {
     // A spec built by hand gets the same bounds.
     let (spec, w) = built_in(LLAMA3_SMALL, 0, DType::BF16);
     let d = Device::emulated();
-    let huge = llama_kernels::block::LayerSpec { q_heads: 1 << 58, kv_heads: 1 << 58, ..spec };
+    let huge = llama_model::block::LayerSpec { q_heads: 1 << 58, kv_heads: 1 << 58, ..spec };
     assert!(matches!(
         DecoderLayer::new(&d, DType::BF16, huge, &w),
-        Err(Error::InvalidArgument { name: "q_heads", .. })
+        Err(Error::Kernel(KernelError::InvalidArgument { name: "q_heads", .. }))
     ));
     assert!(matches!(
         KvCache::for_layers(&d, DType::BF16, &[huge], 1, 8),
-        Err(Error::InvalidArgument { name: "q_heads", .. })
+        Err(Error::Kernel(KernelError::InvalidArgument { name: "q_heads", .. }))
     ));
 }
 
@@ -628,14 +628,14 @@ fn cache_sizes_from_a_caller_are_bounded() {
     for slots in [1usize << 40, usize::MAX] {
         let config = KvCacheConfig { slots, max_len: 16, page_size: 16, num_pages: Some(4) };
         let r = KvCache::with_config(&d, DType::BF16, 1, 2, 64, &config);
-        assert!(matches!(r, Err(Error::InvalidArgument { name: "slots", .. })), "{slots}: {r:?}");
+        assert!(matches!(r, Err(Error::Kernel(KernelError::InvalidArgument { name: "slots", .. }))), "{slots}: {r:?}");
         let r = KvCache::new(&d, DType::BF16, 1, 2, 64, slots, 16);
-        assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{slots}: {r:?}");
+        assert!(matches!(r, Err(Error::Kernel(KernelError::InvalidArgument { .. }))), "{slots}: {r:?}");
     }
     let r = KvCache::new(&d, DType::BF16, 1, 2, 64, 1, 1 << 40);
-    assert!(matches!(r, Err(Error::InvalidArgument { name: "max_len", .. })), "{r:?}");
+    assert!(matches!(r, Err(Error::Kernel(KernelError::InvalidArgument { name: "max_len", .. }))), "{r:?}");
     let r = KvCache::new(&d, DType::BF16, 1 << 40, 2, 64, 1, 16);
-    assert!(matches!(r, Err(Error::InvalidArgument { name: "layers", .. })), "{r:?}");
+    assert!(matches!(r, Err(Error::Kernel(KernelError::InvalidArgument { name: "layers", .. }))), "{r:?}");
 }
 
 #[test]
@@ -649,7 +649,9 @@ fn a_step_that_overflows_fails_before_changing_the_cache() {
     let before = (cache.free_pages(), cache.pages(0).to_vec(), cache.pages(1).to_vec(), cache.lens().to_vec());
     for batch in [vec![(0, usize::MAX)], vec![(0, usize::MAX - 2)], vec![(0, 1), (1, usize::MAX)]] {
         match ws.begin_step(&mut cache, &batch) {
-            Err(Error::InvalidArgument { name, .. }) => assert!(name == "new tokens" || name == "tokens", "{name}"),
+            Err(Error::Kernel(KernelError::InvalidArgument { name, .. })) => {
+                assert!(name == "new tokens" || name == "tokens", "{name}")
+            }
             other => panic!("{batch:?}: {other:?}"),
         }
         let after = (cache.free_pages(), cache.pages(0).to_vec(), cache.pages(1).to_vec(), cache.lens().to_vec());
@@ -670,7 +672,12 @@ fn a_cache_of_another_dtype_is_named_with_both_dtypes() {
     let step = ws32.begin_step(&mut c32, &[(0, 1)]).unwrap();
     let hidden = Tensor::zeros(&d, DType::F32, &[1, spec.hidden]).unwrap();
     match layer.forward(&mut ws32, &c16, 0, &step, &hidden) {
-        Err(Error::DTypeMismatch { what: "cache", got: DType::BF16, expected: DType::F32, .. }) => {}
+        Err(Error::Kernel(KernelError::DTypeMismatch {
+            what: "cache",
+            got: DType::BF16,
+            expected: DType::F32,
+            ..
+        })) => {}
         other => panic!("{other:?}"),
     }
 }

@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 
 use half::{bf16, f16};
-use llama_kernels::Error;
-use llama_kernels::block::gguf::{GgmlType, GgufFile, GgufValue};
+use llama_model::Error;
+use llama_model::formats::gguf::{GgmlType, GgufFile, GgufValue};
 
 /// A GGUF v3 writer for tests: metadata as (key, type id, encoded value), tensors as
 /// (name, GGUF-order dims, type id, data bytes).
@@ -310,7 +310,7 @@ fn k_quants_decode_like_the_gguf_package() {
     // Random Q4_K, Q5_K and Q6_K super-blocks and their decoding by llama.cpp's Python reader
     // (scripts/make_kquant_fixtures.py), as tensors of 4 x 256 values.
     let fixture: serde_json::Value =
-        serde_json::from_str(include_str!("fixtures/gguf/kquants.json")).expect("the fixture is JSON");
+        serde_json::from_str(include_str!("../fixtures/gguf/kquants.json")).expect("the fixture is JSON");
     let hex = |s: &str| -> Vec<u8> {
         (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
     };

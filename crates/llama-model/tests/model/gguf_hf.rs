@@ -13,12 +13,12 @@
 
 use std::path::{Path, PathBuf};
 
-use llama_kernels::block::HostTensor;
-use llama_kernels::block::gguf::GgufFile;
-use llama_kernels::dev::testing::test_model_path;
-use llama_kernels::model::tokenizer::Tokenizer;
-use llama_kernels::model::{HostModel, Logits, Model, ModelPlan};
 use llama_kernels::{DType, Device};
+use llama_model::block::HostTensor;
+use llama_model::dev::testing::test_model_path;
+use llama_model::formats::gguf::GgufFile;
+use llama_model::model::{HostModel, Logits, Model, ModelPlan};
+use llama_model::text::tokenizer::Tokenizer;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 

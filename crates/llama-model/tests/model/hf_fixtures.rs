@@ -11,10 +11,11 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use llama_kernels::block::{Checkpoint, DecoderLayer, KvCache, LayerWorkspace};
 use llama_kernels::dev::testing::{Tolerance, compare};
 use llama_kernels::reference::block as rb;
 use llama_kernels::{DType, Tensor};
+use llama_model::Checkpoint;
+use llama_model::block::{DecoderLayer, KvCache, LayerWorkspace};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf").join(name)

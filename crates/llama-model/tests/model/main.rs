@@ -2,9 +2,9 @@
 //! tokenizers and chat templates, decoder layers and whole models against the f64 reference.
 //! One binary, so that the device code it embeds is linked once.
 
+mod block;
 #[path = "../../../llama-kernels/tests/kernels/common.rs"]
 mod common;
-mod block;
 mod gguf;
 mod gguf_hf;
 mod hf_fixtures;

@@ -4,11 +4,12 @@
 //! through a prefill and decode steps: every layer stage-local and the next-token distributions
 //! end to end (KL divergence and top-1 agreement).
 
-use llama_kernels::dev::testing::test_model_path;
-use llama_kernels::dev::verify::block::LLAMA3_SMALL;
-use llama_kernels::dev::verify::model::check_model;
-use llama_kernels::model::{HostModel, Logits, Model, ModelPlan};
-use llama_kernels::{DType, Device, Error};
+use llama_kernels::{DType, Device, Error as KernelError};
+use llama_model::Error;
+use llama_model::dev::testing::test_model_path;
+use llama_model::dev::verify::block::LLAMA3_SMALL;
+use llama_model::dev::verify::model::check_model;
+use llama_model::model::{HostModel, Logits, Model, ModelPlan};
 
 fn two_layers() -> String {
     LLAMA3_SMALL.replace(r#""num_hidden_layers": 1"#, r#""num_hidden_layers": 2"#)
@@ -49,9 +50,18 @@ fn bad_token_ids_and_plans_are_named_errors() {
     let host = HostModel::random(&two_layers(), 300, true, DType::F32, 3).unwrap();
     let plan = ModelPlan { slots: 1, max_len: 8, max_tokens: 4 };
     let mut m = Model::new(&d, &host, DType::F32, plan).unwrap();
-    assert!(matches!(m.step(&[(0, &[300])], Logits::Last), Err(Error::InvalidArgument { name: "token id", .. })));
-    assert!(matches!(m.step(&[(0, &[1, 2, 3, 4, 5])], Logits::Last), Err(Error::InvalidArgument { .. })));
-    assert!(matches!(m.step(&[(1, &[1])], Logits::Last), Err(Error::InvalidArgument { name: "slot", .. })));
+    assert!(matches!(
+        m.step(&[(0, &[300])], Logits::Last),
+        Err(Error::Kernel(KernelError::InvalidArgument { name: "token id", .. }))
+    ));
+    assert!(matches!(
+        m.step(&[(0, &[1, 2, 3, 4, 5])], Logits::Last),
+        Err(Error::Kernel(KernelError::InvalidArgument { .. }))
+    ));
+    assert!(matches!(
+        m.step(&[(1, &[1])], Logits::Last),
+        Err(Error::Kernel(KernelError::InvalidArgument { name: "slot", .. }))
+    ));
     assert!(Model::new(&d, &host, DType::F32, ModelPlan { slots: 0, ..plan }).is_err());
     m.step(&[(0, &[1, 2])], Logits::Last).unwrap();
     m.check_errors().unwrap();
@@ -82,7 +92,7 @@ fn the_real_model_matches_the_reference() {
 
 #[test]
 fn generation_stops_on_a_stop_id_the_limit_or_the_caller_and_frees_the_slot() {
-    use llama_kernels::model::{GenerateOptions, SamplingConfig, StopReason};
+    use llama_model::model::{GenerateOptions, SamplingConfig, StopReason};
     let d = Device::emulated();
     let host = HostModel::random(&two_layers(), 300, false, DType::F32, 5).unwrap();
     let plan = ModelPlan { slots: 1, max_len: 24, max_tokens: 4 };
@@ -129,18 +139,21 @@ fn generation_stops_on_a_stop_id_the_limit_or_the_caller_and_frees_the_slot() {
     let g = m.generate(0, &prompt, &long, &mut |_| true).unwrap();
     assert_eq!((g.tokens.len(), g.reason), (24 - 10 + 1, StopReason::Context));
     // Bad requests are named and leave the slot free.
-    assert!(matches!(m.generate(0, &[], &opts, &mut |_| true), Err(Error::InvalidArgument { name: "prompt", .. })));
+    assert!(matches!(
+        m.generate(0, &[], &opts, &mut |_| true),
+        Err(Error::Kernel(KernelError::InvalidArgument { name: "prompt", .. }))
+    ));
     let too_long: Vec<u32> = vec![1; 24];
     assert!(matches!(
         m.generate(0, &too_long, &opts, &mut |_| true),
-        Err(Error::InvalidArgument { name: "prompt", .. })
+        Err(Error::Kernel(KernelError::InvalidArgument { name: "prompt", .. }))
     ));
     assert_eq!(m.len(0), 0);
 }
 
 #[test]
 fn sampled_generation_is_reproducible_from_its_seed() {
-    use llama_kernels::model::{GenerateOptions, SamplingConfig};
+    use llama_model::model::{GenerateOptions, SamplingConfig};
     let d = Device::emulated();
     let host = HostModel::random(&two_layers(), 300, false, DType::BF16, 9).unwrap();
     let mut m = Model::new(&d, &host, DType::BF16, ModelPlan { slots: 1, max_len: 32, max_tokens: 8 }).unwrap();
@@ -164,7 +177,7 @@ fn sampled_generation_is_reproducible_from_its_seed() {
     };
     assert!(matches!(
         m.generate(0, &prompt, &bad, &mut |_| true),
-        Err(Error::InvalidArgument { name: "sampling", .. })
+        Err(Error::Kernel(KernelError::InvalidArgument { name: "sampling", .. }))
     ));
 }
 
@@ -172,7 +185,7 @@ fn sampled_generation_is_reproducible_from_its_seed() {
 fn the_real_model_answers_the_chat_smoke_test() {
     // The issue's smoke test: asked "What is the capital of France?" through its chat template,
     // greedy, in the GGUF's default dtype (f32), SmolLM2-135M-Instruct answers with "Paris".
-    use llama_kernels::model::{SamplingConfig, TextModel, default_dtype};
+    use llama_model::model::{SamplingConfig, TextModel, default_dtype};
     let path = match test_model_path() {
         Ok(p) => p,
         Err(why) => {
@@ -286,7 +299,7 @@ fn a_dense_model_quantized_to_nf4_at_load_runs_packed() {
 
 #[test]
 fn batched_generation_gives_each_sequence_the_tokens_it_gets_alone() {
-    use llama_kernels::model::{BatchRequest, GenerateOptions, SamplingConfig};
+    use llama_model::model::{BatchRequest, GenerateOptions, SamplingConfig};
     let d = Device::emulated();
     let host = HostModel::random(&two_layers(), 300, true, DType::BF16, 21).unwrap();
     // A budget of 8 tokens per step splits and packs the three prompts over several steps.
@@ -319,7 +332,13 @@ fn batched_generation_gives_each_sequence_the_tokens_it_gets_alone() {
     assert_eq!(batched.iter().map(|g| g.tokens.len()).collect::<Vec<_>>(), [5, 3, 6]);
     // Bad batches: a slot twice, an empty prompt.
     let dup = [requests[0].clone(), BatchRequest { slot: 2, ..requests[1].clone() }];
-    assert!(matches!(m.generate_batch(&dup, &mut |_, _| true), Err(Error::InvalidArgument { name: "slot", .. })));
+    assert!(matches!(
+        m.generate_batch(&dup, &mut |_, _| true),
+        Err(Error::Kernel(KernelError::InvalidArgument { name: "slot", .. }))
+    ));
     let empty = [BatchRequest { prompt: &[], ..requests[0].clone() }];
-    assert!(matches!(m.generate_batch(&empty, &mut |_, _| true), Err(Error::InvalidArgument { name: "prompt", .. })));
+    assert!(matches!(
+        m.generate_batch(&empty, &mut |_, _| true),
+        Err(Error::Kernel(KernelError::InvalidArgument { name: "prompt", .. }))
+    ));
 }

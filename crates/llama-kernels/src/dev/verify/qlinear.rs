@@ -6,9 +6,9 @@
 
 use std::time::Instant;
 
-use crate::dev::testing::linear_tolerance;
 use super::common::*;
 use crate::backend::Device;
+use crate::dev::testing::linear_tolerance;
 use crate::dev::testing::{Rng, Tolerance, compare};
 use crate::dtype::DType;
 use crate::error::Result;

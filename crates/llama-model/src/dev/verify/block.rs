@@ -211,11 +211,8 @@ pub fn check_layer(
     let h = spec.hidden;
     let (qkv_w, o_w) =
         (wmax(&host.q_proj.data).max(wmax(&host.k_proj.data)).max(wmax(&host.v_proj.data)), wmax(&host.o_proj.data));
-    let (rope_tol, attn_tol, round_tol) = (
-        vm::rope_tolerance(dtype),
-        vm::attention_tolerance(dtype),
-        Tolerance::rounded_output(dtype),
-    );
+    let (rope_tol, attn_tol, round_tol) =
+        (vm::rope_tolerance(dtype), vm::attention_tolerance(dtype), Tolerance::rounded_output(dtype));
     for batch in steps {
         let tokens: usize = batch.iter().map(|b| b.1).sum();
         let rl = refs.get(spec, host, dtype, tokens)?;
@@ -260,10 +257,12 @@ pub fn check_layer(
                 )?;
             }
             FfnSpec::Moe { .. } => {
-                let moe_w = moe_weights.as_ref().ok_or_else(|| Error::from(llama_kernels::Error::Reference {
-                    what: "verify",
-                    why: "an MoE layer without MoE weights".into(),
-                }))?;
+                let moe_w = moe_weights.as_ref().ok_or_else(|| {
+                    Error::from(llama_kernels::Error::Reference {
+                        what: "verify",
+                        why: "an MoE layer without MoE weights".into(),
+                    })
+                })?;
                 check_moe_ffn(
                     &mut st,
                     &FfnCheck { rl, host, dtype, hidden: h, post, residual, full: &full },
@@ -307,8 +306,9 @@ struct FfnCheck<'a> {
 
 /// A traced stage of the device forward, or a named error.
 fn trace_stage<'t>(tr: &'t crate::block::Trace, stage: &str) -> Result<&'t [f64]> {
-    tr.get(stage)
-        .ok_or_else(|| Error::from(llama_kernels::Error::Reference { what: "verify", why: format!("device trace has no `{stage}`") }))
+    tr.get(stage).ok_or_else(|| {
+        Error::from(llama_kernels::Error::Reference { what: "verify", why: format!("device trace has no `{stage}`") })
+    })
 }
 
 /// The largest magnitude of a weight.

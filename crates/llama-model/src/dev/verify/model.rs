@@ -3,11 +3,11 @@
 //! the logits end to end (the reference chain from the token ids alone), as the KL divergence
 //! between the two next-token distributions and the agreement of their most likely tokens.
 
+use crate::error::Result;
+use crate::model::{HostModel, Logits, Model, ModelPlan};
 use llama_kernels::backend::Device;
 use llama_kernels::dev::testing::{Comparison, Tolerance, compare};
 use llama_kernels::dtype::DType;
-use crate::error::Result;
-use crate::model::{HostModel, Logits, Model, ModelPlan};
 use llama_kernels::reference::block::{RefCache, forward};
 use llama_kernels::reference::{linear::linear, rms_norm::rms_norm};
 

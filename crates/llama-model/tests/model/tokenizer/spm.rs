@@ -5,14 +5,14 @@
 
 use std::collections::BTreeMap;
 
-use llama_kernels::Error;
-use llama_kernels::block::gguf::GgufValue;
-use llama_kernels::model::stop::StopIds;
-use llama_kernels::model::tokenizer::Tokenizer;
+use llama_model::Error;
+use llama_model::formats::gguf::GgufValue;
+use llama_model::text::stop::StopIds;
+use llama_model::text::tokenizer::Tokenizer;
 
 use super::{config_field, ids_of};
 
-const SPM_FIXTURE: &str = include_str!("../fixtures/tokenizer/spm_bpe.json");
+const SPM_FIXTURE: &str = include_str!("../../fixtures/tokenizer/spm_bpe.json");
 
 fn fixture() -> serde_json::Value {
     serde_json::from_str(SPM_FIXTURE).expect("fixture JSON")

@@ -3,11 +3,11 @@
 use super::common::*;
 use super::gemm::*;
 use crate::backend::Device;
-use crate::ops::moe::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
 use crate::dev::testing::{Rng, compare};
 use crate::dev::verify::common::CaseResult;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::ops::moe::{GateUpTensors, MoeFfn, MoeFfnWeights, SharedExpertTensors};
 use crate::ops::moe::{MoeFfnConfig, MoeRouting, WeightLayout};
 use crate::reference::moe as reference;
 use crate::tensor::Tensor;
