@@ -13,6 +13,36 @@ pub mod regen_kernels;
 
 use std::path::PathBuf;
 
+/// The README's and `docs/`'s code blocks, compiled (and run, unless marked `no_run`) as
+/// doctests.
+#[cfg(doctest)]
+mod docs {
+    #[doc = include_str!("../../README.md")]
+    struct Readme;
+    #[doc = include_str!("../../docs/device-code.md")]
+    struct DeviceCode;
+    #[doc = include_str!("../../docs/emulator.md")]
+    struct Emulator;
+    #[doc = include_str!("../../docs/engine.md")]
+    struct Engine;
+    #[doc = include_str!("../../docs/gpu.md")]
+    struct Gpu;
+    #[doc = include_str!("../../docs/layout.md")]
+    struct Layout;
+    #[doc = include_str!("../../docs/models.md")]
+    struct Models;
+    #[doc = include_str!("../../docs/ops.md")]
+    struct Ops;
+    #[doc = include_str!("../../docs/performance.md")]
+    struct Performance;
+    #[doc = include_str!("../../docs/shared-memory.md")]
+    struct SharedMemory;
+    #[doc = include_str!("../../docs/testing.md")]
+    struct Testing;
+    #[doc = include_str!("../../docs/verify.md")]
+    struct Verify;
+}
+
 /// The repository root (the workspace).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -8,7 +8,7 @@
 //! shared memory bounds the blocks resident per SM ([`blocks_per_sm_by_smem`]), which is what
 //! the prefill kernel's second configuration (32-key tiles on GPUs where it makes two blocks per
 //! SM, [`mma_keys`]) is for. The Hopper prefill kernel is built for sm_90a and runs on 9.0 only
-//! ([`prefill_kernel`](llama_kernels::ops::attention::prefill_kernel)). The README's table "Shared memory per architecture" is [`table`],
+//! ([`prefill_kernel`](llama_kernels::ops::attention::prefill_kernel)). The table of `docs/shared-memory.md` is [`table`],
 //! checked by `tests/static_checks.rs`.
 
 use llama_kernels::backend::{EmuArch, blocks_per_sm_by_smem};
@@ -228,7 +228,7 @@ pub fn json() -> llama_kernels::Result<serde_json::Value> {
     Ok(serde_json::Value::Array(rows))
 }
 
-/// The README table: one row per distinct (configuration family, size); each architecture's
+/// The table of `docs/shared-memory.md`: one row per distinct (configuration family, size); each architecture's
 /// column says `no` (over its per-block limit) or how many blocks fit on an SM by shared memory
 /// (and, for prefill, which configuration the op uses). Both 16-bit dtypes share a row.
 pub fn table() -> llama_kernels::Result<String> {

@@ -1,8 +1,4 @@
-//! # llama-kernels
-//!
-//! Hand-written CUDA kernels for Llama 3 and Llama 4 decoder blocks, behind a safe Rust API,
-//! with an f64 CPU reference for every kernel and an emulated target that runs the very same
-//! kernel sources on a CPU, so that they are tested on every commit, GPU or not.
+#![doc = include_str!("../README.md")]
 //!
 //! ## Ops
 //!
@@ -44,26 +40,6 @@
 //! | `Emulated` | the same `.cu` compiled for the host, CUDA threads as fibers | tests without a GPU, race detection |
 //! | [`reference`](mod@reference) | plain Rust, f64 | the specification |
 //!
-//! ## Quick start
-//!
-//! ```
-//! use llama_kernels::{DType, Device, Tensor, ops};
-//!
-//! # fn main() -> llama_kernels::Result<()> {
-//! let device = Device::best(); // the GPU if there is one, else the emulator
-//! let (rows, hidden) = (4, 64);
-//! let x: Vec<f32> = (0..rows * hidden).map(|i| (i as f32 * 0.37).sin()).collect();
-//! let x = Tensor::from_slice(&device, &x, &[rows, hidden])?;
-//! let weight = Tensor::from_slice(&device, &vec![1.0f32; hidden], &[hidden])?;
-//! let y = Tensor::zeros(&device, DType::F32, &[rows, hidden])?;
-//! ops::rms_norm(&x, &weight, 1e-5, &y)?;
-//! let y: Vec<f32> = y.to_vec()?;
-//! let mean_sq: f32 = y[..hidden].iter().map(|v| v * v).sum::<f32>() / hidden as f32;
-//! assert!((mean_sq - 1.0).abs() < 1e-3);
-//! # Ok(())
-//! # }
-//! ```
-//!
 //! Every call validates its inputs and returns a named [`Error`] instead of launching on bad
 //! ones; nothing on a caller-reachable path panics.
 //!
@@ -100,8 +76,3 @@ pub use dtype::{DType, Element, F8E4M3};
 pub use error::{Error, Result};
 pub use launch::tensor_map::{TmaLayout, TmaOobFill, TmaSwizzle};
 pub use tensor::{CudaBuffer, CudaBufferGuard, CudaElement, Tensor, TensorView, TensorViewMut};
-
-// The README's Rust examples are compiled (and run, unless marked `no_run`) as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-struct ReadmeDoctests;

@@ -1,27 +1,13 @@
-//! # llama-model
+#![doc = include_str!("../README.md")]
 //!
-//! Llama 3 and Llama 4 decoder layers and whole models on the kernels of [`llama_kernels`]:
-//! the files models come in ([`formats`]: Hugging Face `config.json` and safetensors
+//! ## Modules
+//!
+//! The files models come in ([`formats`]: Hugging Face `config.json` and safetensors
 //! checkpoints, GGUF, bitsandbytes NF4), the decoder-layer composer ([`block`]: prefill and
 //! decode over a paged KV cache, planned workspaces), whole models with device sampling
 //! ([`model`]) and the text around them ([`text`]: tokenizers, chat templates, stop ids,
 //! streaming). Each layer is checked stage by stage against the f64 reference composer
 //! ([`llama_kernels::reference::block`]).
-//!
-//! ```no_run
-//! use llama_kernels::{DType, Device};
-//! use llama_model::TextModel;
-//! use llama_model::model::SamplingConfig;
-//! # fn main() -> llama_model::Result<()> {
-//! let device = Device::best(); // the GPU if there is one, else the emulator
-//! let path = std::path::Path::new("SmolLM2-135M-Instruct.Q4_1.gguf");
-//! let mut tm = TextModel::open(&device, path, DType::F32, 256, 128)?;
-//! let ids = tm.prompt_ids("What is the capital of France?", true)?;
-//! let (reply, _) = tm.generate(&ids, 16, SamplingConfig::GREEDY, 0, &mut |piece| print!("{piece}"))?;
-//! # let _ = reply;
-//! # Ok(())
-//! # }
-//! ```
 //!
 //! Errors are this crate's [`Error`]: the kernels' named errors ([`Error::Kernel`]) and those of
 //! files, configs and templates.
@@ -48,8 +34,3 @@ pub use error::{Error, Result};
 pub use formats::{Checkpoint, GgufFile, ModelConfig};
 pub use model::{HostModel, Model, ModelPlan, TextModel, WeightFormat};
 pub use text::{ChatTemplate, StopIds, Tokenizer};
-
-// The README's Rust examples are compiled as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-struct ReadmeDoctests;

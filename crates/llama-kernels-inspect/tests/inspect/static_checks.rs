@@ -380,8 +380,9 @@ fn every_planned_shared_memory_size_fits_hopper_and_the_readme_says_what_runs_wh
         assert!(total[0] <= ARCHS[0].max_block_bytes, "{} needs {} bytes on sm_90", u.what, total[0]);
     }
     let t = table().unwrap();
-    let readme = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
-    assert!(readme.contains(&t), "README's shared-memory table is stale; it should read:\n{t}");
+    let page = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/shared-memory.md");
+    let doc = std::fs::read_to_string(&page).unwrap();
+    assert!(doc.contains(&t), "docs/shared-memory.md's table is stale; it should read:\n{t}");
 }
 
 #[test]
