@@ -83,6 +83,7 @@ fn a_dependent_crate_builds_from_the_package_without_cuda() {
     let repo = xtask::repo_root();
     let root = xtask::kernel_crate();
     let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("downstream");
+    // xtask shares the workspace version with the packaged crates.
     let version = env!("CARGO_PKG_VERSION");
     for stale in ["package-target/package", "unpacked", "scratch"] {
         let _ = std::fs::remove_dir_all(work.join(stale));
@@ -335,8 +336,8 @@ fn check_model() -> llama_model::Result<()> {
     use llama_model::model::{HostModel, Logits, Model, ModelPlan};
 
     let config = llama_model::ModelConfig::from_json(r#"{
-        "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "intermediate_size": 96, "num_hidden_layers": 2, "rms_norm_eps": 1e-5,
+        "model_type": "llama", "hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 32, "intermediate_size": 96, "num_hidden_layers": 2, "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0}"#)?;
     let tensor = |shape: &[usize], seed: f32| -> llama_kernels::Result<HostTensor> {
         let n: usize = shape.iter().product();
