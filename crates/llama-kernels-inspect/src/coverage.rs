@@ -25,15 +25,13 @@ use super::h200::occupancy;
 use super::memory_model::{H200, MemoryLaunch, MemoryPrediction, predict_memory_launch};
 use super::qlinear_model::{MmaLoopPrediction, predict_mma_loop};
 use super::sass::{Sass, load_bytes_in_flight, loops};
-use super::{KernelCode, KernelResources, kernel_code};
-use llama_kernels::dev::geometry::decode_smem_bytes;
+use super::{KernelCode, KernelResources, declared_smem, kernel_code};
 use llama_kernels::dev::geometry::params::{
     LLK_DECODE_KEYS, LLK_DECODE_ROWS_MMA, LLK_DECODE_THREADS, LLK_EMBEDDING_ROWS, LLK_EMBEDDING_THREADS,
-    LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_BLOCK_N_DECODE, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE,
-    LLK_MOE_GEMM_STAGES, LLK_MOE_GEMM_STAGES_DECODE, LLK_MOE_GEMM_THREADS, LLK_MOE_ROUTE_WARPS, LLK_MOE_ROW_THREADS,
-    LLK_QUANT_CHUNK,
+    LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_BLOCK_N_DECODE, LLK_MOE_GEMM_STAGES, LLK_MOE_GEMM_STAGES_DECODE,
+    LLK_MOE_GEMM_THREADS, LLK_MOE_ROUTE_WARPS, LLK_MOE_ROW_THREADS, LLK_QUANT_CHUNK,
 };
-use llama_kernels::ops::attention::{decode_stages, plan_splits};
+use llama_kernels::ops::attention::{decode_config, decode_kernel, decode_stages_of, plan_splits};
 use llama_kernels::ops::moe::{padded_rows, preferred_block_m};
 use llama_kernels::spec::quant::{QuantFormat, QuantLayout};
 use llama_kernels::{DType, EmuArch};
@@ -251,8 +249,13 @@ pub fn predict_decode(c: &DecodeCase) -> Result<(Covered, Option<Covered>), Stri
     // The stages the op picks on an H200 (its SM and block limits are Hopper's).
     let page = if fp8 { DType::F8E4M3 } else { DType::BF16 };
     let (per_sm, per_block) = (EmuArch::Sm90.max_shared_memory_per_sm(), EmuArch::Sm90.max_shared_memory_per_block());
-    let stages_n = decode_stages(per_sm, per_block, DType::BF16, page, c.head_dim);
-    let (smem, stages) = (decode_smem_bytes(c.head_dim, c.page_bytes, stages_n), stages_n as f64);
+    let config = decode_config(per_sm, per_block, DType::BF16, page, c.head_dim);
+    let planned = decode_kernel(DType::BF16, page, c.head_dim, config).map_err(|e| e.to_string())?;
+    if planned.symbol != kernel {
+        return Err(format!("the op plans {} on an H200, the model reads {kernel}", planned.symbol));
+    }
+    let smem = declared_smem(planned.symbol)? as usize;
+    let stages = decode_stages_of(config, page, c.head_dim) as f64;
     let tile = (keys * c.head_dim * c.page_bytes) as f64;
     let facts = kernel_facts("paged_attention", &kernel)?;
     let hmma = facts.loop_hmma as f64 * (LLK_DECODE_THREADS / 32) as f64 * tiles_per_block * blocks;
@@ -422,11 +425,12 @@ fn grouped_gemm(
         if swiglu { "swiglu" } else { "plain" },
         if m16 { 16 } else { 64 }
     );
-    let (cols, smem, stages) = if m16 {
-        (LLK_MOE_GEMM_BLOCK_N_DECODE, LLK_MOE_GEMM_SMEM_BYTES_DECODE, LLK_MOE_GEMM_STAGES_DECODE)
+    let (cols, stages) = if m16 {
+        (LLK_MOE_GEMM_BLOCK_N_DECODE, LLK_MOE_GEMM_STAGES_DECODE)
     } else {
-        (LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_STAGES)
+        (LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_STAGES)
     };
+    let smem = declared_smem(&kernel)?;
     let loop_p = mma_loop(&kernel, LLK_MOE_GEMM_THREADS, smem)?;
     let wcols = if swiglu { 2 * n } else { n };
     let out_per_block = if swiglu { cols / 2 } else { cols } as usize;
@@ -626,8 +630,7 @@ pub fn coverage_text() -> String {
         }
     }
     for k in ["moe_grouped_gemm_kn_swiglu_m16_bf16", "moe_grouped_gemm_kn_swiglu_m64_bf16"] {
-        let smem = if k.contains("_m16_") { LLK_MOE_GEMM_SMEM_BYTES_DECODE } else { LLK_MOE_GEMM_SMEM_BYTES };
-        if let Ok(p) = mma_loop(k, LLK_MOE_GEMM_THREADS, smem) {
+        if let Ok(p) = declared_smem(k).and_then(|smem| mma_loop(k, LLK_MOE_GEMM_THREADS, smem)) {
             s += &format!(
                 "  {k} main loop: {} HMMA, {:.1} issue slots and {:.0} B of shared memory per HMMA: {} bound at {:.0} TFLOP/s\n\
                  \x20 on its padded rows (first order, {:.2} GHz)\n",

@@ -19,9 +19,9 @@ pub struct Spec {
     /// The reference shape, in words.
     pub shape: &'static str,
     pub region: Region,
-    /// Threads per block and dynamic shared memory of the reference launch.
+    /// Threads per block of the reference launch (its dynamic shared memory is the kernel's
+    /// declaration: [`Spec::dyn_smem`]).
     pub threads: u32,
-    pub dyn_smem: u32,
     /// Memory-bound kernels: elements per 128-bit vector, 128-bit stores per element, and the
     /// bytes each element moves (reads plus writes), of which reads.
     pub vec: usize,
@@ -36,6 +36,13 @@ pub struct Spec {
     pub cold_source: Option<&'static str>,
 }
 
+impl Spec {
+    /// The dynamic shared memory of the reference launch: the kernel's declaration.
+    pub fn dyn_smem(&self) -> Result<u32, String> {
+        super::declared_smem(self.kernel)
+    }
+}
+
 /// The kernels the report covers (Llama 3 8B shapes, bf16).
 pub const SPECS: &[Spec] = &[
     Spec {
@@ -44,7 +51,6 @@ pub const SPECS: &[Spec] = &[
         shape: "hidden 4096, 16k rows (128 threads per row, 4 vectors each)",
         region: Region::StraightLine,
         threads: 128,
-        dyn_smem: 0,
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
@@ -58,7 +64,6 @@ pub const SPECS: &[Spec] = &[
         shape: "hidden 4096, 16k rows",
         region: Region::StraightLine,
         threads: 128,
-        dyn_smem: 0,
         vec: 8,
         stores_per_elem: 2,
         bytes_per_elem: 8.0,
@@ -72,7 +77,6 @@ pub const SPECS: &[Spec] = &[
         shape: "head_dim 128, 32 q + 8 kv heads (Llama 3, no qk-norm), 16k tokens",
         region: Region::LastLoop,
         threads: 320,
-        dyn_smem: 0,
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
@@ -86,7 +90,6 @@ pub const SPECS: &[Spec] = &[
         shape: "head_dim 128, 40 q + 8 kv heads (Llama 4, no qk-norm), 16k tokens",
         region: Region::LastLoop,
         threads: 256,
-        dyn_smem: 0,
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
@@ -100,7 +103,6 @@ pub const SPECS: &[Spec] = &[
         shape: "head_dim 128, 40 q + 8 kv heads (Llama 4 RoPE layer, qk-norm), 16k tokens",
         region: Region::LastLoop,
         threads: 256,
-        dyn_smem: 0,
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 4.0,
@@ -114,7 +116,6 @@ pub const SPECS: &[Spec] = &[
         shape: "ffn 14336, packed gate|up, 16k tokens",
         region: Region::LastLoop,
         threads: 256,
-        dyn_smem: 0,
         vec: 8,
         stores_per_elem: 1,
         bytes_per_elem: 6.0,
@@ -128,10 +129,6 @@ pub const SPECS: &[Spec] = &[
         shape: "causal prefill, head_dim 128",
         region: Region::MatrixLoop,
         threads: 128,
-        dyn_smem: llama_kernels::dev::geometry::mma_smem_bytes(
-            128,
-            llama_kernels::dev::geometry::params::LLK_ATTN_KEYS as usize,
-        ),
         vec: 0,
         stores_per_elem: 0,
         bytes_per_elem: 0.0,

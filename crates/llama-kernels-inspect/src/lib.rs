@@ -31,6 +31,14 @@ use std::sync::{Mutex, OnceLock};
 
 use llama_kernels::backend::{KernelModuleInfo, kernel_modules};
 
+/// The dynamic shared memory the kernel `symbol` declares (its row in its family's list), which
+/// every launch of it requests.
+pub fn declared_smem(symbol: &str) -> Result<u32, String> {
+    llama_kernels::backend::declared_shared_memory(symbol)
+        .map(|s| s.bytes())
+        .ok_or_else(|| format!("no family lists a kernel {symbol}"))
+}
+
 /// Resources of one kernel, as reported by `ptxas -v`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelResources {

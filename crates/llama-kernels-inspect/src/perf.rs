@@ -37,6 +37,8 @@ use super::{KernelCode, KernelResources, kernel_code};
 pub struct KernelPerf {
     pub spec: Spec,
     pub resources: KernelResources,
+    /// The dynamic shared memory of its launches: its declaration.
+    pub dyn_smem: u32,
     pub blocks_per_sm: u32,
     pub warps_per_sm: u32,
     /// The region's mix; for a matrix kernel with marked cold paths, its hot path.
@@ -73,7 +75,8 @@ pub fn analyze(spec: &Spec) -> Result<KernelPerf, String> {
     let KernelCode { resources, code, cubin } = kernel_code(spec.module, spec.kernel)?;
     let (region, whole_loop) = region_of(spec, cubin, &code)?;
     let mix = Mix::of(region.iter().copied());
-    let smem = resources.smem_bytes + spec.dyn_smem;
+    let dyn_smem = spec.dyn_smem()?;
+    let smem = resources.smem_bytes + dyn_smem;
     let blocks_per_sm = occupancy(resources.registers, spec.threads, smem);
     let warps_per_sm = blocks_per_sm * spec.threads.div_ceil(32);
     let lif = loads_in_flight(&code);
@@ -95,6 +98,7 @@ pub fn analyze(spec: &Spec) -> Result<KernelPerf, String> {
     Ok(KernelPerf {
         spec: *spec,
         resources,
+        dyn_smem,
         blocks_per_sm,
         warps_per_sm,
         mix,
@@ -328,7 +332,7 @@ pub fn report() -> String {
                     "  resources: {} registers, {} B smem (+{} dynamic), {}/{} spill st/ld; {} blocks/SM x {} threads = {} warps/SM\n",
                     r.registers,
                     r.smem_bytes,
-                    k.spec.dyn_smem,
+                    k.dyn_smem,
                     r.spill_stores,
                     r.spill_loads,
                     k.blocks_per_sm,
@@ -472,15 +476,18 @@ pub fn driver_occupancy(device: &llama_kernels::Device) -> Option<String> {
     let mut s = String::from("Occupancy on this device (cuOccupancyMaxActiveBlocksPerMultiprocessor) vs the model:\n");
     for spec in SPECS {
         let kernel = llama_kernels::backend::KernelRef { module: spec.module, symbol: spec.kernel };
-        let driver = match device.blocks_per_sm(kernel, spec.threads, spec.dyn_smem) {
-            Ok(Some(n)) => n.to_string(),
-            Ok(None) => "-".into(),
-            Err(e) => format!("error: {e}"),
+        let (dyn_smem, driver) = match spec.dyn_smem() {
+            Ok(dyn_smem) => match device.blocks_per_sm(kernel, spec.threads, dyn_smem) {
+                Ok(Some(n)) => (dyn_smem, n.to_string()),
+                Ok(None) => (dyn_smem, "-".into()),
+                Err(e) => (dyn_smem, format!("error: {e}")),
+            },
+            Err(e) => (0, format!("error: {e}")),
         };
         let model = analyze(spec).map_or_else(|e| format!("cannot analyze: {e}"), |k| k.blocks_per_sm.to_string());
         s += &format!(
             "  {:<36} {} threads, {} B dynamic smem: driver {} blocks/SM, model {}\n",
-            spec.kernel, spec.threads, spec.dyn_smem, driver, model
+            spec.kernel, spec.threads, dyn_smem, driver, model
         );
     }
     Some(s)

@@ -16,7 +16,7 @@ fn kernel_json(k: &KernelPerf) -> Value {
         "resources": {
             "registers": r.registers,
             "static_smem_bytes": r.smem_bytes,
-            "dynamic_smem_bytes": k.spec.dyn_smem,
+            "dynamic_smem_bytes": k.dyn_smem,
             "spill_store_bytes": r.spill_stores,
             "spill_load_bytes": r.spill_loads,
             "stack_bytes": r.stack_bytes,

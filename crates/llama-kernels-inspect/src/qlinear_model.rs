@@ -33,8 +33,8 @@ use super::memory_model::{H200, MemoryLaunch, MemoryPrediction, predict_memory_l
 use super::sass::{Sass, loops};
 use super::{KernelCode, KernelResources, kernel_code};
 use llama_kernels::dev::geometry::params::{
-    LLK_QGEMM_SMEM_BYTES, LLK_QGEMM_THREADS, LLK_QGEMV_DEPTH, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_WARPS, LLK_QMMV_DEPTH,
-    LLK_QMMV_GROUP, LLK_QMMV_WARPS, LLK_QUANT_CHUNK,
+    LLK_QGEMM_THREADS, LLK_QGEMV_DEPTH, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_WARPS, LLK_QMMV_DEPTH, LLK_QMMV_GROUP,
+    LLK_QMMV_WARPS, LLK_QUANT_CHUNK,
 };
 use llama_kernels::dtype::DType;
 use llama_kernels::ops::qlinear::{MAX_MMA_GEMV_ROWS, gemv_split, has_mma_gemv, mma_gemv_splits};
@@ -287,13 +287,14 @@ pub fn predict_mma_loop(module: &str, name: &str, threads: u32, dyn_smem: u32) -
 
 /// `qgemm_<format>_bf16`'s loop.
 pub fn predict_gemm(format: QuantFormat) -> Result<MmaLoopPrediction, String> {
-    predict_mma_loop("qlinear", &format!("qgemm_{}_bf16", format.name()), LLK_QGEMM_THREADS, LLK_QGEMM_SMEM_BYTES)
+    let kernel = format!("qgemm_{}_bf16", format.name());
+    predict_mma_loop("qlinear", &kernel, LLK_QGEMM_THREADS, super::declared_smem(&kernel)?)
 }
 
 /// The dense peer's loop ([`DENSE_PEER`]).
 pub fn predict_dense_peer() -> Result<MmaLoopPrediction, String> {
-    use llama_kernels::dev::geometry::params::{LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_THREADS};
-    predict_mma_loop(DENSE_PEER.0, DENSE_PEER.1, LLK_MOE_GEMM_THREADS, LLK_MOE_GEMM_SMEM_BYTES)
+    use llama_kernels::dev::geometry::params::LLK_MOE_GEMM_THREADS;
+    predict_mma_loop(DENSE_PEER.0, DENSE_PEER.1, LLK_MOE_GEMM_THREADS, super::declared_smem(DENSE_PEER.1)?)
 }
 
 /// Rows at which the tensor-core GEMM's main loop costs fewer issue slots per weight than the

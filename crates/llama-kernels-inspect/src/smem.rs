@@ -2,8 +2,8 @@
 //! configurations run on which GPUs.
 //!
 //! A block's shared memory is its static arrays (from the `ptxas -v` report of the image the
-//! architecture loads: sm_90 for 9.x, sm_80 for every 8.x) plus the dynamic size its planner
-//! requests (the formulas the ops launch with). A configuration over an architecture's per-block
+//! architecture loads: sm_90 for 9.x, sm_80 for every 8.x) plus the dynamic size its kernel
+//! declares (its row's `LLK_SMEM_FIXED`, read from the registry: what every launch requests). A configuration over an architecture's per-block
 //! limit cannot run there: the op returns a named error before launching. Below it, the SM's
 //! shared memory bounds the blocks resident per SM ([`blocks_per_sm_by_smem`]), which is what
 //! the prefill kernel's second configuration (32-key tiles on GPUs where it makes two blocks per
@@ -11,18 +11,15 @@
 //! ([`prefill_kernel`](llama_kernels::ops::attention::prefill_kernel)). The table of `docs/shared-memory.md` is [`table`],
 //! checked by `tests/static_checks.rs`.
 
-use llama_kernels::backend::{EmuArch, blocks_per_sm_by_smem};
+use llama_kernels::backend::{EmuArch, KernelRef, blocks_per_sm_by_smem};
 use llama_kernels::dev::geometry::kernels::attention::{KERNELS as PREFILL, SMALL_KEY_KERNELS};
 use llama_kernels::dev::geometry::kernels::attention_sm90::KERNELS as HOPPER;
 use llama_kernels::dev::geometry::kernels::moe::GEMM;
 use llama_kernels::dev::geometry::kernels::paged_attention::{DECODE_KERNELS, FEW_STAGE_DECODE_KERNELS};
-use llama_kernels::dev::geometry::params::{LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL, LLK_DECODE_STAGES_SMALL};
-use llama_kernels::dev::geometry::params::{
-    LLK_MOE_GEMM_BLOCK_M, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE,
-};
-use llama_kernels::dev::geometry::{decode_smem_bytes, mma_smem_bytes, sm90_keys, sm90_smem_bytes};
+use llama_kernels::dev::geometry::params::{LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL};
+use llama_kernels::dev::geometry::sm90_keys;
 use llama_kernels::dtype::DType;
-use llama_kernels::ops::attention::{decode_stages, mma_keys};
+use llama_kernels::ops::attention::{DecodeConfig, decode_config, decode_stages_of, mma_keys};
 
 use super::{KernelResources, all_resources};
 
@@ -75,13 +72,13 @@ pub struct SmemUse {
     pub choice: Option<Choice>,
 }
 
-/// An attention configuration the op picks per GPU ([`mma_keys`], [`decode_stages`]).
+/// An attention configuration the op picks per GPU ([`mma_keys`], [`decode_config`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Choice {
     /// Prefill with `keys`-key tiles.
     Prefill { dtype: DType, head_dim: usize, keys: usize },
-    /// Decode with `stages` K/V stages.
-    Decode { dtype: DType, page: DType, head_dim: usize, stages: usize },
+    /// Decode in one of its two configurations.
+    Decode { dtype: DType, page: DType, head_dim: usize, config: DecodeConfig },
     /// The Hopper prefill kernel, built for sm_90a: chosen on 9.0 only ([`prefill_kernel`]).
     Hopper,
 }
@@ -91,8 +88,8 @@ impl Choice {
     fn picked_on(self, arch: &ArchLimit) -> bool {
         match self {
             Choice::Prefill { dtype, head_dim, keys } => mma_keys(arch.max_sm_bytes, dtype, head_dim) == keys,
-            Choice::Decode { dtype, page, head_dim, stages } => {
-                decode_stages(arch.max_sm_bytes, arch.max_block_bytes, dtype, page, head_dim) == stages
+            Choice::Decode { dtype, page, head_dim, config } => {
+                decode_config(arch.max_sm_bytes, arch.max_block_bytes, dtype, page, head_dim) == config
             }
             Choice::Hopper => arch.image == "sm_90",
         }
@@ -106,16 +103,21 @@ fn dtype_name(d: DType) -> &'static str {
     }
 }
 
+/// The dynamic shared memory `symbol` of `module` declares (its row in the family's list).
+fn declared(module: &'static str, symbol: &'static str) -> llama_kernels::Result<usize> {
+    Ok(KernelRef { module, symbol }.shared_memory()?.bytes() as usize)
+}
+
 /// Every kernel configuration with dynamic shared memory (the tensor-core paths; f32 kernels use
-/// only static arrays), with the bytes its planner requests.
-pub fn dynamic_uses() -> Vec<SmemUse> {
+/// only static arrays), with the bytes the kernel declares (and so every launch requests).
+pub fn dynamic_uses() -> llama_kernels::Result<Vec<SmemUse>> {
     let mut out = Vec::new();
-    let keys = [(LLK_ATTN_KEYS as usize, PREFILL.entries), (LLK_ATTN_KEYS_SMALL as usize, SMALL_KEY_KERNELS.entries)];
-    for (keys, entries) in keys {
-        for &((dtype, head_dim), symbol) in entries {
+    let keys = [(LLK_ATTN_KEYS as usize, &PREFILL), (LLK_ATTN_KEYS_SMALL as usize, &SMALL_KEY_KERNELS)];
+    for (keys, table) in keys {
+        for &((dtype, head_dim), symbol) in table.entries {
             if dtype != DType::F32 {
                 let what = format!("prefill attention, {}, head_dim {head_dim}, {keys}-key tiles", dtype_name(dtype));
-                let dynamic = mma_smem_bytes(head_dim, keys) as usize;
+                let dynamic = declared(table.module, symbol)?;
                 out.push(SmemUse { what, symbol, dynamic, choice: Some(Choice::Prefill { dtype, head_dim, keys }) });
             }
         }
@@ -126,42 +128,30 @@ pub fn dynamic_uses() -> Vec<SmemUse> {
             dtype_name(dtype),
             sm90_keys(head_dim)
         );
-        out.push(SmemUse { what, symbol, dynamic: sm90_smem_bytes(head_dim) as usize, choice: Some(Choice::Hopper) });
+        out.push(SmemUse { what, symbol, dynamic: declared(HOPPER.module, symbol)?, choice: Some(Choice::Hopper) });
     }
-    // The first configuration's stages are what the planner picks on Hopper (which holds the most).
-    let hopper = |dtype, page, head_dim| {
-        let (sm, block) = (EmuArch::Sm90.max_shared_memory_per_sm(), EmuArch::Sm90.max_shared_memory_per_block());
-        decode_stages(sm, block, dtype, page, head_dim)
-    };
-    let few = FEW_STAGE_DECODE_KERNELS
-        .entries
-        .iter()
-        .map(|&((d, hd), sym)| ((d, d, hd), sym, LLK_DECODE_STAGES_SMALL as usize));
-    let first = DECODE_KERNELS.entries.iter().map(|&((d, p, hd), sym)| ((d, p, hd), sym, hopper(d, p, hd)));
-    for ((dtype, page, head_dim), symbol, stages) in first.chain(few) {
+    let few = FEW_STAGE_DECODE_KERNELS.entries.iter().map(|&((d, hd), sym)| ((d, d, hd), sym, DecodeConfig::FewStages));
+    let first = DECODE_KERNELS.entries.iter().map(|&((d, p, hd), sym)| ((d, p, hd), sym, DecodeConfig::Default));
+    for ((dtype, page, head_dim), symbol, config) in first.chain(few) {
         if dtype != DType::F32 {
             let what = format!(
-                "paged decode, {} q, {} pages, head_dim {head_dim}, {stages} stages",
+                "paged decode, {} q, {} pages, head_dim {head_dim}, {} stages",
                 dtype_name(dtype),
-                dtype_name(page)
+                dtype_name(page),
+                decode_stages_of(config, page, head_dim)
             );
-            let dynamic = decode_smem_bytes(head_dim, page.size(), stages);
-            out.push(SmemUse { what, symbol, dynamic, choice: Some(Choice::Decode { dtype, page, head_dim, stages }) });
+            let dynamic = declared(DECODE_KERNELS.module, symbol)?;
+            out.push(SmemUse { what, symbol, dynamic, choice: Some(Choice::Decode { dtype, page, head_dim, config }) });
         }
     }
     // Both weight layouts and both epilogues stage the same tiles.
     for &((_, _, block_m, dtype), symbol) in GEMM.entries {
         if dtype != DType::F32 {
-            let bytes = if block_m == LLK_MOE_GEMM_BLOCK_M as usize {
-                LLK_MOE_GEMM_SMEM_BYTES
-            } else {
-                LLK_MOE_GEMM_SMEM_BYTES_DECODE
-            };
             let what = format!("MoE grouped GEMM, {}, {block_m}-row blocks", dtype_name(dtype));
-            out.push(SmemUse { what, symbol, dynamic: bytes as usize, choice: None });
+            out.push(SmemUse { what, symbol, dynamic: declared(GEMM.module, symbol)?, choice: None });
         }
     }
-    out
+    Ok(out)
 }
 
 /// Static shared memory of `symbol` in `image`'s `ptxas` report (0 if it has none).
@@ -175,7 +165,7 @@ pub fn totals() -> llama_kernels::Result<Vec<(SmemUse, [usize; ARCHS.len()])>> {
         Ok(all_resources(image)?.into_iter().flat_map(|(_, kernels)| kernels).collect())
     };
     let (sm90, sm80) = (per_image("sm_90")?, per_image("sm_80")?);
-    Ok(dynamic_uses()
+    Ok(dynamic_uses()?
         .into_iter()
         .map(|u| {
             let total = ARCHS.map(|a| {

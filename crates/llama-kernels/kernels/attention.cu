@@ -95,6 +95,20 @@ inline constexpr int kBlockRows = kWarps * 16 * kMTiles<D>;
 static_assert(kBlockRows<128> == LLK_ATTN_ROWS_MMA && kBlockRows<256> == LLK_ATTN_ROWS_MMA_HD256,
               "params.h states the rows per block the host plans with");
 
+// The dynamic shared memory of attention_mma_kernel at head_dim D with N-key tiles, in bytes
+// from its start: the Q tile (kBlockRows rows, later the output's staging tile), two stages of
+// K and of V (N rows each), all 16-bit rows of kPitch chunks; then, for paged K/V, a byte per
+// key of each stage saying whether the key is readable. `bytes` is the kernel's declaration.
+template <int D, int N>
+struct MmaSmem {
+  static constexpr int kRowBytes = kPitch<D> * 16;
+  static constexpr int q = 0;
+  static constexpr int k = q + kBlockRows<D> * kRowBytes;
+  static constexpr int v = k + 2 * N * kRowBytes;
+  static constexpr int ok = v + 2 * N * kRowBytes;
+  static constexpr int bytes = ok + 2 * N;
+};
+
 // ldmatrix row addresses without per-use swizzle arithmetic. A lane addresses row R + (lane & 7)
 // (R a multiple of 8, so the XOR key is lane & 7) and chunk 8 h + 2 u + c (c = 0 or 1, u < 4).
 // The XOR touches only the low 3 bits, so the offset is base[u] + R * kRow + 64 h: four
@@ -128,11 +142,13 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
   static_assert(N == LLK_ATTN_KEYS || (N == LLK_ATTN_KEYS_SMALL && (D == 96 || D == 128)), "a configured key tile");
   constexpr int kTileN = N / 8;                // n-tiles of 8 keys per K/V tile
   constexpr int kSubN = D <= 128 ? kTileN : 2;  // n-tiles per softmax step
+  using Smem = MmaSmem<D, N>;
+  static_assert(Smem::kRowBytes == kRow * int(sizeof(T)), "16-bit rows");
   LLK_DYN_SMEM(raw);
-  T* sQ = reinterpret_cast<T*>(raw);    // [kRows][kRow], later the output staging tile
-  T* sK = sQ + kRows * kRow;            // [2][kBlockN][kRow]
-  T* sV = sK + 2 * kBlockN * kRow;      // [2][kBlockN][kRow]
-  unsigned char* sOk = reinterpret_cast<unsigned char*>(sV + 2 * kBlockN * kRow);  // [2][kBlockN], paged K/V
+  T* sQ = reinterpret_cast<T*>(raw + Smem::q);  // [kRows][kRow], later the output staging tile
+  T* sK = reinterpret_cast<T*>(raw + Smem::k);  // [2][kBlockN][kRow]
+  T* sV = reinterpret_cast<T*>(raw + Smem::v);  // [2][kBlockN][kRow]
+  unsigned char* sOk = raw + Smem::ok;          // [2][kBlockN], paged K/V
   const bool paged = p.kv_source == LLK_KV_PAGED;
 
   if (past_last_tile(p, blockIdx.x)) return;  // the whole block: before any barrier
@@ -558,25 +574,25 @@ __device__ void attention_plan_kernel(const AttentionPlanParams& p) {
 // Symbols: attention_hd<head_dim>_<dtype>. bf16/f16 run on tensor cores, f32 on the SIMT path.
 // head_dim 32 and 96 pad their shared-memory rows (the swizzle needs a power of two >= 8 chunks).
 #define ATTENTION_KERNELS(X)                                                                          \
-  X(attention_hd32_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 32>))     \
-  X(attention_hd256_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 256>))   \
-  X(attention_hd32_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 32>))             \
-  X(attention_hd256_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 256>))           \
-  X(attention_hd32_f32, AttentionParams, (kThreads), (attention_simt_kernel<32>))                    \
-  X(attention_hd256_f32, AttentionParams, (kThreads), (attention_simt_kernel<256>))                  \
-  X(attention_hd64_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 64>))     \
-  X(attention_hd96_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 96>))     \
-  X(attention_hd128_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 128>))   \
-  X(attention_hd64_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 64>))             \
-  X(attention_hd96_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 96>))             \
-  X(attention_hd128_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 128>))           \
-  X(attention_hd96_k32_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 96, 32>))   \
-  X(attention_hd128_k32_bf16, AttentionParams, (kThreads), (attention_mma_kernel<__nv_bfloat16, 128, 32>)) \
-  X(attention_hd96_k32_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 96, 32>))           \
-  X(attention_hd128_k32_f16, AttentionParams, (kThreads), (attention_mma_kernel<__half, 128, 32>))         \
-  X(attention_hd64_f32, AttentionParams, (kThreads), (attention_simt_kernel<64>))                    \
-  X(attention_hd96_f32, AttentionParams, (kThreads), (attention_simt_kernel<96>))                    \
-  X(attention_hd128_f32, AttentionParams, (kThreads), (attention_simt_kernel<128>))                  \
-  X(attention_plan, AttentionPlanParams, (32), (attention_plan_kernel))
+  X(attention_hd32_bf16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<32, LLK_ATTN_KEYS>::bytes)), (attention_mma_kernel<__nv_bfloat16, 32>))     \
+  X(attention_hd256_bf16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<256, LLK_ATTN_KEYS>::bytes)), (attention_mma_kernel<__nv_bfloat16, 256>))   \
+  X(attention_hd32_f16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<32, LLK_ATTN_KEYS>::bytes)), (attention_mma_kernel<__half, 32>))             \
+  X(attention_hd256_f16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<256, LLK_ATTN_KEYS>::bytes)), (attention_mma_kernel<__half, 256>))           \
+  X(attention_hd32_f32, AttentionParams, (kThreads), LLK_SMEM_NONE, (attention_simt_kernel<32>))                    \
+  X(attention_hd256_f32, AttentionParams, (kThreads), LLK_SMEM_NONE, (attention_simt_kernel<256>))                  \
+  X(attention_hd64_bf16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<64, LLK_ATTN_KEYS>::bytes)), (attention_mma_kernel<__nv_bfloat16, 64>))     \
+  X(attention_hd96_bf16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<96, LLK_ATTN_KEYS>::bytes)), (attention_mma_kernel<__nv_bfloat16, 96>))     \
+  X(attention_hd128_bf16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<128, LLK_ATTN_KEYS>::bytes)), (attention_mma_kernel<__nv_bfloat16, 128>))   \
+  X(attention_hd64_f16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<64, LLK_ATTN_KEYS>::bytes)), (attention_mma_kernel<__half, 64>))             \
+  X(attention_hd96_f16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<96, LLK_ATTN_KEYS>::bytes)), (attention_mma_kernel<__half, 96>))             \
+  X(attention_hd128_f16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<128, LLK_ATTN_KEYS>::bytes)), (attention_mma_kernel<__half, 128>))           \
+  X(attention_hd96_k32_bf16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<96, 32>::bytes)), (attention_mma_kernel<__nv_bfloat16, 96, 32>))   \
+  X(attention_hd128_k32_bf16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<128, 32>::bytes)), (attention_mma_kernel<__nv_bfloat16, 128, 32>)) \
+  X(attention_hd96_k32_f16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<96, 32>::bytes)), (attention_mma_kernel<__half, 96, 32>))           \
+  X(attention_hd128_k32_f16, AttentionParams, (kThreads), LLK_SMEM_FIXED((MmaSmem<128, 32>::bytes)), (attention_mma_kernel<__half, 128, 32>))         \
+  X(attention_hd64_f32, AttentionParams, (kThreads), LLK_SMEM_NONE, (attention_simt_kernel<64>))                    \
+  X(attention_hd96_f32, AttentionParams, (kThreads), LLK_SMEM_NONE, (attention_simt_kernel<96>))                    \
+  X(attention_hd128_f32, AttentionParams, (kThreads), LLK_SMEM_NONE, (attention_simt_kernel<128>))                  \
+  X(attention_plan, AttentionPlanParams, (32), LLK_SMEM_NONE, (attention_plan_kernel))
 
 LLK_EXPORT_KERNELS(attention, ATTENTION_KERNELS)

@@ -35,7 +35,7 @@
 // 1 + c before it issues, and arrives at the other's barrier after (warpgroup 1 opens with one
 // arrival at barrier 1, and skips its last, so both balance).
 //
-// Shared memory (dynamic, aligned up to 1024 bytes, LLK_ATTN_SM90_SMEM_HD<D>): head dims in
+// Shared memory (dynamic, aligned up to 1024 bytes, Layout<D>::bytes, its declaration): head dims in
 // panels of 64 (128 bytes a row), each 128-byte swizzled as TMA writes it and as wgmma's
 // descriptors read it (16-byte chunk c of row r at c ^ (r % 8)): Q [D/64][128 rows], K and V
 // [2 stages][D/64][keys], then the mbarriers. Descriptors: Q and K K-major (rows 128 bytes
@@ -92,9 +92,6 @@ struct Layout {
   static constexpr int bytes = bars + 128 + 1024;    // + the alignment slack
   static_assert(kBarriers * 8 <= 128, "the mbarriers fit their 128 bytes");
 };
-static_assert(Layout<64>::bytes == LLK_ATTN_SM90_SMEM_HD64 && Layout<128>::bytes == LLK_ATTN_SM90_SMEM_HD128 &&
-                  Layout<256>::bytes == LLK_ATTN_SM90_SMEM_HD256,
-              "params.h states the shared memory the host launches with");
 
 // A K-major, 128-byte swizzled operand: rows 128 bytes apart, 8-row groups 1024 apart.
 __device__ __forceinline__ uint64_t kmajor_desc(const unsigned char* at) {
@@ -348,11 +345,11 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
 
 // Symbols: attention_sm90_hd<head_dim>_<dtype>.
 #define ATTENTION_SM90_KERNELS(X)                                                                                   \
-  X(attention_sm90_hd64_bf16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__nv_bfloat16, 64>))   \
-  X(attention_sm90_hd128_bf16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__nv_bfloat16, 128>)) \
-  X(attention_sm90_hd256_bf16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__nv_bfloat16, 256>)) \
-  X(attention_sm90_hd64_f16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__half, 64>))           \
-  X(attention_sm90_hd128_f16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__half, 128>))         \
-  X(attention_sm90_hd256_f16, AttentionSm90Params, (kThreads, 1), (attention_sm90_kernel<__half, 256>))
+  X(attention_sm90_hd64_bf16, AttentionSm90Params, (kThreads, 1), LLK_SMEM_FIXED(Layout<64>::bytes), (attention_sm90_kernel<__nv_bfloat16, 64>))   \
+  X(attention_sm90_hd128_bf16, AttentionSm90Params, (kThreads, 1), LLK_SMEM_FIXED(Layout<128>::bytes), (attention_sm90_kernel<__nv_bfloat16, 128>)) \
+  X(attention_sm90_hd256_bf16, AttentionSm90Params, (kThreads, 1), LLK_SMEM_FIXED(Layout<256>::bytes), (attention_sm90_kernel<__nv_bfloat16, 256>)) \
+  X(attention_sm90_hd64_f16, AttentionSm90Params, (kThreads, 1), LLK_SMEM_FIXED(Layout<64>::bytes), (attention_sm90_kernel<__half, 64>))           \
+  X(attention_sm90_hd128_f16, AttentionSm90Params, (kThreads, 1), LLK_SMEM_FIXED(Layout<128>::bytes), (attention_sm90_kernel<__half, 128>))         \
+  X(attention_sm90_hd256_f16, AttentionSm90Params, (kThreads, 1), LLK_SMEM_FIXED(Layout<256>::bytes), (attention_sm90_kernel<__half, 256>))
 
 LLK_EXPORT_KERNELS(attention_sm90, ATTENTION_SM90_KERNELS)

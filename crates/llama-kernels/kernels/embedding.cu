@@ -94,18 +94,18 @@ __device__ void qembedding_kernel(const QEmbeddingParams& p) {
 
 // Symbols: embedding[_vec]_<dtype>. `_vec` is the 16-byte path.
 #define EMBEDDING_KERNELS(X)                                                                      \
-  X(embedding_f32, EmbeddingParams, (kThreads), (embedding_kernel<float, 1>))                     \
-  X(embedding_f16, EmbeddingParams, (kThreads), (embedding_kernel<__half, 1>))                    \
-  X(embedding_bf16, EmbeddingParams, (kThreads), (embedding_kernel<__nv_bfloat16, 1>))            \
-  X(embedding_vec_f32, EmbeddingParams, (kThreads), (embedding_kernel<float, 4>))                 \
-  X(embedding_vec_f16, EmbeddingParams, (kThreads), (embedding_kernel<__half, 8>))                \
-  X(embedding_vec_bf16, EmbeddingParams, (kThreads), (embedding_kernel<__nv_bfloat16, 8>))
+  X(embedding_f32, EmbeddingParams, (kThreads), LLK_SMEM_NONE, (embedding_kernel<float, 1>))                     \
+  X(embedding_f16, EmbeddingParams, (kThreads), LLK_SMEM_NONE, (embedding_kernel<__half, 1>))                    \
+  X(embedding_bf16, EmbeddingParams, (kThreads), LLK_SMEM_NONE, (embedding_kernel<__nv_bfloat16, 1>))            \
+  X(embedding_vec_f32, EmbeddingParams, (kThreads), LLK_SMEM_NONE, (embedding_kernel<float, 4>))                 \
+  X(embedding_vec_f16, EmbeddingParams, (kThreads), LLK_SMEM_NONE, (embedding_kernel<__half, 8>))                \
+  X(embedding_vec_bf16, EmbeddingParams, (kThreads), LLK_SMEM_NONE, (embedding_kernel<__nv_bfloat16, 8>))
 
 // Symbols: qembedding_<format>_<dtype>, the packed tables.
 #define QEMBEDDING_FORMAT(X, fmt, F)                                                                    \
-  X(qembedding_##fmt##_f32, QEmbeddingParams, (kThreads), (qembedding_kernel<F, float>))              \
-  X(qembedding_##fmt##_f16, QEmbeddingParams, (kThreads), (qembedding_kernel<F, __half>))             \
-  X(qembedding_##fmt##_bf16, QEmbeddingParams, (kThreads), (qembedding_kernel<F, __nv_bfloat16>))
+  X(qembedding_##fmt##_f32, QEmbeddingParams, (kThreads), LLK_SMEM_NONE, (qembedding_kernel<F, float>))              \
+  X(qembedding_##fmt##_f16, QEmbeddingParams, (kThreads), LLK_SMEM_NONE, (qembedding_kernel<F, __half>))             \
+  X(qembedding_##fmt##_bf16, QEmbeddingParams, (kThreads), LLK_SMEM_NONE, (qembedding_kernel<F, __nv_bfloat16>))
 
 #define EMBEDDING_ALL(X) \
   EMBEDDING_KERNELS(X)   \

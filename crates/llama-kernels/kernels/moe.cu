@@ -467,6 +467,9 @@ struct MmaShape {
   static constexpr int kNTiles = kWarpCols / 8;    // 8 or 2
   static constexpr int kStages = BM == 64 ? LLK_MOE_GEMM_STAGES : LLK_MOE_GEMM_STAGES_DECODE;
   static_assert(BM == LLK_MOE_GEMM_BLOCK_M || BM == LLK_MOE_GEMM_BLOCK_M_DECODE, "block rows");
+  // Dynamic shared memory (the kernels' declaration): per stage a BM x kBK activation tile and a
+  // kBN x kBK weight tile of 16-bit values.
+  static constexpr int kSmemBytes = kStages * (BM + kBN) * kBK * 2;
 };
 
 // Shared-memory column (in weight columns of the block tile) of n-tile j of warp column wn.
@@ -728,68 +731,68 @@ __device__ void moe_gemm_simt_kernel(const MoeGemmParams& p) {
 //   moe_gather[_vec]_<dtype>, moe_combine[_vec]_<dtype>      `_vec`: 16-byte accesses
 //   moe_grouped_gemm_<kn|nk>_<plain|swiglu>_<m64|m16>_<dtype> bf16/f16 tensor cores, f32 SIMT
 #define MOE_ROUTE_KERNELS(X, T, name)                                                                                 \
-  X(moe_route_llama4_e128_##name, MoeRouteParams, (32 * LLK_MOE_ROUTE_WARPS),                                        \
+  X(moe_route_llama4_e128_##name, MoeRouteParams, (32 * LLK_MOE_ROUTE_WARPS), LLK_SMEM_NONE,                                        \
     (moe_route_kernel<T, LLK_MOE_ROUTE_LLAMA4, 4>))                                               \
-  X(moe_route_llama4_e512_##name, MoeRouteParams, (32 * LLK_MOE_ROUTE_WARPS),                                        \
+  X(moe_route_llama4_e512_##name, MoeRouteParams, (32 * LLK_MOE_ROUTE_WARPS), LLK_SMEM_NONE,                                        \
     (moe_route_kernel<T, LLK_MOE_ROUTE_LLAMA4, 16>))                                              \
-  X(moe_route_softmax_e128_##name, MoeRouteParams, (32 * LLK_MOE_ROUTE_WARPS),                                       \
+  X(moe_route_softmax_e128_##name, MoeRouteParams, (32 * LLK_MOE_ROUTE_WARPS), LLK_SMEM_NONE,                                       \
     (moe_route_kernel<T, LLK_MOE_ROUTE_SOFTMAX, 4>))                                              \
-  X(moe_route_softmax_e512_##name, MoeRouteParams, (32 * LLK_MOE_ROUTE_WARPS),                                       \
+  X(moe_route_softmax_e512_##name, MoeRouteParams, (32 * LLK_MOE_ROUTE_WARPS), LLK_SMEM_NONE,                                       \
     (moe_route_kernel<T, LLK_MOE_ROUTE_SOFTMAX, 16>))                                             \
-  X(moe_route_grouped_e128_##name, MoeRouteParams, (32 * LLK_MOE_ROUTE_WARPS),                                       \
+  X(moe_route_grouped_e128_##name, MoeRouteParams, (32 * LLK_MOE_ROUTE_WARPS), LLK_SMEM_NONE,                                       \
     (moe_route_kernel<T, LLK_MOE_ROUTE_GROUPED, 4>))                                      \
-  X(moe_route_grouped_e512_##name, MoeRouteParams, (32 * LLK_MOE_ROUTE_WARPS),                                       \
+  X(moe_route_grouped_e512_##name, MoeRouteParams, (32 * LLK_MOE_ROUTE_WARPS), LLK_SMEM_NONE,                                       \
     (moe_route_kernel<T, LLK_MOE_ROUTE_GROUPED, 16>))
 
 #define MOE_ROW_KERNELS(X, T, name)                                                                                   \
-  X(moe_gather_##name, MoeGatherParams, (LLK_MOE_ROW_THREADS), (moe_gather_kernel<T, 1>))                             \
-  X(moe_gather_vec_##name, MoeGatherParams, (LLK_MOE_ROW_THREADS), (moe_gather_kernel<T, llk::kVec16<T>>))            \
-  X(moe_combine_##name, MoeCombineParams, (LLK_MOE_ROW_THREADS), (moe_combine_kernel<T, 1>))                          \
-  X(moe_combine_vec_##name, MoeCombineParams, (LLK_MOE_ROW_THREADS), (moe_combine_kernel<T, llk::kVec16<T>>))
+  X(moe_gather_##name, MoeGatherParams, (LLK_MOE_ROW_THREADS), LLK_SMEM_NONE, (moe_gather_kernel<T, 1>))                             \
+  X(moe_gather_vec_##name, MoeGatherParams, (LLK_MOE_ROW_THREADS), LLK_SMEM_NONE, (moe_gather_kernel<T, llk::kVec16<T>>))            \
+  X(moe_combine_##name, MoeCombineParams, (LLK_MOE_ROW_THREADS), LLK_SMEM_NONE, (moe_combine_kernel<T, 1>))                          \
+  X(moe_combine_vec_##name, MoeCombineParams, (LLK_MOE_ROW_THREADS), LLK_SMEM_NONE, (moe_combine_kernel<T, llk::kVec16<T>>))
 
 #define MOE_MMA_KERNELS(X, T, name)                                                                                   \
-  X(moe_grouped_gemm_kn_plain_m64_##name, MoeGemmParams, (kGemmThreads),                                            \
+  X(moe_grouped_gemm_kn_plain_m64_##name, MoeGemmParams, (kGemmThreads), LLK_SMEM_FIXED(MmaShape<64>::kSmemBytes),                                            \
     (moe_gemm_mma_kernel<T, 64, LLK_MOE_WEIGHT_KN, LLK_MOE_EPILOGUE_PLAIN>))                                          \
-  X(moe_grouped_gemm_kn_swiglu_m64_##name, MoeGemmParams, (kGemmThreads),                                           \
+  X(moe_grouped_gemm_kn_swiglu_m64_##name, MoeGemmParams, (kGemmThreads), LLK_SMEM_FIXED(MmaShape<64>::kSmemBytes),                                           \
     (moe_gemm_mma_kernel<T, 64, LLK_MOE_WEIGHT_KN, LLK_MOE_EPILOGUE_SWIGLU>))                                         \
-  X(moe_grouped_gemm_nk_plain_m64_##name, MoeGemmParams, (kGemmThreads),                                            \
+  X(moe_grouped_gemm_nk_plain_m64_##name, MoeGemmParams, (kGemmThreads), LLK_SMEM_FIXED(MmaShape<64>::kSmemBytes),                                            \
     (moe_gemm_mma_kernel<T, 64, LLK_MOE_WEIGHT_NK, LLK_MOE_EPILOGUE_PLAIN>))                                          \
-  X(moe_grouped_gemm_nk_swiglu_m64_##name, MoeGemmParams, (kGemmThreads),                                           \
+  X(moe_grouped_gemm_nk_swiglu_m64_##name, MoeGemmParams, (kGemmThreads), LLK_SMEM_FIXED(MmaShape<64>::kSmemBytes),                                           \
     (moe_gemm_mma_kernel<T, 64, LLK_MOE_WEIGHT_NK, LLK_MOE_EPILOGUE_SWIGLU>))                                         \
-  X(moe_grouped_gemm_kn_plain_m16_##name, MoeGemmParams, (kGemmThreads),                                            \
+  X(moe_grouped_gemm_kn_plain_m16_##name, MoeGemmParams, (kGemmThreads), LLK_SMEM_FIXED(MmaShape<16>::kSmemBytes),                                            \
     (moe_gemm_mma_kernel<T, 16, LLK_MOE_WEIGHT_KN, LLK_MOE_EPILOGUE_PLAIN>))                                          \
-  X(moe_grouped_gemm_kn_swiglu_m16_##name, MoeGemmParams, (kGemmThreads),                                           \
+  X(moe_grouped_gemm_kn_swiglu_m16_##name, MoeGemmParams, (kGemmThreads), LLK_SMEM_FIXED(MmaShape<16>::kSmemBytes),                                           \
     (moe_gemm_mma_kernel<T, 16, LLK_MOE_WEIGHT_KN, LLK_MOE_EPILOGUE_SWIGLU>))                                         \
-  X(moe_grouped_gemm_nk_plain_m16_##name, MoeGemmParams, (kGemmThreads),                                            \
+  X(moe_grouped_gemm_nk_plain_m16_##name, MoeGemmParams, (kGemmThreads), LLK_SMEM_FIXED(MmaShape<16>::kSmemBytes),                                            \
     (moe_gemm_mma_kernel<T, 16, LLK_MOE_WEIGHT_NK, LLK_MOE_EPILOGUE_PLAIN>))                                          \
-  X(moe_grouped_gemm_nk_swiglu_m16_##name, MoeGemmParams, (kGemmThreads),                                           \
+  X(moe_grouped_gemm_nk_swiglu_m16_##name, MoeGemmParams, (kGemmThreads), LLK_SMEM_FIXED(MmaShape<16>::kSmemBytes),                                           \
     (moe_gemm_mma_kernel<T, 16, LLK_MOE_WEIGHT_NK, LLK_MOE_EPILOGUE_SWIGLU>))
 
 #define MOE_SIMT_KERNELS(X)                                                                                           \
-  X(moe_grouped_gemm_kn_plain_m64_f32, MoeGemmParams, (kSimtThreads),                                               \
+  X(moe_grouped_gemm_kn_plain_m64_f32, MoeGemmParams, (kSimtThreads), LLK_SMEM_NONE,                                               \
     (moe_gemm_simt_kernel<64, LLK_MOE_WEIGHT_KN, LLK_MOE_EPILOGUE_PLAIN>))                                            \
-  X(moe_grouped_gemm_kn_swiglu_m64_f32, MoeGemmParams, (kSimtThreads),                                              \
+  X(moe_grouped_gemm_kn_swiglu_m64_f32, MoeGemmParams, (kSimtThreads), LLK_SMEM_NONE,                                              \
     (moe_gemm_simt_kernel<64, LLK_MOE_WEIGHT_KN, LLK_MOE_EPILOGUE_SWIGLU>))                                           \
-  X(moe_grouped_gemm_nk_plain_m64_f32, MoeGemmParams, (kSimtThreads),                                               \
+  X(moe_grouped_gemm_nk_plain_m64_f32, MoeGemmParams, (kSimtThreads), LLK_SMEM_NONE,                                               \
     (moe_gemm_simt_kernel<64, LLK_MOE_WEIGHT_NK, LLK_MOE_EPILOGUE_PLAIN>))                                            \
-  X(moe_grouped_gemm_nk_swiglu_m64_f32, MoeGemmParams, (kSimtThreads),                                              \
+  X(moe_grouped_gemm_nk_swiglu_m64_f32, MoeGemmParams, (kSimtThreads), LLK_SMEM_NONE,                                              \
     (moe_gemm_simt_kernel<64, LLK_MOE_WEIGHT_NK, LLK_MOE_EPILOGUE_SWIGLU>))                                           \
-  X(moe_grouped_gemm_kn_plain_m16_f32, MoeGemmParams, (kSimtThreads),                                               \
+  X(moe_grouped_gemm_kn_plain_m16_f32, MoeGemmParams, (kSimtThreads), LLK_SMEM_NONE,                                               \
     (moe_gemm_simt_kernel<16, LLK_MOE_WEIGHT_KN, LLK_MOE_EPILOGUE_PLAIN>))                                            \
-  X(moe_grouped_gemm_kn_swiglu_m16_f32, MoeGemmParams, (kSimtThreads),                                              \
+  X(moe_grouped_gemm_kn_swiglu_m16_f32, MoeGemmParams, (kSimtThreads), LLK_SMEM_NONE,                                              \
     (moe_gemm_simt_kernel<16, LLK_MOE_WEIGHT_KN, LLK_MOE_EPILOGUE_SWIGLU>))                                           \
-  X(moe_grouped_gemm_nk_plain_m16_f32, MoeGemmParams, (kSimtThreads),                                               \
+  X(moe_grouped_gemm_nk_plain_m16_f32, MoeGemmParams, (kSimtThreads), LLK_SMEM_NONE,                                               \
     (moe_gemm_simt_kernel<16, LLK_MOE_WEIGHT_NK, LLK_MOE_EPILOGUE_PLAIN>))                                            \
-  X(moe_grouped_gemm_nk_swiglu_m16_f32, MoeGemmParams, (kSimtThreads),                                              \
+  X(moe_grouped_gemm_nk_swiglu_m16_f32, MoeGemmParams, (kSimtThreads), LLK_SMEM_NONE,                                              \
     (moe_gemm_simt_kernel<16, LLK_MOE_WEIGHT_NK, LLK_MOE_EPILOGUE_SWIGLU>))
 
 #define MOE_KERNELS(X)                                                                                                \
   MOE_ROUTE_KERNELS(X, float, f32)                                                                                    \
   MOE_ROUTE_KERNELS(X, __half, f16)                                                                                   \
   MOE_ROUTE_KERNELS(X, __nv_bfloat16, bf16)                                                                           \
-  X(moe_align_histogram, MoeAlignParams, (LLK_MOE_ALIGN_THREADS), (moe_align_histogram_kernel))                       \
-  X(moe_align_scan, MoeAlignParams, (LLK_MOE_MAX_EXPERTS), (moe_align_scan_kernel))                                   \
-  X(moe_align_scatter, MoeAlignParams, (LLK_MOE_ALIGN_THREADS), (moe_align_scatter_kernel))                           \
+  X(moe_align_histogram, MoeAlignParams, (LLK_MOE_ALIGN_THREADS), LLK_SMEM_NONE, (moe_align_histogram_kernel))                       \
+  X(moe_align_scan, MoeAlignParams, (LLK_MOE_MAX_EXPERTS), LLK_SMEM_NONE, (moe_align_scan_kernel))                                   \
+  X(moe_align_scatter, MoeAlignParams, (LLK_MOE_ALIGN_THREADS), LLK_SMEM_NONE, (moe_align_scatter_kernel))                           \
   MOE_ROW_KERNELS(X, float, f32)                                                                                      \
   MOE_ROW_KERNELS(X, __half, f16)                                                                                     \
   MOE_ROW_KERNELS(X, __nv_bfloat16, bf16)                                                                             \

@@ -236,6 +236,19 @@ struct DecodeLayout {
   static constexpr int kStages = kQBytes + 3 * 2 * kTileBytes + 3 * kKeys <= 131072 ? 3 : 2;
 };
 
+// The dynamic shared memory of paged_decode_mma_kernel with S stages (0: DecodeLayout's), in
+// bytes from its start: the Q rows, then per stage a K and a V tile, then per stage a byte per
+// key (readable and inside the sequence). `bytes` is the kernel's declaration.
+template <int D, int kElem, int S = 0>
+struct DecodeSmem {
+  using L = DecodeLayout<D, kElem>;
+  static constexpr int kStages = S != 0 ? S : L::kStages;
+  static constexpr int q = 0;
+  static constexpr int kv = q + L::kQBytes;
+  static constexpr int ok = kv + kStages * 2 * L::kTileBytes;
+  static constexpr int bytes = ok + kStages * kKeys;
+};
+
 // S: K/V stages, 0 for DecodeLayout's (3 where they fit in 128 KiB), or LLK_DECODE_STAGES_SMALL
 // (head_dim 96 and 128, 16-bit pages: 80 KiB, two blocks on an A100's SM; the host picks).
 template <class T, class P, int D, int S = 0>
@@ -244,15 +257,16 @@ __device__ void paged_decode_mma_kernel(const PagedDecodeParams& p) {
   static_assert(S == 0 || (S == LLK_DECODE_STAGES_SMALL && (D == 96 || D == 128) && sizeof(P) == 2), "a configured stage count");
   constexpr bool kFp8 = sizeof(P) == 1;
   using L = DecodeLayout<D, int(sizeof(P))>;
-  constexpr int kStages = S != 0 ? S : L::kStages;
+  using Smem = DecodeSmem<D, int(sizeof(P)), S>;
+  constexpr int kStages = Smem::kStages;
   constexpr int kKVChunks = D * int(sizeof(P)) / 16;
   constexpr int kChunkElems = 16 / int(sizeof(P));
   constexpr bool kQInRegs = D <= 128;
   constexpr int kQSteps = kQInRegs ? D / 16 : 1;
   LLK_DYN_SMEM(raw);
-  unsigned char* sQ = raw;                                  // [64 rows][kQPitch chunks] of T
-  unsigned char* sKV = raw + L::kQBytes;                    // [stage][K, V][64 keys][kKVPitch chunks]
-  unsigned char* sOk = sKV + kStages * 2 * L::kTileBytes;   // [stage][64]: key readable and < len
+  unsigned char* sQ = raw + Smem::q;    // [64 rows][kQPitch chunks] of T
+  unsigned char* sKV = raw + Smem::kv;  // [stage][K, V][64 keys][kKVPitch chunks]
+  unsigned char* sOk = raw + Smem::ok;  // [stage][64]: key readable and < len
 
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const DecodeSeq s = decode_seq(p);
@@ -664,16 +678,16 @@ __device__ void merge_kernel(const MergeStatesParams& p) {
 //                                                     (tensor cores); f32 q and pages (SIMT)
 //   paged_decode_merge_<out>, merge_states_<dtype>    split merge, pair merge
 #define KV_APPEND(X, S, SN)                                                                     \
-  X(kv_append_##SN##_f32, KvAppendParams, (256), (kv_append_kernel<S, float>))                  \
-  X(kv_append_##SN##_f16, KvAppendParams, (256), (kv_append_kernel<S, __half>))                 \
-  X(kv_append_##SN##_bf16, KvAppendParams, (256), (kv_append_kernel<S, __nv_bfloat16>))         \
-  X(kv_append_##SN##_fp8, KvAppendParams, (256), (kv_append_kernel<S, fp8_t>))
+  X(kv_append_##SN##_f32, KvAppendParams, (256), LLK_SMEM_NONE, (kv_append_kernel<S, float>))                  \
+  X(kv_append_##SN##_f16, KvAppendParams, (256), LLK_SMEM_NONE, (kv_append_kernel<S, __half>))                 \
+  X(kv_append_##SN##_bf16, KvAppendParams, (256), LLK_SMEM_NONE, (kv_append_kernel<S, __nv_bfloat16>))         \
+  X(kv_append_##SN##_fp8, KvAppendParams, (256), LLK_SMEM_NONE, (kv_append_kernel<S, fp8_t>))
 #define PAGED_DECODE(X, D)                                                                                         \
-  X(paged_decode_hd##D##_bf16, PagedDecodeParams, (kThreads), (paged_decode_mma_kernel<__nv_bfloat16, __nv_bfloat16, D>)) \
-  X(paged_decode_hd##D##_bf16_fp8, PagedDecodeParams, (kThreads), (paged_decode_mma_kernel<__nv_bfloat16, fp8_t, D>))  \
-  X(paged_decode_hd##D##_f16, PagedDecodeParams, (kThreads), (paged_decode_mma_kernel<__half, __half, D>))          \
-  X(paged_decode_hd##D##_f16_fp8, PagedDecodeParams, (kThreads), (paged_decode_mma_kernel<__half, fp8_t, D>))       \
-  X(paged_decode_hd##D##_f32, PagedDecodeParams, (kThreads), (paged_decode_simt_kernel<D>))
+  X(paged_decode_hd##D##_bf16, PagedDecodeParams, (kThreads), LLK_SMEM_FIXED((DecodeSmem<D, 2>::bytes)), (paged_decode_mma_kernel<__nv_bfloat16, __nv_bfloat16, D>)) \
+  X(paged_decode_hd##D##_bf16_fp8, PagedDecodeParams, (kThreads), LLK_SMEM_FIXED((DecodeSmem<D, 1>::bytes)), (paged_decode_mma_kernel<__nv_bfloat16, fp8_t, D>))  \
+  X(paged_decode_hd##D##_f16, PagedDecodeParams, (kThreads), LLK_SMEM_FIXED((DecodeSmem<D, 2>::bytes)), (paged_decode_mma_kernel<__half, __half, D>))          \
+  X(paged_decode_hd##D##_f16_fp8, PagedDecodeParams, (kThreads), LLK_SMEM_FIXED((DecodeSmem<D, 1>::bytes)), (paged_decode_mma_kernel<__half, fp8_t, D>))       \
+  X(paged_decode_hd##D##_f32, PagedDecodeParams, (kThreads), LLK_SMEM_NONE, (paged_decode_simt_kernel<D>))
 #define PAGED_ATTENTION_KERNELS(X)                                                                       \
   KV_APPEND(X, float, f32)                                                                              \
   KV_APPEND(X, __half, f16)                                                                             \
@@ -683,15 +697,15 @@ __device__ void merge_kernel(const MergeStatesParams& p) {
   PAGED_DECODE(X, 96)                                                                                   \
   PAGED_DECODE(X, 128)                                                                                  \
   PAGED_DECODE(X, 256)                                                                                  \
-  X(paged_decode_hd96_s2_bf16, PagedDecodeParams, (kThreads), (paged_decode_mma_kernel<__nv_bfloat16, __nv_bfloat16, 96, 2>))   \
-  X(paged_decode_hd128_s2_bf16, PagedDecodeParams, (kThreads), (paged_decode_mma_kernel<__nv_bfloat16, __nv_bfloat16, 128, 2>)) \
-  X(paged_decode_hd96_s2_f16, PagedDecodeParams, (kThreads), (paged_decode_mma_kernel<__half, __half, 96, 2>))                   \
-  X(paged_decode_hd128_s2_f16, PagedDecodeParams, (kThreads), (paged_decode_mma_kernel<__half, __half, 128, 2>))                 \
-  X(paged_decode_merge_f32, MergeStatesParams, (kThreads), (merge_kernel<float, true>))                \
-  X(paged_decode_merge_f16, MergeStatesParams, (kThreads), (merge_kernel<__half, true>))               \
-  X(paged_decode_merge_bf16, MergeStatesParams, (kThreads), (merge_kernel<__nv_bfloat16, true>))       \
-  X(merge_states_f32, MergeStatesParams, (kThreads), (merge_kernel<float, false>))                     \
-  X(merge_states_f16, MergeStatesParams, (kThreads), (merge_kernel<__half, false>))                    \
-  X(merge_states_bf16, MergeStatesParams, (kThreads), (merge_kernel<__nv_bfloat16, false>))
+  X(paged_decode_hd96_s2_bf16, PagedDecodeParams, (kThreads), LLK_SMEM_FIXED((DecodeSmem<96, 2, 2>::bytes)), (paged_decode_mma_kernel<__nv_bfloat16, __nv_bfloat16, 96, 2>))   \
+  X(paged_decode_hd128_s2_bf16, PagedDecodeParams, (kThreads), LLK_SMEM_FIXED((DecodeSmem<128, 2, 2>::bytes)), (paged_decode_mma_kernel<__nv_bfloat16, __nv_bfloat16, 128, 2>)) \
+  X(paged_decode_hd96_s2_f16, PagedDecodeParams, (kThreads), LLK_SMEM_FIXED((DecodeSmem<96, 2, 2>::bytes)), (paged_decode_mma_kernel<__half, __half, 96, 2>))                   \
+  X(paged_decode_hd128_s2_f16, PagedDecodeParams, (kThreads), LLK_SMEM_FIXED((DecodeSmem<128, 2, 2>::bytes)), (paged_decode_mma_kernel<__half, __half, 128, 2>))                 \
+  X(paged_decode_merge_f32, MergeStatesParams, (kThreads), LLK_SMEM_NONE, (merge_kernel<float, true>))                \
+  X(paged_decode_merge_f16, MergeStatesParams, (kThreads), LLK_SMEM_NONE, (merge_kernel<__half, true>))               \
+  X(paged_decode_merge_bf16, MergeStatesParams, (kThreads), LLK_SMEM_NONE, (merge_kernel<__nv_bfloat16, true>))       \
+  X(merge_states_f32, MergeStatesParams, (kThreads), LLK_SMEM_NONE, (merge_kernel<float, false>))                     \
+  X(merge_states_f16, MergeStatesParams, (kThreads), LLK_SMEM_NONE, (merge_kernel<__half, false>))                    \
+  X(merge_states_bf16, MergeStatesParams, (kThreads), LLK_SMEM_NONE, (merge_kernel<__nv_bfloat16, false>))
 
 LLK_EXPORT_KERNELS(paged_attention, PAGED_ATTENTION_KERNELS)

@@ -226,17 +226,14 @@ typedef struct AttentionParams {
 // The Hopper prefill kernel (attention_sm90.cu, attention_sm90_hd<D>_<dtype>): a producer
 // warpgroup loading Q once and K/V tiles into a ring of stages by TMA, and two consumer
 // warpgroups of 64 rows each computing on wgmma. LLK_ATTN_ROWS_MMA rows per block at every head
-// dim; K/V tiles of LLK_ATTN_SM90_KEYS keys (LLK_ATTN_SM90_KEYS_HD256 at head_dim 256); dynamic
-// shared memory per head dim: Q, the K and V stages (128-byte swizzled panels of 64 head dims),
-// the mbarriers, and 1024 bytes to align the panels.
+// dim; K/V tiles of LLK_ATTN_SM90_KEYS keys (LLK_ATTN_SM90_KEYS_HD256 at head_dim 256). Its
+// dynamic shared memory (Q, the K and V stages, the mbarriers, alignment) is declared with the
+// kernels, from their layout (attention_sm90.cu).
 #define LLK_ATTN_SM90_THREADS 384
 #define LLK_ATTN_SM90_KEYS 128
 #define LLK_ATTN_SM90_STAGES 2
 #define LLK_ATTN_SM90_PANEL 64
 #define LLK_ATTN_SM90_KEYS_HD256 64
-#define LLK_ATTN_SM90_SMEM_HD64 83072
-#define LLK_ATTN_SM90_SMEM_HD128 164992
-#define LLK_ATTN_SM90_SMEM_HD256 197760
 
 // AttentionParams and the TMA maps of the three inputs, dimension 0 innermost (LlkTensorMap).
 typedef struct AttentionSm90Params {
@@ -401,10 +398,6 @@ typedef struct Fp8ConvertParams {
 #define LLK_MOE_GEMM_BLOCK_K 64
 #define LLK_MOE_GEMM_STAGES 3
 #define LLK_MOE_GEMM_STAGES_DECODE 4
-#define LLK_MOE_GEMM_SMEM_BYTES \
-  (LLK_MOE_GEMM_STAGES * (LLK_MOE_GEMM_BLOCK_M + LLK_MOE_GEMM_BLOCK_N) * LLK_MOE_GEMM_BLOCK_K * 2)
-#define LLK_MOE_GEMM_SMEM_BYTES_DECODE \
-  (LLK_MOE_GEMM_STAGES_DECODE * (LLK_MOE_GEMM_BLOCK_M_DECODE + LLK_MOE_GEMM_BLOCK_N_DECODE) * LLK_MOE_GEMM_BLOCK_K * 2)
 // Grouped GEMM, SIMT path (f32): BLOCK_M rows x 64 weight columns, 256 threads, static shared memory.
 #define LLK_MOE_SIMT_THREADS 256
 #define LLK_MOE_SIMT_BLOCK_N 64
@@ -597,7 +590,6 @@ typedef enum LlkQuantFormat {
 #define LLK_QGEMM_BLOCK_N 128
 #define LLK_QGEMM_BLOCK_K 64
 #define LLK_QGEMM_STAGES 3
-#define LLK_QGEMM_SMEM_BYTES ((LLK_QGEMM_STAGES * LLK_QGEMM_BLOCK_M + 2 * LLK_QGEMM_BLOCK_N) * LLK_QGEMM_BLOCK_K * 2)
 // Split-K of the GEMM (grid.z: each split takes a contiguous range of 64-deep steps and writes its
 // f32 partial tile to `partial`; the reduce kernel adds the splits in order): at most this many.
 #define LLK_QGEMM_MAX_SPLITS 16
@@ -700,6 +692,12 @@ typedef enum LlkSelftestVariant {
 #define LLK_TMA_TEST_HEADER 16
 #define LLK_TMA_TEST_BLOCK 64
 #define LLK_TMA_TEST_SMEM 32768
+
+// selftest_declared_smem: one block of LLK_DECLARED_SMEM_TEST_BLOCK threads reverses `in` through
+// dynamic shared memory of exactly the LLK_DECLARED_SMEM_TEST_BYTES its row declares (one float
+// per thread); the planted bug also writes the float just past the declaration.
+#define LLK_DECLARED_SMEM_TEST_BLOCK 256
+#define LLK_DECLARED_SMEM_TEST_BYTES (LLK_DECLARED_SMEM_TEST_BLOCK * 4)
 
 typedef struct SelftestParams {
   uint64_t input;  // [n] f32 (kernel-specific meaning)

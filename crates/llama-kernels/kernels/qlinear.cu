@@ -138,8 +138,10 @@ constexpr int kWarpRows = kBM / 2, kWarpCols = kBN / 2;         // warps 2 x 2
 constexpr int kMTiles = kWarpRows / 16, kNTiles = kWarpCols / 8;
 constexpr int kOutPitch = kBN + 4;  // f32 output tile: 16-byte rows, conflict-free 8-byte writes
 static_assert(kGemmThreads == 128 && kThreadChunks * kGemmThreads == kBN * kRowChunks, "warps 2 x 2");
-static_assert(LLK_QGEMM_SMEM_BYTES == (kStages * kBM + 2 * kBN) * kBK * 2, "params.h's formula");
-static_assert(kBM * kOutPitch * 4 <= LLK_QGEMM_SMEM_BYTES, "the output tile fits in the pipeline's memory");
+// Dynamic shared memory (the kernels' declaration): kStages activation tiles and two weight
+// tiles of 16-bit values; the f32 output tile reuses it at the end.
+constexpr int kGemmSmemBytes = (kStages * kBM + 2 * kBN) * kBK * 2;
+static_assert(kBM * kOutPitch * 4 <= kGemmSmemBytes, "the output tile fits in the pipeline's memory");
 
 template <LlkQuantFormat F, class T>
 __device__ void qgemm_kernel(const QLinearParams& p) {
@@ -324,20 +326,20 @@ __device__ void qdequant_kernel(const QLinearParams& p) {
 // Symbols: qgemv_<format>_<dtype>, qgemm_<format>_<f16|bf16>, qdequant_<format>_<dtype> and
 // qsplit_reduce_<f16|bf16>.
 #define QLINEAR_FORMAT(X, fmt, F)                                                                            \
-  X(qgemv_##fmt##_f32, QLinearParams, (kWarps * 32), (qgemv_kernel<F, float>))                             \
-  X(qgemv_##fmt##_f16, QLinearParams, (kWarps * 32), (qgemv_kernel<F, __half>))                            \
-  X(qgemv_##fmt##_bf16, QLinearParams, (kWarps * 32), (qgemv_kernel<F, __nv_bfloat16>))                    \
-  X(qgemm_##fmt##_f16, QLinearParams, (kGemmThreads), (qgemm_kernel<F, __half>))                          \
-  X(qgemm_##fmt##_bf16, QLinearParams, (kGemmThreads), (qgemm_kernel<F, __nv_bfloat16>))                   \
-  X(qdequant_##fmt##_f32, QLinearParams, (LLK_QDEQUANT_THREADS), (qdequant_kernel<F, float>))              \
-  X(qdequant_##fmt##_f16, QLinearParams, (LLK_QDEQUANT_THREADS), (qdequant_kernel<F, __half>))             \
-  X(qdequant_##fmt##_bf16, QLinearParams, (LLK_QDEQUANT_THREADS), (qdequant_kernel<F, __nv_bfloat16>))
+  X(qgemv_##fmt##_f32, QLinearParams, (kWarps * 32), LLK_SMEM_NONE, (qgemv_kernel<F, float>))                             \
+  X(qgemv_##fmt##_f16, QLinearParams, (kWarps * 32), LLK_SMEM_NONE, (qgemv_kernel<F, __half>))                            \
+  X(qgemv_##fmt##_bf16, QLinearParams, (kWarps * 32), LLK_SMEM_NONE, (qgemv_kernel<F, __nv_bfloat16>))                    \
+  X(qgemm_##fmt##_f16, QLinearParams, (kGemmThreads), LLK_SMEM_FIXED(kGemmSmemBytes), (qgemm_kernel<F, __half>))                          \
+  X(qgemm_##fmt##_bf16, QLinearParams, (kGemmThreads), LLK_SMEM_FIXED(kGemmSmemBytes), (qgemm_kernel<F, __nv_bfloat16>))                   \
+  X(qdequant_##fmt##_f32, QLinearParams, (LLK_QDEQUANT_THREADS), LLK_SMEM_NONE, (qdequant_kernel<F, float>))              \
+  X(qdequant_##fmt##_f16, QLinearParams, (LLK_QDEQUANT_THREADS), LLK_SMEM_NONE, (qdequant_kernel<F, __half>))             \
+  X(qdequant_##fmt##_bf16, QLinearParams, (LLK_QDEQUANT_THREADS), LLK_SMEM_NONE, (qdequant_kernel<F, __nv_bfloat16>))
 
 #define QLINEAR_KERNELS(X) LLK_QUANT_FORMATS(QLINEAR_FORMAT, X)
 
 #define QLINEAR_REDUCE(X)                                                                     \
-  X(qsplit_reduce_f16, QLinearParams, (LLK_QREDUCE_THREADS), (qreduce_kernel<__half>))        \
-  X(qsplit_reduce_bf16, QLinearParams, (LLK_QREDUCE_THREADS), (qreduce_kernel<__nv_bfloat16>))
+  X(qsplit_reduce_f16, QLinearParams, (LLK_QREDUCE_THREADS), LLK_SMEM_NONE, (qreduce_kernel<__half>))        \
+  X(qsplit_reduce_bf16, QLinearParams, (LLK_QREDUCE_THREADS), LLK_SMEM_NONE, (qreduce_kernel<__nv_bfloat16>))
 
 #define QLINEAR_ALL(X) \
   QLINEAR_KERNELS(X)   \

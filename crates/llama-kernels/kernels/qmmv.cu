@@ -329,8 +329,8 @@ __device__ void qmmv_kernel(const QLinearParams& p) {
 
 // Symbols: qmmv_<format>_<f16|bf16>.
 #define QMMV_FORMAT(X, fmt, F)                                                              \
-  X(qmmv_##fmt##_f16, QLinearParams, (kMmvWarps * 32), (qmmv_kernel<F, __half>))          \
-  X(qmmv_##fmt##_bf16, QLinearParams, (kMmvWarps * 32), (qmmv_kernel<F, __nv_bfloat16>))
+  X(qmmv_##fmt##_f16, QLinearParams, (kMmvWarps * 32), LLK_SMEM_NONE, (qmmv_kernel<F, __half>))          \
+  X(qmmv_##fmt##_bf16, QLinearParams, (kMmvWarps * 32), LLK_SMEM_NONE, (qmmv_kernel<F, __nv_bfloat16>))
 
 #define QMMV_KERNELS(X)                 \
   QMMV_FORMAT(X, q4_0, LLK_QUANT_Q4_0)  \

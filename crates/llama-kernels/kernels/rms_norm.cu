@@ -176,17 +176,17 @@ __device__ void rms_norm_kernel(const RmsNormParams& p) {
 // Symbols: [fused_add_]rms_norm[_vec]_<dtype>. `_vec` is the 16-byte path; the plain name is the
 // any-shape fallback.
 #define RMS_NORM_KERNELS(X)                                                                       \
-  X(rms_norm_f32, RmsNormParams, (kMaxThreads), (rms_norm_kernel<float, 1, false>))               \
-  X(rms_norm_f16, RmsNormParams, (kMaxThreads), (rms_norm_kernel<__half, 1, false>))              \
-  X(rms_norm_bf16, RmsNormParams, (kMaxThreads), (rms_norm_kernel<__nv_bfloat16, 1, false>))      \
-  X(rms_norm_vec_f32, RmsNormParams, (kMaxThreads), (rms_norm_kernel<float, 4, false>))           \
-  X(rms_norm_vec_f16, RmsNormParams, (kMaxThreads), (rms_norm_kernel<__half, 8, false>))          \
-  X(rms_norm_vec_bf16, RmsNormParams, (kMaxThreads), (rms_norm_kernel<__nv_bfloat16, 8, false>))  \
-  X(fused_add_rms_norm_f32, RmsNormParams, (kMaxThreadsFused), (rms_norm_kernel<float, 1, true>)) \
-  X(fused_add_rms_norm_f16, RmsNormParams, (kMaxThreadsFused), (rms_norm_kernel<__half, 1, true>)) \
-  X(fused_add_rms_norm_bf16, RmsNormParams, (kMaxThreadsFused), (rms_norm_kernel<__nv_bfloat16, 1, true>)) \
-  X(fused_add_rms_norm_vec_f32, RmsNormParams, (kMaxThreadsFused), (rms_norm_kernel<float, 4, true>)) \
-  X(fused_add_rms_norm_vec_f16, RmsNormParams, (kMaxThreadsFused), (rms_norm_kernel<__half, 8, true>)) \
-  X(fused_add_rms_norm_vec_bf16, RmsNormParams, (kMaxThreadsFused), (rms_norm_kernel<__nv_bfloat16, 8, true>))
+  X(rms_norm_f32, RmsNormParams, (kMaxThreads), LLK_SMEM_NONE, (rms_norm_kernel<float, 1, false>))               \
+  X(rms_norm_f16, RmsNormParams, (kMaxThreads), LLK_SMEM_NONE, (rms_norm_kernel<__half, 1, false>))              \
+  X(rms_norm_bf16, RmsNormParams, (kMaxThreads), LLK_SMEM_NONE, (rms_norm_kernel<__nv_bfloat16, 1, false>))      \
+  X(rms_norm_vec_f32, RmsNormParams, (kMaxThreads), LLK_SMEM_NONE, (rms_norm_kernel<float, 4, false>))           \
+  X(rms_norm_vec_f16, RmsNormParams, (kMaxThreads), LLK_SMEM_NONE, (rms_norm_kernel<__half, 8, false>))          \
+  X(rms_norm_vec_bf16, RmsNormParams, (kMaxThreads), LLK_SMEM_NONE, (rms_norm_kernel<__nv_bfloat16, 8, false>))  \
+  X(fused_add_rms_norm_f32, RmsNormParams, (kMaxThreadsFused), LLK_SMEM_NONE, (rms_norm_kernel<float, 1, true>)) \
+  X(fused_add_rms_norm_f16, RmsNormParams, (kMaxThreadsFused), LLK_SMEM_NONE, (rms_norm_kernel<__half, 1, true>)) \
+  X(fused_add_rms_norm_bf16, RmsNormParams, (kMaxThreadsFused), LLK_SMEM_NONE, (rms_norm_kernel<__nv_bfloat16, 1, true>)) \
+  X(fused_add_rms_norm_vec_f32, RmsNormParams, (kMaxThreadsFused), LLK_SMEM_NONE, (rms_norm_kernel<float, 4, true>)) \
+  X(fused_add_rms_norm_vec_f16, RmsNormParams, (kMaxThreadsFused), LLK_SMEM_NONE, (rms_norm_kernel<__half, 8, true>)) \
+  X(fused_add_rms_norm_vec_bf16, RmsNormParams, (kMaxThreadsFused), LLK_SMEM_NONE, (rms_norm_kernel<__nv_bfloat16, 8, true>))
 
 LLK_EXPORT_KERNELS(rms_norm, RMS_NORM_KERNELS)

@@ -220,12 +220,12 @@ __device__ void rope_kernel(const RopeParams& p) {
 // Symbols: rope_<layout>[_norm][_vec]_<dtype>. `_vec` is the 16-byte path, `_norm` the Llama 4
 // qk-norm (a template parameter: the plain kernels carry none of its instructions).
 #define ROPE_LAYOUT_KERNELS(X, name, LAYOUT, NORM, SCALAR_VEC)                                                 \
-  X(rope_##name##_f32, RopeParams, (kMaxThreads, 1), (rope_kernel<float, SCALAR_VEC, LAYOUT, NORM>))               \
-  X(rope_##name##_f16, RopeParams, (kMaxThreads, 1), (rope_kernel<__half, SCALAR_VEC, LAYOUT, NORM>))              \
-  X(rope_##name##_bf16, RopeParams, (kMaxThreads, 1), (rope_kernel<__nv_bfloat16, SCALAR_VEC, LAYOUT, NORM>))      \
-  X(rope_##name##_vec_f32, RopeParams, (kMaxThreads, 1), (rope_kernel<float, 4, LAYOUT, NORM>))                    \
-  X(rope_##name##_vec_f16, RopeParams, (kMaxThreads, 1), (rope_kernel<__half, 8, LAYOUT, NORM>))                   \
-  X(rope_##name##_vec_bf16, RopeParams, (kMaxThreads, 1), (rope_kernel<__nv_bfloat16, 8, LAYOUT, NORM>))
+  X(rope_##name##_f32, RopeParams, (kMaxThreads, 1), LLK_SMEM_NONE, (rope_kernel<float, SCALAR_VEC, LAYOUT, NORM>))               \
+  X(rope_##name##_f16, RopeParams, (kMaxThreads, 1), LLK_SMEM_NONE, (rope_kernel<__half, SCALAR_VEC, LAYOUT, NORM>))              \
+  X(rope_##name##_bf16, RopeParams, (kMaxThreads, 1), LLK_SMEM_NONE, (rope_kernel<__nv_bfloat16, SCALAR_VEC, LAYOUT, NORM>))      \
+  X(rope_##name##_vec_f32, RopeParams, (kMaxThreads, 1), LLK_SMEM_NONE, (rope_kernel<float, 4, LAYOUT, NORM>))                    \
+  X(rope_##name##_vec_f16, RopeParams, (kMaxThreads, 1), LLK_SMEM_NONE, (rope_kernel<__half, 8, LAYOUT, NORM>))                   \
+  X(rope_##name##_vec_bf16, RopeParams, (kMaxThreads, 1), LLK_SMEM_NONE, (rope_kernel<__nv_bfloat16, 8, LAYOUT, NORM>))
 #define ROPE_KERNELS(X)                                                                \
   ROPE_LAYOUT_KERNELS(X, interleaved, LLK_ROPE_INTERLEAVED, false, 2)                  \
   ROPE_LAYOUT_KERNELS(X, half_split, LLK_ROPE_HALF_SPLIT, false, 1)                    \

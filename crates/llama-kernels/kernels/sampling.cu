@@ -390,8 +390,8 @@ __device__ void sample_kernel(const SampleParams& p) {
 
 // Symbols: sample_<dtype>.
 #define SAMPLING_KERNELS(X)                                                     \
-  X(sample_f32, SampleParams, (kMaxThreads), (sample_kernel<float>))           \
-  X(sample_f16, SampleParams, (kMaxThreads), (sample_kernel<__half>))          \
-  X(sample_bf16, SampleParams, (kMaxThreads), (sample_kernel<__nv_bfloat16>))
+  X(sample_f32, SampleParams, (kMaxThreads), LLK_SMEM_NONE, (sample_kernel<float>))           \
+  X(sample_f16, SampleParams, (kMaxThreads), LLK_SMEM_NONE, (sample_kernel<__half>))          \
+  X(sample_bf16, SampleParams, (kMaxThreads), LLK_SMEM_NONE, (sample_kernel<__nv_bfloat16>))
 
 LLK_EXPORT_KERNELS(sampling, SAMPLING_KERNELS)

@@ -90,6 +90,21 @@ __device__ void dyn_smem_kernel(const SelftestParams& p) {
   if (g < p.n && src < p.n) out[g] = buf[nb - 1 - t];
 }
 
+// A declared layout: the block reverses `in` through the LLK_DECLARED_SMEM_TEST_BYTES of dynamic
+// shared memory its row declares: out[t] = in[block - 1 - t]. The planted bug writes one float
+// past the declaration, which the emulator reports.
+__device__ void declared_smem_kernel(const SelftestParams& p) {
+  LLK_DYN_SMEM(raw);
+  float* buf = reinterpret_cast<float*>(raw);
+  const float* in = reinterpret_cast<const float*>(p.input);
+  float* out = reinterpret_cast<float*>(p.out);
+  const int t = int(threadIdx.x), nb = int(blockDim.x);
+  buf[t] = in[t];
+  if (p.variant == LLK_SELFTEST_PLANTED_BUG && t == 0) buf[LLK_DECLARED_SMEM_TEST_BYTES / 4] = 1.f;
+  __syncthreads();
+  out[t] = buf[nb - 1 - t];
+}
+
 // Atomics: every thread adds its index into out[0] (as int) and counts itself into out[1].
 __device__ void atomics_kernel(const SelftestParams& p) {
   int* out = reinterpret_cast<int*>(p.out);
@@ -547,27 +562,29 @@ __device__ void fp8_convert_kernel(const Fp8ConvertParams& p) {
 }
 
 #define SELFTEST_KERNELS(X)                                                               \
-  X(selftest_stencil, SelftestParams, (kBlock), (stencil_kernel))                         \
-  X(selftest_deadlock, SelftestParams, (1024), (deadlock_kernel))                         \
-  X(selftest_divergent_barrier, SelftestParams, (1024), (divergent_barrier_kernel))       \
-  X(selftest_warp_ops, SelftestParams, (1024), (warp_ops_kernel))                         \
-  X(selftest_dyn_smem, SelftestParams, (1024), (dyn_smem_kernel))                         \
-  X(selftest_atomics, SelftestParams, (1024), (atomics_kernel))                          \
-  X(selftest_shfl_edges, SelftestParams, (1024), (shfl_edges_kernel))                    \
-  X(selftest_guards, SelftestParams, (1024), (guards_kernel))                             \
-  X(selftest_stack_hog, SelftestParams, (1024), (stack_hog_kernel))                       \
-  X(selftest_mma_bf16, SelftestParams, (32), (mma_kernel<__nv_bfloat16>))                 \
-  X(selftest_mma_f16, SelftestParams, (32), (mma_kernel<__half>))                         \
-  X(selftest_ldmatrix, SelftestParams, (32), (ldmatrix_kernel))                           \
-  X(selftest_cp_async, SelftestParams, (32), (cp_async_kernel))                            \
-  X(selftest_out_of_bounds, SelftestParams, (1024), (out_of_bounds_kernel))           \
-  X(selftest_bounded_fill, SelftestParams, (128, 4), (bounded_fill_kernel))             \
-  X(selftest_fast_math, SelftestParams, (1024), (fast_math_kernel))                       \
-  X(selftest_byte_perm, SelftestParams, (1024), (byte_perm_kernel))                       \
-  X(selftest_wgmma, SelftestParams, (128), (wgmma_kernel))                                \
-  X(selftest_mbarrier, SelftestParams, (32 + LLK_MBARRIER_TEST_TILE), (mbarrier_kernel))  \
-  X(selftest_warp_specialize, SelftestParams, (LLK_WS_TEST_BLOCK, 1), (warp_specialize_kernel)) \
-  X(selftest_tma, SelftestParams, (LLK_TMA_TEST_BLOCK), (tma_kernel))                     \
-  X(fp8_e4m3_convert, Fp8ConvertParams, (256), (fp8_convert_kernel))
+  X(selftest_stencil, SelftestParams, (kBlock), LLK_SMEM_AT_LAUNCH, (stencil_kernel))                         \
+  X(selftest_deadlock, SelftestParams, (1024), LLK_SMEM_NONE, (deadlock_kernel))                         \
+  X(selftest_divergent_barrier, SelftestParams, (1024), LLK_SMEM_NONE, (divergent_barrier_kernel))       \
+  X(selftest_warp_ops, SelftestParams, (1024), LLK_SMEM_NONE, (warp_ops_kernel))                         \
+  X(selftest_dyn_smem, SelftestParams, (1024), LLK_SMEM_AT_LAUNCH, (dyn_smem_kernel))                         \
+  X(selftest_declared_smem, SelftestParams, (LLK_DECLARED_SMEM_TEST_BLOCK),                             \
+    LLK_SMEM_FIXED(LLK_DECLARED_SMEM_TEST_BYTES), (declared_smem_kernel))                                 \
+  X(selftest_atomics, SelftestParams, (1024), LLK_SMEM_NONE, (atomics_kernel))                          \
+  X(selftest_shfl_edges, SelftestParams, (1024), LLK_SMEM_NONE, (shfl_edges_kernel))                    \
+  X(selftest_guards, SelftestParams, (1024), LLK_SMEM_AT_LAUNCH, (guards_kernel))                             \
+  X(selftest_stack_hog, SelftestParams, (1024), LLK_SMEM_NONE, (stack_hog_kernel))                       \
+  X(selftest_mma_bf16, SelftestParams, (32), LLK_SMEM_NONE, (mma_kernel<__nv_bfloat16>))                 \
+  X(selftest_mma_f16, SelftestParams, (32), LLK_SMEM_NONE, (mma_kernel<__half>))                         \
+  X(selftest_ldmatrix, SelftestParams, (32), LLK_SMEM_NONE, (ldmatrix_kernel))                           \
+  X(selftest_cp_async, SelftestParams, (32), LLK_SMEM_NONE, (cp_async_kernel))                            \
+  X(selftest_out_of_bounds, SelftestParams, (1024), LLK_SMEM_NONE, (out_of_bounds_kernel))           \
+  X(selftest_bounded_fill, SelftestParams, (128, 4), LLK_SMEM_NONE, (bounded_fill_kernel))             \
+  X(selftest_fast_math, SelftestParams, (1024), LLK_SMEM_NONE, (fast_math_kernel))                       \
+  X(selftest_byte_perm, SelftestParams, (1024), LLK_SMEM_NONE, (byte_perm_kernel))                       \
+  X(selftest_wgmma, SelftestParams, (128), LLK_SMEM_FIXED(LLK_WGMMA_TEST_SMEM), (wgmma_kernel))                                \
+  X(selftest_mbarrier, SelftestParams, (32 + LLK_MBARRIER_TEST_TILE), LLK_SMEM_FIXED(LLK_MBARRIER_TEST_SMEM), (mbarrier_kernel))  \
+  X(selftest_warp_specialize, SelftestParams, (LLK_WS_TEST_BLOCK, 1), LLK_SMEM_FIXED(LLK_WS_TEST_SMEM), (warp_specialize_kernel)) \
+  X(selftest_tma, SelftestParams, (LLK_TMA_TEST_BLOCK), LLK_SMEM_FIXED(LLK_TMA_TEST_SMEM), (tma_kernel))                     \
+  X(fp8_e4m3_convert, Fp8ConvertParams, (256), LLK_SMEM_NONE, (fp8_convert_kernel))
 
 LLK_EXPORT_KERNELS(selftest, SELFTEST_KERNELS)

@@ -91,17 +91,17 @@ __device__ void swiglu_kernel(const SwiGluParams& p) {
 
 // Symbols: swiglu[_interleaved][_vec]_<dtype>. `_vec` is the 16-byte path.
 #define SWIGLU_KERNELS(X)                                                                                          \
-  X(swiglu_f32, SwiGluParams, (kMaxThreads), (swiglu_kernel<float, 1, LLK_GATE_UP_SEPARATE>))                       \
-  X(swiglu_f16, SwiGluParams, (kMaxThreads), (swiglu_kernel<__half, 1, LLK_GATE_UP_SEPARATE>))                      \
-  X(swiglu_bf16, SwiGluParams, (kMaxThreads), (swiglu_kernel<__nv_bfloat16, 1, LLK_GATE_UP_SEPARATE>))              \
-  X(swiglu_vec_f32, SwiGluParams, (kMaxThreads), (swiglu_kernel<float, 4, LLK_GATE_UP_SEPARATE>))                   \
-  X(swiglu_vec_f16, SwiGluParams, (kMaxThreads), (swiglu_kernel<__half, 8, LLK_GATE_UP_SEPARATE>))                  \
-  X(swiglu_vec_bf16, SwiGluParams, (kMaxThreads), (swiglu_kernel<__nv_bfloat16, 8, LLK_GATE_UP_SEPARATE>))          \
-  X(swiglu_interleaved_f32, SwiGluParams, (kMaxThreads), (swiglu_kernel<float, 1, LLK_GATE_UP_INTERLEAVED>))        \
-  X(swiglu_interleaved_f16, SwiGluParams, (kMaxThreads), (swiglu_kernel<__half, 1, LLK_GATE_UP_INTERLEAVED>))       \
-  X(swiglu_interleaved_bf16, SwiGluParams, (kMaxThreads), (swiglu_kernel<__nv_bfloat16, 1, LLK_GATE_UP_INTERLEAVED>)) \
-  X(swiglu_interleaved_vec_f32, SwiGluParams, (kMaxThreads), (swiglu_kernel<float, 4, LLK_GATE_UP_INTERLEAVED>))    \
-  X(swiglu_interleaved_vec_f16, SwiGluParams, (kMaxThreads), (swiglu_kernel<__half, 8, LLK_GATE_UP_INTERLEAVED>))   \
-  X(swiglu_interleaved_vec_bf16, SwiGluParams, (kMaxThreads), (swiglu_kernel<__nv_bfloat16, 8, LLK_GATE_UP_INTERLEAVED>))
+  X(swiglu_f32, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<float, 1, LLK_GATE_UP_SEPARATE>))                       \
+  X(swiglu_f16, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<__half, 1, LLK_GATE_UP_SEPARATE>))                      \
+  X(swiglu_bf16, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<__nv_bfloat16, 1, LLK_GATE_UP_SEPARATE>))              \
+  X(swiglu_vec_f32, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<float, 4, LLK_GATE_UP_SEPARATE>))                   \
+  X(swiglu_vec_f16, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<__half, 8, LLK_GATE_UP_SEPARATE>))                  \
+  X(swiglu_vec_bf16, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<__nv_bfloat16, 8, LLK_GATE_UP_SEPARATE>))          \
+  X(swiglu_interleaved_f32, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<float, 1, LLK_GATE_UP_INTERLEAVED>))        \
+  X(swiglu_interleaved_f16, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<__half, 1, LLK_GATE_UP_INTERLEAVED>))       \
+  X(swiglu_interleaved_bf16, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<__nv_bfloat16, 1, LLK_GATE_UP_INTERLEAVED>)) \
+  X(swiglu_interleaved_vec_f32, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<float, 4, LLK_GATE_UP_INTERLEAVED>))    \
+  X(swiglu_interleaved_vec_f16, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<__half, 8, LLK_GATE_UP_INTERLEAVED>))   \
+  X(swiglu_interleaved_vec_bf16, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<__nv_bfloat16, 8, LLK_GATE_UP_INTERLEAVED>))
 
 LLK_EXPORT_KERNELS(swiglu, SWIGLU_KERNELS)

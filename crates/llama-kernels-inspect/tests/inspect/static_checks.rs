@@ -66,6 +66,41 @@ fn emulated_launch_bounds_and_static_shared_memory_match_the_device_code() {
     assert!(checked > 100, "only {checked} kernels checked");
 }
 
+/// A kernel's declared dynamic shared memory (its row's `LLK_SMEM_FIXED`) is its whole shared
+/// memory: `ptxas -v` of both images reports no static `__shared__` beside it, so what the
+/// planners and the shared-memory table read from the declaration is what a block holds; and the
+/// sum of static and declared fits the per-block limit of sm_90 (227 KiB).
+#[test]
+fn declared_shared_memory_agrees_with_ptxas() {
+    use llama_kernels::backend::SharedMemory;
+    let mut fixed = 0;
+    for m in kernel_modules().expect("the device code") {
+        for (arch, report) in [("sm_90", m.ptxas_sm90), ("sm_80", m.ptxas_sm80)] {
+            for k in parse_ptxas(report) {
+                let declared = llama_kernels::backend::declared_shared_memory(&k.name)
+                    .unwrap_or_else(|| panic!("{} ({arch}) is in no family's list", k.name));
+                if let SharedMemory::Fixed(bytes) = declared {
+                    assert_eq!(
+                        k.smem_bytes, 0,
+                        "{} ({arch}) declares {bytes} B but ptxas counts static memory too",
+                        k.name
+                    );
+                    fixed += 1;
+                }
+                assert!(
+                    (k.smem_bytes + declared.bytes()) as usize
+                        <= llama_kernels::EmuArch::Sm90.max_shared_memory_per_block(),
+                    "{} ({arch}): {} static + {} declared bytes",
+                    k.name,
+                    k.smem_bytes,
+                    declared.bytes()
+                );
+            }
+        }
+    }
+    assert!(fixed >= 80, "{fixed} kernel images declare a fixed layout");
+}
+
 /// The other direction: every kernel in the PTX of either architecture is reachable from
 /// exactly one row of the kernel tables (no dead kernel ships, no kernel is listed twice).
 #[test]

@@ -23,18 +23,38 @@
 #include "../params.h"
 
 // ------------------------------------------------------------------------ kernel export
-// A family lists its kernels once, as an X-macro of (symbol, Params, (launch bounds), (impl)):
+// A family lists its kernels once, as an X-macro of
+// (symbol, Params, (launch bounds), shared memory, (impl)):
 //
 //   #define RMS_NORM_KERNELS(X)
-//     X(rms_norm_vec_bf16, RmsNormParams, (1024), (rms_norm_kernel<__nv_bfloat16, 8, false>)) ...
+//     X(rms_norm_vec_bf16, RmsNormParams, (1024), LLK_SMEM_NONE, (rms_norm_kernel<__nv_bfloat16, 8, false>)) ...
 //   LLK_EXPORT_KERNELS(rms_norm, RMS_NORM_KERNELS)
 // (the #define continues over lines ending in a backslash)
 //
 // `impl` is a __device__ function taking `const Params&`; it is parenthesized so that template
-// arguments with commas survive the preprocessor.
+// arguments with commas survive the preprocessor. The shared-memory column declares the
+// kernel's dynamic shared memory, the one number its host must get right at launch:
+//
+//   LLK_SMEM_NONE          none (static __shared__ arrays are ptxas's to count)
+//   LLK_SMEM_FIXED(bytes)  exactly `bytes`, a constant expression of the layout the kernel carves
+//                          its LLK_DYN_SMEM into (parenthesize it when it has commas)
+//   LLK_SMEM_AT_LAUNCH     sized by each launch (the emulator's self-test kernels)
+//
+// The host build's registry carries the declaration (LlkEmuKernel::smem_rule, smem_bytes): the
+// Rust side launches every kernel with it on both targets, and the emulator refuses a launch that
+// differs (LLK_EMU_SHARED_MEMORY_DECLARATION) and reports a write past it.
+#define LLK_SMEM_NONE (LLK_SMEM_RULE_NONE, 0u)
+#define LLK_SMEM_FIXED(bytes) (LLK_SMEM_RULE_FIXED, (bytes))
+#define LLK_SMEM_AT_LAUNCH (LLK_SMEM_RULE_AT_LAUNCH, 0u)
+#define LLK_SMEM_RULE_OF(rule, bytes) rule
+#define LLK_SMEM_BYTES_OF(rule, bytes) (bytes)
+// The most dynamic shared memory a block may have on any architecture built for (sm_90).
+#define LLK_MAX_DYN_SMEM (227 * 1024)
+
 #ifdef __CUDACC__
-#define LLK_KERNEL_ENTRY(name, Params, bounds, impl) \
-  extern "C" __global__ void __launch_bounds__ bounds name(const __grid_constant__ Params p) { impl(p); }
+#define LLK_KERNEL_ENTRY(name, Params, bounds, smem, impl)                                             \
+  extern "C" __global__ void __launch_bounds__ bounds name(const __grid_constant__ Params p) { impl(p); } \
+  static_assert(LLK_SMEM_BYTES_OF smem <= LLK_MAX_DYN_SMEM, #name ": declared dynamic shared memory over 227 KiB");
 #define LLK_EXPORT_KERNELS(family, LIST) LIST(LLK_KERNEL_ENTRY)
 #else
 // Host entries have internal linkage: only the registry table, found by name, is exported. An
@@ -42,11 +62,17 @@
 // page, as __grid_constant__ params are one copy in the constant bank); each row records the
 // first launch bound (max threads per block), which the emulator enforces.
 #define LLK_FIRST_BOUND(max_threads, ...) (max_threads)
-#define LLK_KERNEL_ENTRY(name, Params, bounds, impl) \
-  static void name(const Params& p) { impl(p); }
-#define LLK_EMU_TABLE_ROW(name, Params, bounds, impl)                                              \
-  LlkEmuKernel{#name, sizeof(Params), &::llk_emu::launch_entry<Params, name, LLK_FIRST_BOUND bounds>, \
-               LLK_FIRST_BOUND bounds},
+#define LLK_KERNEL_ENTRY(name, Params, bounds, smem, impl)                                        \
+  static void name(const Params& p) { impl(p); }                                                   \
+  static_assert(LLK_SMEM_BYTES_OF smem <= LLK_MAX_DYN_SMEM, #name ": declared dynamic shared memory over 227 KiB");
+#define LLK_EMU_TABLE_ROW(name, Params, bounds, smem, impl)                                                  \
+  LlkEmuKernel{#name,                                                                                        \
+               sizeof(Params),                                                                               \
+               &::llk_emu::launch_entry<Params, name, LLK_FIRST_BOUND bounds, LLK_SMEM_RULE_OF smem,          \
+                                        LLK_SMEM_BYTES_OF smem>,                                             \
+               LLK_FIRST_BOUND bounds,                                                                       \
+               LLK_SMEM_RULE_OF smem,                                                                        \
+               LLK_SMEM_BYTES_OF smem},
 #define LLK_EXPORT_KERNELS(family, LIST)                                             \
   LIST(LLK_KERNEL_ENTRY)                                                             \
   extern "C" const LlkEmuKernel* llk_emu_kernels_##family(uint64_t* count) {         \

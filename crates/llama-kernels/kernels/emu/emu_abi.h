@@ -43,7 +43,17 @@ typedef enum LlkEmuStatus {
   LLK_EMU_MISALIGNED = 9,     // a 16-byte access (cp.async, ldmatrix row, vector) not 16-byte aligned
   LLK_EMU_PARAMS_OVERRUN = 10,  // the kernel read past the end of its params struct (or wrote it)
   LLK_EMU_INDEX_OUT_OF_BOUNDS = 11,  // an index past a fixed-size array (static __shared__, local)
+  LLK_EMU_SHARED_MEMORY_DECLARATION = 12,  // a launch's dynamic shared memory is not the kernel's declared size
 } LlkEmuStatus;
+
+// How a kernel's dynamic shared memory is sized: declared once, in the kernel's row of its
+// family's list (LLK_SMEM_* in kernels/common/llk.cuh). The host reads the declaration from this
+// registry and launches with it; the emulator refuses a launch that differs.
+typedef enum LlkSmemRule {
+  LLK_SMEM_RULE_NONE = 0,       // no dynamic shared memory: launches request 0 bytes
+  LLK_SMEM_RULE_FIXED = 1,      // exactly the declared bytes (the kernel's layout)
+  LLK_SMEM_RULE_AT_LAUNCH = 2,  // sized by each launch (the emulator's self-test kernels)
+} LlkSmemRule;
 
 typedef struct LlkEmuLaunch {
   uint32_t grid[3];
@@ -96,6 +106,8 @@ typedef struct LlkEmuKernel {
   uint64_t params_size;   // sizeof its params struct, checked by Rust at every launch
   LlkEmuLaunchFn launch;
   uint32_t max_threads;   // its __launch_bounds__ (the PTX .maxntid): threads per block at most
+  LlkSmemRule smem_rule;  // how its dynamic shared memory is sized
+  uint32_t smem_bytes;    // LLK_SMEM_RULE_FIXED: the bytes it declares (0 otherwise)
 } LlkEmuKernel;
 
 #ifdef __cplusplus

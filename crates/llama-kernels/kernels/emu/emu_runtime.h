@@ -936,12 +936,28 @@ LlkEmuStatus launch(Body& body, const LlkEmuLaunch& cfg, LlkEmuReport* rep, uint
   return rep->status;
 }
 
+// Whether a launch's dynamic shared memory is the kernel's declaration (its row's LLK_SMEM_*);
+// when not, the report says both.
+inline bool smem_as_declared(LlkSmemRule rule, uint32_t declared, uint64_t requested, LlkEmuReport* rep) {
+  const bool ok = rule == LLK_SMEM_RULE_AT_LAUNCH || requested == (rule == LLK_SMEM_RULE_FIXED ? declared : 0);
+  if (!ok) {
+    rep->status = LLK_EMU_SHARED_MEMORY_DECLARATION;
+    snprintf(rep->message, sizeof rep->message,
+             "the launch requests %llu bytes of dynamic shared memory; the kernel declares %u (%s)",
+             (unsigned long long)requested, rule == LLK_SMEM_RULE_FIXED ? declared : 0u,
+             rule == LLK_SMEM_RULE_FIXED ? "LLK_SMEM_FIXED" : "LLK_SMEM_NONE");
+  }
+  return ok;
+}
+
 // The registry entry for one kernel `K` taking params `P`, with at most `MaxThreads` threads per
-// block. Every thread reads the one read-only copy of the params, which ends at a guard page.
-template <class P, void (*K)(const P&), uint32_t MaxThreads>
+// block and the dynamic shared memory its row declares (`Rule`, `SmemBytes`). Every thread reads
+// the one read-only copy of the params, which ends at a guard page.
+template <class P, void (*K)(const P&), uint32_t MaxThreads, LlkSmemRule Rule, uint32_t SmemBytes>
 LlkEmuStatus launch_entry(const void* params, const LlkEmuLaunch* cfg, LlkEmuReport* rep) {
   static_assert(std::is_trivially_copyable_v<P>, "params cross the boundary as plain bytes");
   *rep = LlkEmuReport{};
+  if (!smem_as_declared(Rule, SmemBytes, cfg->dyn_smem_bytes, rep)) return rep->status;
   ParamsPage& page = params_page_of_this_thread();
   const void* copy = page.place(params, sizeof(P));
   if (copy == nullptr) return bad_launch(rep, "could not map the params copy and its guard page");

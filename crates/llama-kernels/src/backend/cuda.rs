@@ -16,7 +16,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchCo
 use cudarc::nvrtc::Ptx;
 
 use super::counters::{Count, Counters};
-use super::kernel::{KernelParams, KernelRef, LaunchDims};
+use super::kernel::{KernelParams, KernelRef, LaunchShape};
 use super::modules::{MODULES, ModuleSource};
 use crate::error::{Error, Result};
 
@@ -304,7 +304,7 @@ impl CudaDevice {
         format!("{} (compute capability {}.{}, {} SMs, {} images)", s.name, s.cc.0, s.cc.1, s.sm_count, s.arch)
     }
 
-    pub fn launch<P: KernelParams>(&self, kernel: KernelRef, dims: LaunchDims, params: &P) -> Result<()> {
+    pub fn launch<P: KernelParams>(&self, kernel: KernelRef, dims: LaunchShape, params: &P) -> Result<()> {
         let func = self.shared.function(kernel, dims.dyn_smem)?;
         let cfg = LaunchConfig { grid_dim: dims.grid, block_dim: dims.block, shared_mem_bytes: dims.dyn_smem };
         let mut builder = self.stream.launch_builder(&func);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::counters::{Count, Counters, DeviceCounters};
 use super::cuda::{self, CudaKernelInfo};
 use super::emulated::{self, EmuOptions};
-use super::kernel::{KernelParams, KernelRef, LaunchDims};
+use super::kernel::{KernelParams, KernelRef, LaunchShape};
 use crate::error::{Error, Result};
 use crate::target::Target;
 
@@ -281,7 +281,12 @@ impl Device {
 
     /// Queues `kernel` with its params struct on this device's stream (CUDA), or runs it under
     /// the emulated stream lock. Counted as one launch.
-    pub(crate) fn launch_kernel<P: KernelParams>(&self, kernel: KernelRef, dims: LaunchDims, params: &P) -> Result<()> {
+    pub(crate) fn launch_kernel<P: KernelParams>(
+        &self,
+        kernel: KernelRef,
+        dims: LaunchShape,
+        params: &P,
+    ) -> Result<()> {
         self.count(Count::Launch);
         match &*self.0 {
             DeviceInner::Cuda(c) => c.launch(kernel, dims, params),

@@ -5,11 +5,11 @@ use std::ffi::CStr;
 use std::sync::{Mutex, OnceLock};
 
 use super::counters::Counters;
-use super::kernel::{KernelParams, KernelRef, LaunchDims};
+use super::kernel::{KernelParams, KernelRef, LaunchShape, SharedMemory};
 use super::modules::MODULES;
 use crate::error::{Error, Result};
 use crate::ffi::emu_abi::{
-    LlkEmuCpAsyncTiming, LlkEmuKernel, LlkEmuLaunch, LlkEmuReport, LlkEmuSchedule, LlkEmuStatus,
+    LlkEmuCpAsyncTiming, LlkEmuKernel, LlkEmuLaunch, LlkEmuReport, LlkEmuSchedule, LlkEmuStatus, LlkSmemRule,
 };
 
 /// Order in which the emulator runs the threads of a block between two barriers.
@@ -140,6 +140,8 @@ struct Entry {
     max_threads: u32,
     /// Static shared memory bytes from the ptxas reports: sm_90, sm_80.
     static_smem: [u32; 2],
+    /// Its declared dynamic shared memory (its row's `LLK_SMEM_*`).
+    smem: SharedMemory,
 }
 
 /// Static shared memory per kernel in a `ptxas -v` report: the `N bytes smem` of the `Used ...`
@@ -201,6 +203,11 @@ impl Registry {
                         launch,
                         max_threads: k.max_threads,
                         static_smem,
+                        smem: match k.smem_rule {
+                            LlkSmemRule::LLK_SMEM_RULE_NONE => SharedMemory::None,
+                            LlkSmemRule::LLK_SMEM_RULE_FIXED => SharedMemory::Fixed(k.smem_bytes),
+                            LlkSmemRule::LLK_SMEM_RULE_AT_LAUNCH => SharedMemory::AtLaunch,
+                        },
                     };
                     by_symbol.insert(name, entry);
                 }
@@ -210,6 +217,10 @@ impl Registry {
     }
     pub(crate) fn names(&self, module: &str) -> Vec<&'static str> {
         self.by_module.get(module).cloned().unwrap_or_default()
+    }
+    /// The declared dynamic shared memory of `symbol`, if a family lists it.
+    pub(crate) fn shared_memory(&self, symbol: &str) -> Option<SharedMemory> {
+        self.by_symbol.get(symbol).map(|e| e.smem)
     }
     fn entry(&self, symbol: &str) -> Option<&Entry> {
         self.by_symbol.get(symbol)
@@ -256,7 +267,7 @@ impl EmuBackend {
         )
     }
 
-    pub fn launch<P: KernelParams>(&self, kernel: KernelRef, dims: LaunchDims, params: &P) -> Result<()> {
+    pub fn launch<P: KernelParams>(&self, kernel: KernelRef, dims: LaunchShape, params: &P) -> Result<()> {
         let entry = registry()
             .by_symbol
             .get(kernel.symbol)
@@ -331,6 +342,7 @@ fn status_name(s: LlkEmuStatus) -> &'static str {
         LlkEmuStatus::LLK_EMU_MISALIGNED => "misaligned access",
         LlkEmuStatus::LLK_EMU_PARAMS_OVERRUN => "params overrun",
         LlkEmuStatus::LLK_EMU_INDEX_OUT_OF_BOUNDS => "index out of bounds",
+        LlkEmuStatus::LLK_EMU_SHARED_MEMORY_DECLARATION => "shared memory declaration",
     }
 }
 

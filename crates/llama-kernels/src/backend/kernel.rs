@@ -1,5 +1,8 @@
-//! What a launch names: a kernel ([`KernelRef`]), its grid ([`LaunchDims`]) and its one
-//! params struct ([`KernelParams`], sealed to the structs of `kernels/params.h`).
+//! What a launch names: a kernel ([`KernelRef`]) with its declared dynamic shared memory
+//! ([`SharedMemory`]), its grid ([`LaunchDims`]) and its one params struct ([`KernelParams`],
+//! sealed to the structs of `kernels/params.h`).
+
+use crate::error::{Error, Result};
 
 /// A kernel: its family (module) and its symbol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -10,12 +13,84 @@ pub struct KernelRef {
     pub symbol: &'static str,
 }
 
-/// Grid, block and dynamic shared memory of one launch.
+/// A kernel's dynamic shared memory, as the kernel's row in its family's list declares it
+/// (`LLK_SMEM_*` in `kernels/common/llk.cuh`). The declaration is the kernel's own: a constant of
+/// the layout it carves its shared memory into. The host reads it from the registry of the
+/// host build (linked in every build, so on both targets), launches every kernel with it, and
+/// plans with it; the emulator refuses a launch that differs and reports a write past it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SharedMemory {
+    /// None: launches request 0 bytes.
+    None,
+    /// Exactly this many bytes.
+    Fixed(u32),
+    /// Sized by each launch (the emulator's self-test kernels).
+    AtLaunch,
+}
+
+impl SharedMemory {
+    /// The bytes a launch requests without a size of its own: the fixed declaration, else 0.
+    pub fn bytes(self) -> u32 {
+        match self {
+            SharedMemory::Fixed(b) => b,
+            SharedMemory::None | SharedMemory::AtLaunch => 0,
+        }
+    }
+}
+
+impl KernelRef {
+    /// The kernel's declared dynamic shared memory. An error only for a symbol no family lists
+    /// (a build problem, never a user error).
+    pub fn shared_memory(self) -> Result<SharedMemory> {
+        declared_shared_memory(self.symbol).ok_or(Error::KernelNotFound { module: self.module, symbol: self.symbol })
+    }
+}
+
+/// The declared dynamic shared memory of the kernel named `symbol` in any family, if one lists it.
+pub fn declared_shared_memory(symbol: &str) -> Option<SharedMemory> {
+    super::emulated::registry().shared_memory(symbol)
+}
+
+/// Grid and block of one launch, as an op plans it, and the dynamic shared memory of a kernel
+/// declared [`SharedMemory::AtLaunch`] (0 for every other kernel, whose declaration
+/// [`LaunchDims::shape`] applies).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct LaunchDims {
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
+    pub smem_at_launch: u32,
+}
+
+/// One launch as the backend queues it: grid, block and the dynamic shared memory requested.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LaunchShape {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
     pub dyn_smem: u32,
+}
+
+impl LaunchDims {
+    /// The launch of `kernel`: its declared dynamic shared memory, or the size given here for a
+    /// kernel sized at launch. A size given for any other kernel is an error (`op` names the
+    /// caller): the declaration is the only source of the number.
+    pub fn shape(self, op: &'static str, kernel: KernelRef) -> Result<LaunchShape> {
+        let dyn_smem = match (kernel.shared_memory()?, self.smem_at_launch) {
+            (SharedMemory::AtLaunch, bytes) => bytes,
+            (declared, 0) => declared.bytes(),
+            (declared, bytes) => {
+                return Err(Error::invalid(
+                    op,
+                    "shared memory",
+                    bytes,
+                    format!(
+                        "{} declares its dynamic shared memory ({declared:?}); a launch cannot size it",
+                        kernel.symbol
+                    ),
+                ));
+            }
+        };
+        Ok(LaunchShape { grid: self.grid, block: self.block, dyn_smem })
+    }
 }
 
 mod sealed {

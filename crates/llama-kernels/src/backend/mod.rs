@@ -37,5 +37,6 @@ pub use emulated::{
 };
 pub use kernel::KernelRef;
 pub(crate) use kernel::{KernelParams, LaunchDims};
+pub use kernel::{SharedMemory, declared_shared_memory};
 pub use modules::{DEVICE_CODE_DIR_VAR, DEVICE_CODE_EXTERNAL, DEVICE_CODE_ORIGIN, KernelModuleInfo, kernel_modules};
 pub use staging::PinnedStaging;

@@ -11,5 +11,5 @@ pub mod kernels {
         swiglu,
     };
 }
-pub use crate::ops::attention::decode_launch::decode_smem_bytes;
-pub use crate::ops::attention::prefill_launch::{mma_smem_bytes, sm90_keys, sm90_smem_bytes};
+pub use crate::ops::attention::decode_launch::decode_stages_of;
+pub use crate::ops::attention::prefill_launch::sm90_keys;

@@ -10,9 +10,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
     Fp8ConvertParams, LLK_MBARRIER_TEST_DATA, LLK_MBARRIER_TEST_MAX_STAGES, LLK_MBARRIER_TEST_MAX_TILES,
-    LLK_MBARRIER_TEST_SMEM, LLK_MBARRIER_TEST_TILE, LLK_TMA_TEST_BLOCK, LLK_TMA_TEST_HEADER, LLK_TMA_TEST_SMEM,
-    LLK_WGMMA_TEST_A, LLK_WGMMA_TEST_C, LLK_WGMMA_TEST_IMAGE, LLK_WGMMA_TEST_SMEM, LLK_WS_TEST_BLOCK, LLK_WS_TEST_DATA,
-    LLK_WS_TEST_MAX_ROUNDS, LLK_WS_TEST_SMEM, LlkSelftestVariant, LlkTensorMap, SelftestParams,
+    LLK_MBARRIER_TEST_TILE, LLK_TMA_TEST_BLOCK, LLK_TMA_TEST_HEADER, LLK_TMA_TEST_SMEM, LLK_WGMMA_TEST_A,
+    LLK_WGMMA_TEST_C, LLK_WGMMA_TEST_IMAGE, LLK_WGMMA_TEST_SMEM, LLK_WS_TEST_BLOCK, LLK_WS_TEST_DATA,
+    LLK_WS_TEST_MAX_ROUNDS, LlkSelftestVariant, LlkTensorMap, SelftestParams,
 };
 use crate::launch::KernelArgs;
 use crate::launch::tensor_map::TmaLayout;
@@ -63,8 +63,12 @@ pub enum Kernel {
     DivergentBarrier,
     /// Every shuffle and vote (`out: i32 [8 * threads]`).
     WarpOps,
-    /// Per-block reversal through dynamic shared memory (`in`, `out: f32 [n]`).
+    /// Per-block reversal through dynamic shared memory (`in`, `out: f32 [n]`), sized at launch.
     DynSmem,
+    /// The same through exactly the dynamic shared memory its row declares
+    /// (`LLK_DECLARED_SMEM_TEST_BYTES`, one block of `LLK_DECLARED_SMEM_TEST_BLOCK` threads;
+    /// `in`, `out: f32 [block]`); bug: a write of the float past the declaration.
+    DeclaredSmem,
     /// atomicAdd of thread indices and counts (`out: i32 [2]`, zeroed by the caller).
     Atomics,
     /// Shuffle edge cases (`out: i32 [6 * threads]`): offsets mod 32, widths, segments.
@@ -130,6 +134,7 @@ impl Kernel {
             Kernel::DivergentBarrier => "selftest_divergent_barrier",
             Kernel::WarpOps => "selftest_warp_ops",
             Kernel::DynSmem => "selftest_dyn_smem",
+            Kernel::DeclaredSmem => "selftest_declared_smem",
             Kernel::Atomics => "selftest_atomics",
             Kernel::ShflEdges => "selftest_shfl_edges",
             Kernel::Guards => "selftest_guards",
@@ -148,12 +153,13 @@ impl Kernel {
             Kernel::Tma => "selftest_tma",
         }
     }
-    pub const ALL: [Kernel; 21] = [
+    pub const ALL: [Kernel; 22] = [
         Kernel::Stencil,
         Kernel::Deadlock,
         Kernel::DivergentBarrier,
         Kernel::WarpOps,
         Kernel::DynSmem,
+        Kernel::DeclaredSmem,
         Kernel::Atomics,
         Kernel::ShflEdges,
         Kernel::Guards,
@@ -296,7 +302,12 @@ fn launch_inner(
         }
     } else if matches!(
         kernel,
-        Kernel::Stencil | Kernel::DynSmem | Kernel::OutOfBounds | Kernel::FastMath | Kernel::BytePerm
+        Kernel::Stencil
+            | Kernel::DynSmem
+            | Kernel::DeclaredSmem
+            | Kernel::OutOfBounds
+            | Kernel::FastMath
+            | Kernel::BytePerm
     ) || kernel.fixed_io().is_some()
     {
         return Err(Error::invalid(OP, "in", "None", "this kernel reads an input"));
@@ -330,13 +341,11 @@ fn launch_inner(
     let dims = LaunchDims {
         grid: (grid_x(OP, threads.div_ceil(block))?, 1, 1),
         block: (block as u32, 1, 1),
-        dyn_smem: match dyn_smem {
+        // Kernels sized at launch take `dyn_smem` (by default a float per thread); the others
+        // run with their declaration.
+        smem_at_launch: match dyn_smem {
             Some(bytes) => bytes,
             None if matches!(kernel, Kernel::DynSmem | Kernel::Guards) => (block * 4) as u32,
-            None if kernel == Kernel::Wgmma => LLK_WGMMA_TEST_SMEM,
-            None if kernel == Kernel::Mbarrier => LLK_MBARRIER_TEST_SMEM,
-            None if kernel == Kernel::WarpSpecialize => LLK_WS_TEST_SMEM,
-            None if kernel == Kernel::Tma => LLK_TMA_TEST_SMEM,
             None => 0,
         },
     };
@@ -365,7 +374,8 @@ pub fn fp8_kernel_conversions(device: &Device, input: &[f32]) -> Result<(Vec<u8>
         decoded: args.write_tensor("decoded", &decoded)?,
         n: to_i64(OP, "n", n)?,
     };
-    let dims = LaunchDims { grid: (grid_x(OP, n.max(256).div_ceil(256))?, 1, 1), block: (256, 1, 1), dyn_smem: 0 };
+    let dims =
+        LaunchDims { grid: (grid_x(OP, n.max(256).div_ceil(256))?, 1, 1), block: (256, 1, 1), smem_at_launch: 0 };
     args.launch(FP8_CONVERT, dims, &params)?;
     let codes = codes.to_vec::<crate::dtype::F8E4M3>()?.into_iter().map(|c| c.0).collect();
     Ok((codes, decoded.to_vec::<f32>()?))

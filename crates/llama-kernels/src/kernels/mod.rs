@@ -38,6 +38,10 @@ impl<K: PartialEq + Copy> KernelTable<K> {
     pub fn has(&self, key: K) -> bool {
         self.entries.iter().any(|(k, _)| *k == key)
     }
+    /// The kernel for `key`, if the table has one.
+    pub fn get(&self, key: K) -> Option<KernelRef> {
+        self.entries.iter().find(|(k, _)| *k == key).map(|(_, symbol)| KernelRef { module: self.module, symbol })
+    }
     /// The kernel for `key`; a dtype without one is an [`Error::UnsupportedDType`].
     pub fn find(&self, op: &'static str, what: &'static str, key: K, dtype: DType) -> Result<KernelRef> {
         self.entries

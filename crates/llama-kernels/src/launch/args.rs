@@ -138,9 +138,11 @@ impl<'a> KernelArgs<'a> {
     /// Queues the kernel. Buffers are locked and their guards dropped only after the launch call
     /// returned. On the emulated target, the guard zones of every buffer are checked afterwards.
     pub fn launch<P: KernelParams>(self, kernel: KernelRef, dims: LaunchDims, params: &P) -> Result<()> {
-        // Both targets refuse a block over the device's shared memory (the emulator that of the
-        // architecture it emulates), before anything is queued; the emulator also counts the
-        // kernel's static shared memory.
+        // The dynamic shared memory is the kernel's declaration (or, for a kernel sized at
+        // launch, the op's). Both targets refuse a block over the device's shared memory (the
+        // emulator that of the architecture it emulates), before anything is queued; the
+        // emulator also counts the kernel's static shared memory.
+        let dims = dims.shape(self.op, kernel)?;
         let limit = self.device.max_shared_memory_per_block();
         if dims.dyn_smem as usize > limit {
             return Err(Error::invalid(

@@ -130,7 +130,7 @@ pub fn embedding_on(
     let dims = LaunchDims {
         grid: (grid_x(OP, nvec.div_ceil(block))?, tokens.div_ceil(LLK_EMBEDDING_ROWS as usize).min(65535) as u32, 1),
         block: (block as u32, 1, 1),
-        dyn_smem: 0,
+        smem_at_launch: 0,
     };
     args.launch(KERNELS.find(OP, "table", (vectorized, dtype), dtype)?, dims, &params)
 }
@@ -184,8 +184,11 @@ pub fn embedding_packed_on(
     };
     let threads = tokens * (hidden / LLK_QUANT_CHUNK as usize);
     let block = LLK_EMBEDDING_THREADS as usize;
-    let dims =
-        LaunchDims { grid: (grid_x(OP, threads.div_ceil(block))?, 1, 1), block: (block as u32, 1, 1), dyn_smem: 0 };
+    let dims = LaunchDims {
+        grid: (grid_x(OP, threads.div_ceil(block))?, 1, 1),
+        block: (block as u32, 1, 1),
+        smem_at_launch: 0,
+    };
     args.launch(PACKED.find(OP, "out", (table.layout().format, dtype), dtype)?, dims, &params)
 }
 

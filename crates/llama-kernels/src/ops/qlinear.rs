@@ -76,8 +76,8 @@ use crate::dtype::{DType, round_to};
 use crate::error::{Error, Result};
 use crate::ffi::params::{
     LLK_QDEQUANT_THREADS, LLK_QGEMM_BLOCK_K, LLK_QGEMM_BLOCK_M, LLK_QGEMM_BLOCK_N, LLK_QGEMM_MAX_SPLITS,
-    LLK_QGEMM_SMEM_BYTES, LLK_QGEMM_THREADS, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_MAX_SPLIT, LLK_QGEMV_WARPS, LLK_QMMV_GROUP,
-    LLK_QMMV_MAX_ROWS, LLK_QMMV_WARPS, LLK_QREDUCE_THREADS, LLK_QUANT_CHUNK, QLinearParams,
+    LLK_QGEMM_THREADS, LLK_QGEMV_MAX_ROWS, LLK_QGEMV_MAX_SPLIT, LLK_QGEMV_WARPS, LLK_QMMV_GROUP, LLK_QMMV_MAX_ROWS,
+    LLK_QMMV_WARPS, LLK_QREDUCE_THREADS, LLK_QUANT_CHUNK, QLinearParams,
 };
 use crate::kernels::qlinear::{KERNELS, MMA_GEMV, QKernel, SPLIT_REDUCE};
 use crate::launch::KernelArgs;
@@ -497,7 +497,7 @@ fn run(
         args.read_tensor("scratch partials", &scratch.partial)?;
         let threads = LLK_QREDUCE_THREADS as usize;
         let grid = (grid_x(op, (xr.rows * d_out).div_ceil(threads))?, 1, 1);
-        let dims = LaunchDims { grid, block: (threads as u32, 1, 1), dyn_smem: 0 };
+        let dims = LaunchDims { grid, block: (threads as u32, 1, 1), smem_at_launch: 0 };
         args.launch(SPLIT_REDUCE.find(op, "y", dtype, dtype)?, dims, p)
     };
     match path {
@@ -506,7 +506,7 @@ fn run(
             p.split = split as i32;
             let per_block = LLK_QGEMV_WARPS as usize / split;
             let block = (LLK_QGEMV_WARPS * 32, 1, 1);
-            let dims = LaunchDims { grid: (grid_x(op, d_out.div_ceil(per_block))?, 1, 1), block, dyn_smem: 0 };
+            let dims = LaunchDims { grid: (grid_x(op, d_out.div_ceil(per_block))?, 1, 1), block, smem_at_launch: 0 };
             return args.launch(find(QKernel::Gemv)?, dims, &p);
         }
         QPath::MmaGemv { k_splits } | QPath::Gemm { k_splits } => {
@@ -516,7 +516,7 @@ fn run(
             let (kernel, dims, steps) = if matches!(path, QPath::MmaGemv { .. }) {
                 let groups = d_in.div_ceil(LLK_QMMV_GROUP as usize * LLK_QUANT_CHUNK as usize);
                 let grid = (grid_x(op, d_out.div_ceil(16))?, 1, k_splits as u32);
-                let dims = LaunchDims { grid, block: (LLK_QMMV_WARPS * 32, 1, 1), dyn_smem: 0 };
+                let dims = LaunchDims { grid, block: (LLK_QMMV_WARPS * 32, 1, 1), smem_at_launch: 0 };
                 (MMA_GEMV.find(op, "x", (w.layout.format, dtype), dtype)?, dims, groups)
             } else {
                 let steps = d_in.div_ceil(LLK_QGEMM_BLOCK_K as usize);
@@ -579,7 +579,7 @@ fn gemm_dims(op: &'static str, rows: usize, out: usize, k_splits: usize) -> Resu
         grid_y(op, "out features", out.div_ceil(LLK_QGEMM_BLOCK_N as usize))?,
         k_splits as u32,
     );
-    Ok(LaunchDims { grid, block: (LLK_QGEMM_THREADS, 1, 1), dyn_smem: LLK_QGEMM_SMEM_BYTES })
+    Ok(LaunchDims { grid, block: (LLK_QGEMM_THREADS, 1, 1), smem_at_launch: 0 })
 }
 
 fn to_i32(op: &'static str, name: &'static str, v: usize) -> Result<i32> {
@@ -599,8 +599,11 @@ fn dequantize_band(device: &Device, w: &QWeight, band: &Tensor, first: usize, n:
     p.y_row_stride = p.k;
     let threads = n * (w.layout.cols / LLK_QUANT_CHUNK as usize);
     let block = LLK_QDEQUANT_THREADS as usize;
-    let dims =
-        LaunchDims { grid: (grid_x(OP, threads.div_ceil(block))?, 1, 1), block: (block as u32, 1, 1), dyn_smem: 0 };
+    let dims = LaunchDims {
+        grid: (grid_x(OP, threads.div_ceil(block))?, 1, 1),
+        block: (block as u32, 1, 1),
+        smem_at_launch: 0,
+    };
     args.launch(KERNELS.find(OP, "scratch", (QKernel::Dequantize, w.layout.format, dtype), dtype)?, dims, &p)
 }
 

@@ -203,7 +203,7 @@ fn launch(
     let dims = LaunchDims {
         grid: (grid_x(op, rows.div_ceil(p.rows_per_block))?, 1, 1),
         block: (p.threads_per_row as u32, p.rows_per_block as u32, 1),
-        dyn_smem: 0,
+        smem_at_launch: 0,
     };
     args.launch(KERNELS.find(op, "x", (rr.is_some(), vectorized, dtype), dtype)?, dims, &params)
 }

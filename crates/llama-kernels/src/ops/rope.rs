@@ -256,7 +256,7 @@ impl Rope {
         let dims = LaunchDims {
             grid: (grid_x(OP, qh.tokens)?, head_blocks, 1),
             block: (g as u32, heads_per_block as u32, 1),
-            dyn_smem: 0,
+            smem_at_launch: 0,
         };
         Ok((dims, vectorized))
     }

@@ -280,7 +280,8 @@ pub fn sample_on(
         vocab: to_i64(OP, "vocab", vocab)?,
         logits_row_stride: to_i64(OP, "logits row stride", lr.row_stride)?,
     };
-    let dims = LaunchDims { grid: (grid_x(OP, batch)?, 1, 1), block: (block_threads(vocab) as u32, 1, 1), dyn_smem: 0 };
+    let dims =
+        LaunchDims { grid: (grid_x(OP, batch)?, 1, 1), block: (block_threads(vocab) as u32, 1, 1), smem_at_launch: 0 };
     args.launch(KERNELS.find(OP, "logits", dtype, dtype)?, dims, &p)
 }
 

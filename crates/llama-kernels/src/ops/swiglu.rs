@@ -175,7 +175,7 @@ pub fn swiglu_on(queue: &impl Queue, input: GateUpView<'_, '_>, out: &mut Tensor
         // Two tokens per thread (kernels/swiglu.cu): grid.y covers half the tokens.
         grid: (grid_x(OP, nvec.div_ceil(block))?, tokens.div_ceil(2).min(65535) as u32, 1),
         block: (block as u32, 1, 1),
-        dyn_smem: 0,
+        smem_at_launch: 0,
     };
     args.launch(KERNELS.find(OP, "gate", (interleaved, vectorized, dtype), dtype)?, dims, &params)
 }

@@ -429,3 +429,67 @@ fn byte_perm_and_bf16_pair_sums_match_their_definitions() {
         }
     }
 }
+
+#[test]
+fn a_kernel_runs_with_its_declared_shared_memory_and_no_more() {
+    // selftest_declared_smem declares LLK_DECLARED_SMEM_TEST_BYTES (LLK_SMEM_FIXED): the launch
+    // layer reads the declaration from the registry and requests exactly that, on every device.
+    use llama_kernels::backend::{KernelRef, SharedMemory};
+    use llama_kernels::dev::geometry::params::{LLK_DECLARED_SMEM_TEST_BLOCK, LLK_DECLARED_SMEM_TEST_BYTES};
+    let kernel = KernelRef { module: "selftest", symbol: "selftest_declared_smem" };
+    assert_eq!(kernel.shared_memory().unwrap(), SharedMemory::Fixed(LLK_DECLARED_SMEM_TEST_BYTES));
+    let n = LLK_DECLARED_SMEM_TEST_BLOCK as usize;
+    let input: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    for device in common::devices() {
+        let x = Tensor::from_slice(&device, &input, &[n]).unwrap();
+        let y = Tensor::poisoned(&device, DType::F32, &[n]).unwrap();
+        selftest::launch(Kernel::DeclaredSmem, Variant::Correct, Some(&x), &y, n, n, n).unwrap();
+        let want: Vec<f32> = input.iter().rev().copied().collect();
+        assert_eq!(y.to_vec::<f32>().unwrap(), want, "{device:?}");
+        // A size of the launch's own for a kernel that declares one is refused by name, before
+        // anything runs.
+        let e =
+            selftest::launch_with_dyn_smem(Kernel::DeclaredSmem, Variant::Correct, Some(&x), &y, n, n, n, Some(2048))
+                .unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument { name: "shared memory", .. }), "{e}");
+        assert!(e.to_string().contains("selftest_declared_smem declares"), "{e}");
+    }
+    // A kernel that uses more than it declares: its write past the declaration is reported.
+    let d = Device::emulated();
+    let x = Tensor::from_slice(&d, &input, &[n]).unwrap();
+    let y = Tensor::poisoned(&d, DType::F32, &[n]).unwrap();
+    let e = selftest::launch(Kernel::DeclaredSmem, Variant::PlantedBug, Some(&x), &y, n, n, n).unwrap_err();
+    let (kernel, status, message) = emulation_error("past the declaration", e);
+    assert_eq!((kernel, status), ("selftest_declared_smem", "kernel trap"), "{message}");
+    assert!(message.contains(&format!("past the {LLK_DECLARED_SMEM_TEST_BYTES} bytes")), "{message}");
+}
+
+#[test]
+fn every_kernel_declares_its_dynamic_shared_memory() {
+    // The tensor-core kernels carve a layout of their own out of dynamic shared memory and declare
+    // its size; every other kernel declares none (only the emulator's self-tests size it at
+    // launch). The declarations fit the largest architecture built for.
+    use llama_kernels::backend::SharedMemory;
+    let mut fixed = 0;
+    for k in llama_kernels::dev::kernel_symbols() {
+        match k.shared_memory().unwrap_or_else(|e| panic!("{}: {e}", k.symbol)) {
+            SharedMemory::Fixed(bytes) => {
+                assert!(
+                    bytes > 0 && bytes as usize <= llama_kernels::EmuArch::Sm90.max_shared_memory_per_block(),
+                    "{k:?}: {bytes}"
+                );
+                fixed += 1;
+            }
+            SharedMemory::AtLaunch => assert_eq!(k.module, "selftest", "{k:?} is sized at launch"),
+            SharedMemory::None => {}
+        }
+        let tensor_core = ["attention_hd", "attention_sm90_", "paged_decode_hd", "moe_grouped_gemm", "qgemm_"]
+            .iter()
+            .any(|p| k.symbol.starts_with(p))
+            && !k.symbol.ends_with("_f32");
+        if tensor_core {
+            assert!(matches!(k.shared_memory(), Ok(SharedMemory::Fixed(_))), "{k:?} declares no layout");
+        }
+    }
+    assert!(fixed >= 40, "{fixed} kernels declare a fixed layout");
+}

@@ -862,15 +862,20 @@ fn planning_an_absurd_batch_is_a_named_error_or_allocates_nothing() {
 
 #[test]
 fn decode_takes_two_stages_where_that_holds_more_blocks_per_sm() {
-    // ops::attention::decode_stages: 16-bit pages at head_dim 96 and 128 take 2 K/V stages on an
+    // ops::attention::decode_config: 16-bit pages at head_dim 96 and 128 take 2 K/V stages on an
     // A100 (two 82,048 B blocks per SM instead of one of 114,880) and on 8.6/8.9 (where 3 stages
     // exceed the 99 KiB per block); Hopper, with two blocks of either, keeps 3; fp8 pages and the
-    // other head dims keep their first configuration.
+    // other head dims keep their first configuration. The bytes are the kernels' declarations.
     use llama_kernels::EmuArch;
-    use llama_kernels::ops::attention::decode_stages;
+    use llama_kernels::ops::attention::{decode_config, decode_kernel, decode_stages_of};
     let stages = |arch: EmuArch, page, hd| {
-        decode_stages(arch.max_shared_memory_per_sm(), arch.max_shared_memory_per_block(), DType::BF16, page, hd)
+        let (sm, block) = (arch.max_shared_memory_per_sm(), arch.max_shared_memory_per_block());
+        decode_stages_of(decode_config(sm, block, DType::BF16, page, hd), page, hd)
     };
+    let bytes =
+        |page, hd, config| decode_kernel(DType::BF16, page, hd, config).unwrap().shared_memory().unwrap().bytes();
+    use llama_kernels::ops::attention::DecodeConfig::{Default as First, FewStages};
+    assert_eq!((bytes(DType::BF16, 128, First), bytes(DType::BF16, 128, FewStages)), (114_880, 82_048));
     for hd in [96, 128] {
         assert_eq!(stages(EmuArch::Sm90, DType::BF16, hd), 3);
         assert_eq!(stages(EmuArch::Sm80, DType::BF16, hd), 2);
@@ -910,4 +915,33 @@ fn what_does_not_fit_an_architecture_is_refused_by_name() {
     let mut ws80 = AttentionWorkspace::plan(&d80, 1).unwrap();
     let (q, out) = (t(&d80), t(&d80));
     ws80.forward(&q, &q, &q, &[0, 16], &[0, 16], &out, None, &opts).unwrap();
+}
+
+#[test]
+fn each_decode_kernel_declares_its_q_rows_and_stages() {
+    // The stage counts the performance model reads (decode_stages_of) against the kernels' own
+    // declarations: the Q rows, then per stage a K tile, a V tile and a byte per key. A kernel
+    // whose layout changes without the model fails here.
+    use llama_kernels::ops::attention::decode_tiles_of;
+    use llama_kernels::ops::attention::{DecodeConfig, decode_kernel, decode_stages_of};
+    let mut checked = 0;
+    for dtype in [DType::BF16, DType::F16] {
+        for page in [dtype, DType::F8E4M3] {
+            for hd in llama_kernels::ops::attention::SUPPORTED_HEAD_DIMS {
+                for config in [DecodeConfig::Default, DecodeConfig::FewStages] {
+                    let Ok(kernel) = decode_kernel(dtype, page, hd, config) else { continue };
+                    if config == DecodeConfig::FewStages && page != dtype {
+                        continue; // the second configuration has 16-bit pages only
+                    }
+                    let (q, tile) = decode_tiles_of(hd, page.size());
+                    let stages = decode_stages_of(config, page, hd);
+                    let declared = kernel.shared_memory().unwrap().bytes() as usize;
+                    let keys = llama_kernels::dev::geometry::params::LLK_DECODE_KEYS as usize;
+                    assert_eq!(declared, q + stages * (2 * tile + keys), "{} ({config:?})", kernel.symbol);
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 24, "{checked} decode kernels checked");
 }

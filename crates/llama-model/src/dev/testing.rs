@@ -36,9 +36,11 @@ impl HostModel {
 pub fn test_model_path() -> std::result::Result<std::path::PathBuf, String> {
     let path = match std::env::var_os("LLK_MODEL") {
         Some(p) => std::path::PathBuf::from(p),
-        None => {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
+        // The repository's `.cache`, two folders above this crate.
+        None => match std::path::Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2) {
+            Some(repo) => repo.join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            None => return Err("this crate is not in a repository checkout".into()),
+        },
     };
     if path.is_file() {
         Ok(path)

@@ -13,7 +13,7 @@ use crate::spec::attention::Llama4Temperature;
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 use super::decode_launch::{
-    DecodeBound, DecodeShape, KEYS_PER_TILE, OP, Outputs, check_dtypes, decode_smem_bytes, decode_stages, kernel,
+    DecodeBound, DecodeConfig, DecodeShape, KEYS_PER_TILE, OP, Outputs, check_dtypes, decode_config, kernel,
     launch_dims, merge_splits, params,
 };
 use super::paged::{MAX_SCALED_KV_HEADS, PagedKvCache, PagedKvView};
@@ -55,8 +55,8 @@ pub struct PagedDecodeWorkspace {
     shape: DecodeShape,
     num_splits: usize,
     rows_per_block: usize,
-    /// K/V stages of the tensor-core kernel on this device ([`decode_stages`]).
-    stages: usize,
+    /// The tensor-core kernel's configuration on this device ([`decode_config`]).
+    config: DecodeConfig,
     /// `[num_splits, batch * q_len, q_heads, head_dim]` and `[num_splits, batch * q_len, q_heads]`
     /// f32 (num_splits > 1).
     partial: Option<(Tensor, Tensor)>,
@@ -118,9 +118,9 @@ impl PagedDecodeWorkspace {
             return Err(Error::invalid(OP, "max_seq_len", s.max_seq_len, "must fit in i32"));
         }
         let limit = device.max_shared_memory_per_block();
-        let stages = decode_stages(device.max_shared_memory_per_sm(), limit, s.dtype, s.page_dtype, s.head_dim);
+        let config = decode_config(device.max_shared_memory_per_sm(), limit, s.dtype, s.page_dtype, s.head_dim);
         if s.dtype != DType::F32 {
-            let bytes = decode_smem_bytes(s.head_dim, s.page_dtype.size(), stages);
+            let bytes = kernel(&s, s.page_dtype, config)?.shared_memory()?.bytes() as usize;
             if bytes > limit {
                 return Err(Error::invalid(
                     OP,
@@ -166,7 +166,7 @@ impl PagedDecodeWorkspace {
             shape: s,
             num_splits,
             rows_per_block,
-            stages,
+            config,
             partial,
             errors: ErrorFlag::new(device)?,
         })
@@ -261,9 +261,9 @@ impl PagedDecodeWorkspace {
             num_splits: self.num_splits,
             row_blocks: (group * plan.q_len).div_ceil(self.rows_per_block),
         };
-        let dims = launch_dims(&plan, &b, &outputs, self.stages)?;
+        let dims = launch_dims(&plan, &b, &outputs)?;
         let params = params(&plan, &b, &outputs, &variant, scales)?;
-        let kernel = kernel(&plan, b.kp.dtype, self.stages)?;
+        let kernel = kernel(&plan, b.kp.dtype, self.config)?;
         let (tokens, oh) = (b.batch * plan.q_len, b.oh);
         args.launch(kernel, dims, &params)?;
         if outputs.num_splits == 1 {

@@ -7,7 +7,7 @@
 
 use super::paged::PagedKvView;
 use super::variant::Variant;
-use crate::backend::{LaunchDims, blocks_per_sm_by_smem};
+use crate::backend::{KernelRef, LaunchDims, blocks_per_sm_by_smem};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
@@ -48,54 +48,63 @@ pub struct DecodeShape {
     pub page_dtype: DType,
 }
 
-/// Dynamic shared memory of a tensor-core decode kernel with `stages` K/V stages (DecodeLayout in
-/// kernels/paged_attention.cu; [`decode_stages`]): Q rows, and per stage K and V tiles plus a
-/// byte per key.
-pub fn decode_smem_bytes(head_dim: usize, page_elem: usize, stages: usize) -> usize {
-    let (q, tile) = decode_tiles(head_dim, page_elem);
-    q + stages * (2 * tile + KEYS_PER_TILE)
+/// The two configurations of the tensor-core decode kernel: the first, with the K/V stages its
+/// layout picks (three where they fit in 128 KiB with Q, else two), and the second, with
+/// [`LLK_DECODE_STAGES_SMALL`] stages (16-bit pages at head_dim 96 and 128). Each is a kernel of
+/// its own, whose shared memory is its declaration ([`decode_config`] chooses by it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecodeConfig {
+    /// The first configuration.
+    Default,
+    /// Fewer K/V stages, so more blocks fit on an SM.
+    FewStages,
 }
 
-/// Bytes of the Q rows and of one K or V tile.
-fn decode_tiles(head_dim: usize, page_elem: usize) -> (usize, usize) {
-    let pitch = |chunks: usize| {
-        if chunks <= 8 {
-            8
-        } else if chunks <= 16 {
-            16
-        } else {
-            32
-        }
+/// The configuration of the decode kernel of `dtype` q and `page_dtype` pages at `head_dim` on a
+/// GPU with `per_sm` bytes of shared memory per SM and `per_block` per block: the second where it
+/// gives more resident blocks (168 registers per thread allow three): on an A100 two 80 KiB
+/// blocks instead of one of 112 KiB, on 8.6/8.9 one instead of none (112 KiB is over their 99 KiB
+/// per block). Hopper, with two blocks of either, keeps the first. Without a second configuration
+/// (or a kernel) for the dtypes and head dim, the first.
+pub fn decode_config(
+    per_sm: usize,
+    per_block: usize,
+    dtype: DType,
+    page_dtype: DType,
+    head_dim: usize,
+) -> DecodeConfig {
+    let blocks = |kernel: Option<KernelRef>| {
+        let bytes = kernel?.shared_memory().ok()?.bytes() as usize;
+        Some(if bytes > per_block { 0 } else { blocks_per_sm_by_smem(per_sm, bytes) })
     };
+    let first = blocks(DECODE_KERNELS.get((dtype, page_dtype, head_dim)));
+    let second = if page_dtype == dtype { blocks(FEW_STAGE_DECODE_KERNELS.get((dtype, head_dim))) } else { None };
+    match (first, second) {
+        (Some(first), Some(second)) if second > first => DecodeConfig::FewStages,
+        _ => DecodeConfig::Default,
+    }
+}
+
+/// K/V stages of the decode kernel in `config` (its pipeline depth, for the performance model
+/// and the shared-memory table): [`LLK_DECODE_STAGES_SMALL`], or the first configuration's,
+/// which its layout picks. A test holds this to the kernels: every decode kernel's declared
+/// shared memory is the Q rows plus this many stages of a K tile, a V tile and a byte per key.
+pub fn decode_stages_of(config: DecodeConfig, page_dtype: DType, head_dim: usize) -> usize {
+    match config {
+        DecodeConfig::FewStages => LLK_DECODE_STAGES_SMALL as usize,
+        DecodeConfig::Default => {
+            let (q, tile) = decode_tiles_of(head_dim, page_dtype.size());
+            if q + 3 * (2 * tile + KEYS_PER_TILE) <= 131072 { 3 } else { 2 }
+        }
+    }
+}
+
+/// Bytes of the Q rows and of one K or V tile of the tensor-core decode kernel (DecodeLayout in
+/// kernels/paged_attention.cu): rows of a power of two of 16-byte chunks, at least 8.
+pub fn decode_tiles_of(head_dim: usize, page_elem: usize) -> (usize, usize) {
+    let pitch = |chunks: usize| chunks.next_power_of_two().max(8);
     let rows = LLK_DECODE_ROWS_MMA as usize;
     (rows * pitch(head_dim / 8) * 16, KEYS_PER_TILE * pitch(head_dim * page_elem / 16) * 16)
-}
-
-/// The stages of the first configuration: three when they fit in 128 KiB with Q, else two
-/// (DecodeLayout::kStages).
-fn default_stages(head_dim: usize, page_elem: usize) -> usize {
-    let (q, tile) = decode_tiles(head_dim, page_elem);
-    if q + 3 * 2 * tile + 3 * KEYS_PER_TILE <= 131072 { 3 } else { 2 }
-}
-
-/// K/V stages of the tensor-core decode kernel on a GPU with `per_sm` bytes of shared memory
-/// per SM and `per_block` per block: the first configuration's, or [`LLK_DECODE_STAGES_SMALL`]
-/// (16-bit pages at head_dim 96 and 128) where that gives more resident blocks (168 registers
-/// per thread allow three): on an A100 two 80 KiB blocks instead of one of 112 KiB, on 8.6/8.9
-/// one instead of none (112 KiB is over their 99 KiB per block). Hopper, with two blocks of
-/// either, keeps three stages.
-pub fn decode_stages(per_sm: usize, per_block: usize, dtype: DType, page_dtype: DType, head_dim: usize) -> usize {
-    let elem = page_dtype.size();
-    let blocks = |stages| {
-        let bytes = decode_smem_bytes(head_dim, elem, stages);
-        if bytes > per_block { 0 } else { blocks_per_sm_by_smem(per_sm, bytes) }
-    };
-    let (first, small) = (default_stages(head_dim, elem), LLK_DECODE_STAGES_SMALL as usize);
-    if page_dtype == dtype && FEW_STAGE_DECODE_KERNELS.has((dtype, head_dim)) && blocks(small) > blocks(first) {
-        small
-    } else {
-        first
-    }
 }
 
 /// Checks the dtypes of one call against the plan.
@@ -329,15 +338,14 @@ pub(super) fn params(
     })
 }
 
-/// Grid, block and shared memory of the decode kernel.
-pub(super) fn launch_dims(plan: &DecodeShape, b: &DecodeBound, o: &Outputs, stages: usize) -> Result<LaunchDims> {
+/// Grid and block of the decode kernel (its shared memory is the kernel's declaration).
+pub(super) fn launch_dims(plan: &DecodeShape, b: &DecodeBound, o: &Outputs) -> Result<LaunchDims> {
     let grid_y = plan
         .kv_heads
         .checked_mul(o.row_blocks)
         .and_then(|y| u32::try_from(y).ok())
         .filter(|&y| y <= 65535)
         .ok_or_else(|| Error::invalid(OP, "kv_heads", plan.kv_heads, "too many head blocks for grid.y (65535)"))?;
-    let mma = plan.dtype != DType::F32;
     Ok(LaunchDims {
         grid: (
             grid_x(
@@ -348,17 +356,21 @@ pub(super) fn launch_dims(plan: &DecodeShape, b: &DecodeBound, o: &Outputs, stag
             1,
         ),
         block: (THREADS, 1, 1),
-        dyn_smem: if mma { decode_smem_bytes(plan.head_dim, b.kp.dtype.size(), stages) as u32 } else { 0 },
+        smem_at_launch: 0,
     })
 }
 
-/// The decode kernel of the plan's dtypes with `stages` K/V stages ([`decode_stages`]).
-pub(super) fn kernel(plan: &DecodeShape, page_dtype: DType, stages: usize) -> Result<crate::backend::KernelRef> {
-    let small = plan.dtype != DType::F32 && stages == LLK_DECODE_STAGES_SMALL as usize;
-    if small && page_dtype == plan.dtype && FEW_STAGE_DECODE_KERNELS.has((plan.dtype, plan.head_dim)) {
-        FEW_STAGE_DECODE_KERNELS.find(OP, "q", (plan.dtype, plan.head_dim), plan.dtype)
+/// The decode kernel of the plan's dtypes in `config` ([`decode_config`]).
+pub(super) fn kernel(plan: &DecodeShape, page_dtype: DType, config: DecodeConfig) -> Result<KernelRef> {
+    decode_kernel(plan.dtype, page_dtype, plan.head_dim, config)
+}
+
+/// The decode kernel of `dtype` q and `page_dtype` pages at `head_dim` in `config`.
+pub fn decode_kernel(dtype: DType, page_dtype: DType, head_dim: usize, config: DecodeConfig) -> Result<KernelRef> {
+    if config == DecodeConfig::FewStages {
+        FEW_STAGE_DECODE_KERNELS.find(OP, "q", (dtype, head_dim), dtype)
     } else {
-        DECODE_KERNELS.find(OP, "q", (plan.dtype, page_dtype, plan.head_dim), plan.dtype)
+        DECODE_KERNELS.find(OP, "q", (dtype, page_dtype, head_dim), dtype)
     }
 }
 
@@ -398,6 +410,6 @@ pub(super) fn merge_splits<'a>(
         lse_out_head_stride: to_i64(OP, "tokens", tokens)?,
     };
     let rows = tokens * plan.q_heads;
-    let mdims = LaunchDims { grid: (grid_x(OP, rows.div_ceil(4))?, 1, 1), block: (THREADS, 1, 1), dyn_smem: 0 };
+    let mdims = LaunchDims { grid: (grid_x(OP, rows.div_ceil(4))?, 1, 1), block: (THREADS, 1, 1), smem_at_launch: 0 };
     margs.launch(MERGE_KERNELS.find(OP, "out", (true, plan.dtype), plan.dtype)?, mdims, &merge)
 }

@@ -120,7 +120,7 @@ pub fn merge_attention_states_on(
         lse_out_head_stride: to_i64(OP, "lse_out stride", lo.map_or(0, |l| l.2))?,
     };
     let rows = tokens * heads;
-    let dims = LaunchDims { grid: (grid_x(OP, rows.div_ceil(4))?, 1, 1), block: (THREADS, 1, 1), dyn_smem: 0 };
+    let dims = LaunchDims { grid: (grid_x(OP, rows.div_ceil(4))?, 1, 1), block: (THREADS, 1, 1), smem_at_launch: 0 };
     args.launch(MERGE_KERNELS.find(OP, "v_a", (false, dtype), dtype)?, dims, &params)
 }
 

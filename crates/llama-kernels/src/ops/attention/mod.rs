@@ -150,7 +150,7 @@ pub use crate::spec::attention::{AttentionMask, Llama4Temperature};
 pub use decode::plan_splits;
 pub use decode::{MAX_Q_LEN, MAX_SPLITS, PagedDecodeOptions, PagedDecodeWorkspace};
 pub use decode_launch::DecodeShape;
-pub use decode_launch::decode_stages;
+pub use decode_launch::{DecodeConfig, decode_config, decode_kernel, decode_stages_of, decode_tiles_of};
 pub use merge::{merge_attention_states, merge_attention_states_on};
 pub use paged::{KvScale, KvScales, MAX_SCALED_KV_HEADS, PagedKvCache, PagedKvConfig, PagedKvView, kv_append_on};
 pub use prefill::{AttentionOptions, AttentionWorkspace, gqa_attention, gqa_attention_on};

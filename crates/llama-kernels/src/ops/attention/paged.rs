@@ -209,7 +209,7 @@ pub fn kv_append_on(
         k_scale,
         v_scale,
     };
-    let dims = LaunchDims { grid: (grid_x(OP, threads.div_ceil(256))?, 1, 1), block: (256, 1, 1), dyn_smem: 0 };
+    let dims = LaunchDims { grid: (grid_x(OP, threads.div_ceil(256))?, 1, 1), block: (256, 1, 1), smem_at_launch: 0 };
     let kernel = APPEND_KERNELS.find(OP, "k_pages", (k.dtype(), kp.dtype), kp.dtype)?;
     args.launch(kernel, dims, &params)
 }

@@ -271,7 +271,7 @@ impl AttentionWorkspace {
             return Ok(()); // every sequence is empty
         }
         let keys = mma_keys(device.max_shared_memory_per_sm(), dtype, d);
-        let dims = launch_dims(&b, dtype, keys, grid_tiles, pack)?;
+        let dims = launch_dims(&b, grid_tiles, pack)?;
         let tiles = Tiles {
             cu_q,
             cu_k,

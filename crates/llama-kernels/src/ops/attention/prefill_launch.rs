@@ -7,14 +7,13 @@
 
 use super::paged::PagedKvView;
 use super::variant::Variant;
-use crate::backend::{Device, LaunchDims, blocks_per_sm_by_smem};
+use crate::backend::{Device, KernelRef, LaunchDims, blocks_per_sm_by_smem};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
     AttentionParams, AttentionPlanParams, AttentionSm90Params, LLK_ATTN_KEYS, LLK_ATTN_KEYS_SMALL, LLK_ATTN_ROWS_MMA,
     LLK_ATTN_ROWS_MMA_HD256, LLK_ATTN_ROWS_SIMT, LLK_ATTN_SM90_KEYS, LLK_ATTN_SM90_KEYS_HD256, LLK_ATTN_SM90_PANEL,
-    LLK_ATTN_SM90_SMEM_HD64, LLK_ATTN_SM90_SMEM_HD128, LLK_ATTN_SM90_SMEM_HD256, LLK_ATTN_SM90_THREADS,
-    LLK_ATTN_THREADS, LlkKvSource,
+    LLK_ATTN_SM90_THREADS, LLK_ATTN_THREADS, LlkKvSource,
 };
 use crate::kernels::attention::{KERNELS, PLAN, SMALL_KEY_KERNELS, SUPPORTED_HEAD_DIMS};
 use crate::kernels::attention_sm90::KERNELS as SM90_KERNELS;
@@ -39,20 +38,6 @@ const fn rows_mma(head_dim: usize) -> usize {
     (if head_dim <= 128 { LLK_ATTN_ROWS_MMA } else { LLK_ATTN_ROWS_MMA_HD256 }) as usize
 }
 
-/// Dynamic shared memory of the tensor-core kernel with `keys`-key tiles: Q, and two stages of K
-/// and V, in rows padded to a power of two of 16-byte chunks (kPitch in kernels/attention.cu).
-pub const fn mma_smem_bytes(head_dim: usize, keys: usize) -> u32 {
-    let row = if head_dim <= 64 {
-        64
-    } else if head_dim <= 128 {
-        128
-    } else {
-        256
-    };
-    // Q, two stages of K and V, and (paged K/V) a byte per key of each stage.
-    ((rows_mma(head_dim) + 4 * keys) * row * 2 + 2 * keys) as u32
-}
-
 /// Blocks per SM the tensor-core prefill kernel is built for: two (its registers, 249-255 per
 /// thread at head_dim 96 and 128, allow no more).
 pub const MMA_BLOCKS_PER_SM: usize = 2;
@@ -63,15 +48,17 @@ pub const MMA_BLOCKS_PER_SM: usize = 2;
 /// KiB per SM) runs two 64 KiB blocks of 32 keys instead of one 96 KiB block of 64 (FlashAttention-2
 /// shrinks its tiles on 8.x for the same reason); Hopper (228 KiB) and the 100 KiB 8.6/8.9 parts,
 /// which hold one block either way, keep 64.
+///
+/// The shared memory of each configuration is its kernel's declaration. Without a second
+/// configuration (or a kernel) for `dtype` and `head_dim`, the first.
 pub fn mma_keys(smem_per_sm: usize, dtype: DType, head_dim: usize) -> usize {
-    let blocks = |keys| blocks_per_sm_by_smem(smem_per_sm, mma_smem_bytes(head_dim, keys) as usize);
-    if SMALL_KEY_KERNELS.has((dtype, head_dim))
-        && blocks(KEYS) < MMA_BLOCKS_PER_SM
-        && blocks(KEYS_SMALL) >= MMA_BLOCKS_PER_SM
-    {
-        KEYS_SMALL
-    } else {
-        KEYS
+    let blocks = |kernel: Option<KernelRef>| {
+        let bytes = kernel?.shared_memory().ok()?.bytes() as usize;
+        Some(blocks_per_sm_by_smem(smem_per_sm, bytes))
+    };
+    match (blocks(KERNELS.get((dtype, head_dim))), blocks(SMALL_KEY_KERNELS.get((dtype, head_dim)))) {
+        (Some(wide), Some(small)) if wide < MMA_BLOCKS_PER_SM && small >= MMA_BLOCKS_PER_SM => KEYS_SMALL,
+        _ => KEYS,
     }
 }
 
@@ -448,7 +435,7 @@ pub(super) fn plan_on_device(
         total_k: if b.paged.is_some() { -1 } else { to_i64(OP, "total_k", b.kh.tokens)? },
         tokens_per_block: to_i64(OP, "tokens per block", tokens_per_block)?,
     };
-    let dims = LaunchDims { grid: (1, 1, 1), block: (32, 1, 1), dyn_smem: 0 };
+    let dims = LaunchDims { grid: (1, 1, 1), block: (32, 1, 1), smem_at_launch: 0 };
     plan_args.launch(PLAN, dims, &plan)?;
     Ok(b.qh.tokens / tokens_per_block + batch)
 }
@@ -508,19 +495,14 @@ pub(super) fn params(
     })
 }
 
-/// Grid, block and shared memory of the attention kernel with `keys`-key tiles ([`mma_keys`]).
-pub(super) fn launch_dims(b: &Bound, dtype: DType, keys: usize, grid_tiles: usize, pack: usize) -> Result<LaunchDims> {
+/// Grid and block of the attention kernel (its shared memory is the kernel's declaration).
+pub(super) fn launch_dims(b: &Bound, grid_tiles: usize, pack: usize) -> Result<LaunchDims> {
     let group = b.qh.heads / b.kh.heads;
     let grid_y = u32::try_from(b.kh.heads * (group / pack))
         .ok()
         .filter(|&y| y <= 65535)
         .ok_or_else(|| Error::invalid(OP, "heads", b.qh.heads, "too many head blocks for grid.y (65535)"))?;
-    let d = b.qh.head_dim;
-    Ok(LaunchDims {
-        grid: (grid_x(OP, grid_tiles)?, grid_y, 1),
-        block: (THREADS, 1, 1),
-        dyn_smem: if dtype == DType::F32 { 0 } else { mma_smem_bytes(d, keys) },
-    })
+    Ok(LaunchDims { grid: (grid_x(OP, grid_tiles)?, grid_y, 1), block: (THREADS, 1, 1), smem_at_launch: 0 })
 }
 
 /// The kernel for `dtype` and `head_dim` with `keys`-key tiles ([`mma_keys`]).
@@ -582,15 +564,6 @@ pub(super) fn uses_sm90(device: &Device, dtype: DType, b: &Bound) -> bool {
     prefill_kernel(device, dtype, b.qh.head_dim, b.paged.is_some()) == PrefillKernel::Hopper && b.kh.tokens > 0
 }
 
-/// The Hopper kernel's dynamic shared memory at `head_dim` (LLK_ATTN_SM90_SMEM_HD<D>).
-pub const fn sm90_smem_bytes(head_dim: usize) -> u32 {
-    match head_dim {
-        0..=64 => LLK_ATTN_SM90_SMEM_HD64,
-        65..=128 => LLK_ATTN_SM90_SMEM_HD128,
-        _ => LLK_ATTN_SM90_SMEM_HD256,
-    }
-}
-
 /// The Hopper kernel's keys per K/V tile at `head_dim` (kKeysOf in kernels/attention_sm90.cu).
 pub const fn sm90_keys(head_dim: usize) -> u32 {
     if head_dim <= 128 { LLK_ATTN_SM90_KEYS } else { LLK_ATTN_SM90_KEYS_HD256 }
@@ -631,6 +604,6 @@ pub(super) fn sm90_launch(
         k_map: map("k", &b.kh, vec![LLK_ATTN_SM90_PANEL, 1, sm90_keys(d)])?,
         v_map: map("v", &b.vh, vec![LLK_ATTN_SM90_PANEL, 1, sm90_keys(d)])?,
     };
-    let dims = LaunchDims { block: (LLK_ATTN_SM90_THREADS, 1, 1), dyn_smem: sm90_smem_bytes(d), ..dims };
+    let dims = LaunchDims { block: (LLK_ATTN_SM90_THREADS, 1, 1), ..dims };
     Ok((SM90_KERNELS.find(OP, "q", (dtype, d), dtype)?, dims, params))
 }

@@ -250,11 +250,11 @@ impl MoeAlign {
             args.launch(kernel, dims, &params)
         };
         let chunk_dims =
-            LaunchDims { grid: (grid_x(OP, chunks)?, 1, 1), block: (LLK_MOE_ALIGN_THREADS, 1, 1), dyn_smem: 0 };
+            LaunchDims { grid: (grid_x(OP, chunks)?, 1, 1), block: (LLK_MOE_ALIGN_THREADS, 1, 1), smem_at_launch: 0 };
         if chunks > 0 {
             launch(ALIGN_HISTOGRAM, chunk_dims)?;
         }
-        launch(ALIGN_SCAN, LaunchDims { grid: (1, 1, 1), block: (LLK_MOE_MAX_EXPERTS, 1, 1), dyn_smem: 0 })?;
+        launch(ALIGN_SCAN, LaunchDims { grid: (1, 1, 1), block: (LLK_MOE_MAX_EXPERTS, 1, 1), smem_at_launch: 0 })?;
         if chunks > 0 {
             launch(ALIGN_SCATTER, chunk_dims)?;
         }

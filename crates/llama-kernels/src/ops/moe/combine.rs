@@ -126,8 +126,11 @@ pub fn moe_combine_on(
         out_row_stride: to_i64(OP, "out row stride", or.row_stride)?,
         scale: if wb.is_some() { LlkMoeScale::LLK_MOE_SCALED } else { LlkMoeScale::LLK_MOE_UNSCALED },
     };
-    let dims =
-        LaunchDims { grid: (grid_x(OP, state.tokens)?, 1, 1), block: (row_threads(hidden, vec, v), 1, 1), dyn_smem: 0 };
+    let dims = LaunchDims {
+        grid: (grid_x(OP, state.tokens)?, 1, 1),
+        block: (row_threads(hidden, vec, v), 1, 1),
+        smem_at_launch: 0,
+    };
     args.launch(COMBINE.find(OP, "y", (vec, dtype), dtype)?, dims, &params)
 }
 

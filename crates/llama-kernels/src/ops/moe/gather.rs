@@ -78,7 +78,7 @@ pub fn moe_gather_on(
         scale: if wb.is_some() { LlkMoeScale::LLK_MOE_SCALED } else { LlkMoeScale::LLK_MOE_UNSCALED },
     };
     let dims =
-        LaunchDims { grid: (grid_x(OP, slots)?, 1, 1), block: (row_threads(xr.cols, vec, v), 1, 1), dyn_smem: 0 };
+        LaunchDims { grid: (grid_x(OP, slots)?, 1, 1), block: (row_threads(xr.cols, vec, v), 1, 1), smem_at_launch: 0 };
     args.launch(GATHER.find(OP, "x", (vec, dtype), dtype)?, dims, &params)
 }
 

@@ -5,9 +5,8 @@ use crate::backend::{LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
-    LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_BLOCK_N_DECODE, LLK_MOE_GEMM_SMEM_BYTES, LLK_MOE_GEMM_SMEM_BYTES_DECODE,
-    LLK_MOE_GEMM_THREADS, LLK_MOE_SIMT_BLOCK_N, LLK_MOE_SIMT_THREADS, LlkMoeEpilogue, LlkMoeSchedule,
-    LlkMoeWeightLayout, MoeGemmParams,
+    LLK_MOE_GEMM_BLOCK_N, LLK_MOE_GEMM_BLOCK_N_DECODE, LLK_MOE_GEMM_THREADS, LLK_MOE_SIMT_BLOCK_N,
+    LLK_MOE_SIMT_THREADS, LlkMoeEpilogue, LlkMoeSchedule, LlkMoeWeightLayout, MoeGemmParams,
 };
 use crate::kernels::moe::GEMM;
 use crate::launch::KernelArgs;
@@ -353,23 +352,20 @@ struct Schedule<'g> {
     map: Option<&'g MoeAlign>,
 }
 
-/// Grid, block and shared memory of the GEMM kernel: blocks of `block_m` rows by `cols_per_block`
-/// columns (half of them outputs with the SwiGLU epilogue).
+/// Grid and block of the GEMM kernel (its shared memory is the kernel's declaration): blocks of
+/// `block_m` rows by `cols_per_block` columns (half of them outputs with the SwiGLU epilogue).
 fn launch_dims(dtype: DType, block_m: usize, swiglu: bool, n: usize, blocks: usize) -> Result<LaunchDims> {
     const OP: &str = OP_GEMM;
-    let (cols_per_block, threads, smem) = if dtype == DType::F32 {
-        (LLK_MOE_SIMT_BLOCK_N as usize, LLK_MOE_SIMT_THREADS, 0)
+    let (cols_per_block, threads) = if dtype == DType::F32 {
+        (LLK_MOE_SIMT_BLOCK_N as usize, LLK_MOE_SIMT_THREADS)
+    } else if block_m == BLOCK_M {
+        (LLK_MOE_GEMM_BLOCK_N as usize, LLK_MOE_GEMM_THREADS)
     } else {
-        if block_m == BLOCK_M {
-            (LLK_MOE_GEMM_BLOCK_N as usize, LLK_MOE_GEMM_THREADS, LLK_MOE_GEMM_SMEM_BYTES)
-        } else {
-            (LLK_MOE_GEMM_BLOCK_N_DECODE as usize, LLK_MOE_GEMM_THREADS, LLK_MOE_GEMM_SMEM_BYTES_DECODE)
-        }
+        (LLK_MOE_GEMM_BLOCK_N_DECODE as usize, LLK_MOE_GEMM_THREADS)
     };
     let out_per_block = if swiglu { cols_per_block / 2 } else { cols_per_block };
     let grid_y = grid_y(OP, "n", n.div_ceil(out_per_block))?;
-    let dims = LaunchDims { grid: (grid_x(OP, blocks)?, grid_y, 1), block: (threads, 1, 1), dyn_smem: smem };
-    Ok(dims)
+    Ok(LaunchDims { grid: (grid_x(OP, blocks)?, grid_y, 1), block: (threads, 1, 1), smem_at_launch: 0 })
 }
 
 /// `y = x W[e]` (or its SwiGLU form) for the rows of every expert, one launch: `x` is

@@ -119,8 +119,11 @@ pub fn moe_route_on(
     };
     let warps = LLK_MOE_ROUTE_WARPS as usize;
     let small = experts <= LLK_MOE_ROUTE_SMALL_EXPERTS as usize;
-    let dims =
-        LaunchDims { grid: (grid_x(OP, tokens.div_ceil(warps))?, 1, 1), block: (32 * warps as u32, 1, 1), dyn_smem: 0 };
+    let dims = LaunchDims {
+        grid: (grid_x(OP, tokens.div_ceil(warps))?, 1, 1),
+        block: (32 * warps as u32, 1, 1),
+        smem_at_launch: 0,
+    };
     args.launch(ROUTE.find(OP, "logits", (mode, small, dtype), dtype)?, dims, &params)
 }
 
