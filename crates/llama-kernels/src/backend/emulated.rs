@@ -227,6 +227,20 @@ impl Registry {
     }
 }
 
+impl KernelRef {
+    /// The kernel's declared dynamic shared memory (its row's `LLK_SMEM_*`, read from the
+    /// registry of the host build, which every build links). An error only for a symbol no
+    /// family lists (a build problem, never a user error).
+    pub fn shared_memory(self) -> Result<SharedMemory> {
+        declared_shared_memory(self.symbol).ok_or(Error::KernelNotFound { module: self.module, symbol: self.symbol })
+    }
+}
+
+/// The declared dynamic shared memory of the kernel named `symbol` in any family, if one lists it.
+pub fn declared_shared_memory(symbol: &str) -> Option<SharedMemory> {
+    registry().shared_memory(symbol)
+}
+
 pub(crate) fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(Registry::build)

@@ -1,8 +1,7 @@
 //! What a launch names: a kernel ([`KernelRef`]) with its declared dynamic shared memory
 //! ([`SharedMemory`]), its grid ([`LaunchDims`]) and its one params struct ([`KernelParams`],
-//! sealed to the structs of `kernels/params.h`).
-
-use crate::error::{Error, Result};
+//! sealed to the structs of `kernels/params.h`). The registry that holds each kernel's
+//! declaration is the emulated backend's (linked in every build).
 
 /// A kernel: its family (module) and its symbol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -38,22 +37,9 @@ impl SharedMemory {
     }
 }
 
-impl KernelRef {
-    /// The kernel's declared dynamic shared memory. An error only for a symbol no family lists
-    /// (a build problem, never a user error).
-    pub fn shared_memory(self) -> Result<SharedMemory> {
-        declared_shared_memory(self.symbol).ok_or(Error::KernelNotFound { module: self.module, symbol: self.symbol })
-    }
-}
-
-/// The declared dynamic shared memory of the kernel named `symbol` in any family, if one lists it.
-pub fn declared_shared_memory(symbol: &str) -> Option<SharedMemory> {
-    super::emulated::registry().shared_memory(symbol)
-}
-
 /// Grid and block of one launch, as an op plans it, and the dynamic shared memory of a kernel
-/// declared [`SharedMemory::AtLaunch`] (0 for every other kernel, whose declaration
-/// [`LaunchDims::shape`] applies).
+/// declared [`SharedMemory::AtLaunch`] (0 for every other kernel, whose declaration the launch
+/// applies).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct LaunchDims {
     pub grid: (u32, u32, u32),
@@ -67,30 +53,6 @@ pub(crate) struct LaunchShape {
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
     pub dyn_smem: u32,
-}
-
-impl LaunchDims {
-    /// The launch of `kernel`: its declared dynamic shared memory, or the size given here for a
-    /// kernel sized at launch. A size given for any other kernel is an error (`op` names the
-    /// caller): the declaration is the only source of the number.
-    pub fn shape(self, op: &'static str, kernel: KernelRef) -> Result<LaunchShape> {
-        let dyn_smem = match (kernel.shared_memory()?, self.smem_at_launch) {
-            (SharedMemory::AtLaunch, bytes) => bytes,
-            (declared, 0) => declared.bytes(),
-            (declared, bytes) => {
-                return Err(Error::invalid(
-                    op,
-                    "shared memory",
-                    bytes,
-                    format!(
-                        "{} declares its dynamic shared memory ({declared:?}); a launch cannot size it",
-                        kernel.symbol
-                    ),
-                ));
-            }
-        };
-        Ok(LaunchShape { grid: self.grid, block: self.block, dyn_smem })
-    }
 }
 
 mod sealed {

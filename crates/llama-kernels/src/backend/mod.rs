@@ -32,11 +32,12 @@ pub(crate) use counters::Count;
 pub use counters::DeviceCounters;
 pub use cuda::{CudaKernelInfo, ImageKind};
 pub use device::{Device, Queue, RESERVED_SMEM_PER_BLOCK, Selection, blocks_per_sm_by_smem};
+pub use emulated::declared_shared_memory;
 pub use emulated::{
     CpAsyncTiming, EmuArch, EmuOptions, EmulatedKernelInfo, Schedule, emulated_kernel_info, emulated_kernel_names,
 };
 pub use kernel::KernelRef;
-pub(crate) use kernel::{KernelParams, LaunchDims};
-pub use kernel::{SharedMemory, declared_shared_memory};
+pub use kernel::SharedMemory;
+pub(crate) use kernel::{KernelParams, LaunchDims, LaunchShape};
 pub use modules::{DEVICE_CODE_DIR_VAR, DEVICE_CODE_EXTERNAL, DEVICE_CODE_ORIGIN, KernelModuleInfo, kernel_modules};
 pub use staging::PinnedStaging;

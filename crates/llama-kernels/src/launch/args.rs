@@ -18,7 +18,7 @@ use cudarc::driver::SyncOnDrop;
 
 use crate::backend::borrowed::{ReadSrc, WriteSrc};
 use crate::backend::storage::{CudaBuffer, Storage};
-use crate::backend::{Device, KernelParams, KernelRef, LaunchDims};
+use crate::backend::{Device, KernelParams, KernelRef, LaunchDims, LaunchShape, SharedMemory};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Dims, Tensor, TensorView, TensorViewMut};
@@ -142,7 +142,7 @@ impl<'a> KernelArgs<'a> {
         // launch, the op's). Both targets refuse a block over the device's shared memory (the
         // emulator that of the architecture it emulates), before anything is queued; the
         // emulator also counts the kernel's static shared memory.
-        let dims = dims.shape(self.op, kernel)?;
+        let dims = shape(self.op, kernel, dims)?;
         let limit = self.device.max_shared_memory_per_block();
         if dims.dyn_smem as usize > limit {
             return Err(Error::invalid(
@@ -250,4 +250,23 @@ fn describe_fault(storages: &[(&Storage, &'static str, bool)], message: String) 
         }
         _ => message,
     }
+}
+
+/// The launch of `kernel` with `dims`: its declared dynamic shared memory, or the size `dims`
+/// gives for a kernel sized at launch. A size given for any other kernel is an error (`op` names
+/// the caller): the declaration is the only source of the number.
+fn shape(op: &'static str, kernel: KernelRef, dims: LaunchDims) -> Result<LaunchShape> {
+    let dyn_smem = match (kernel.shared_memory()?, dims.smem_at_launch) {
+        (SharedMemory::AtLaunch, bytes) => bytes,
+        (declared, 0) => declared.bytes(),
+        (declared, bytes) => {
+            return Err(Error::invalid(
+                op,
+                "shared memory",
+                bytes,
+                format!("{} declares its dynamic shared memory ({declared:?}); a launch cannot size it", kernel.symbol),
+            ));
+        }
+    };
+    Ok(LaunchShape { grid: dims.grid, block: dims.block, dyn_smem })
 }
