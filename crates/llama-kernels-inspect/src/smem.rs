@@ -114,7 +114,7 @@ pub fn dynamic_uses() -> llama_kernels::Result<Vec<SmemUse>> {
     let mut out = Vec::new();
     let keys = [(LLK_ATTN_KEYS as usize, &PREFILL), (LLK_ATTN_KEYS_SMALL as usize, &SMALL_KEY_KERNELS)];
     for (keys, table) in keys {
-        for &((dtype, head_dim), symbol) in table.entries {
+        for &((head_dim, dtype), symbol) in table.entries {
             if dtype != DType::F32 {
                 let what = format!("prefill attention, {}, head_dim {head_dim}, {keys}-key tiles", dtype_name(dtype));
                 let dynamic = declared(table.module, symbol)?;
@@ -122,7 +122,7 @@ pub fn dynamic_uses() -> llama_kernels::Result<Vec<SmemUse>> {
             }
         }
     }
-    for &((dtype, head_dim), symbol) in HOPPER.entries {
+    for &((head_dim, dtype), symbol) in HOPPER.entries {
         let what = format!(
             "prefill attention on Hopper (TMA, wgmma), {}, head_dim {head_dim}, {}-key tiles",
             dtype_name(dtype),
@@ -130,8 +130,8 @@ pub fn dynamic_uses() -> llama_kernels::Result<Vec<SmemUse>> {
         );
         out.push(SmemUse { what, symbol, dynamic: declared(HOPPER.module, symbol)?, choice: Some(Choice::Hopper) });
     }
-    let few = FEW_STAGE_DECODE_KERNELS.entries.iter().map(|&((d, hd), sym)| ((d, d, hd), sym, DecodeConfig::FewStages));
-    let first = DECODE_KERNELS.entries.iter().map(|&((d, p, hd), sym)| ((d, p, hd), sym, DecodeConfig::Default));
+    let few = FEW_STAGE_DECODE_KERNELS.entries.iter().map(|&((hd, d), sym)| ((d, d, hd), sym, DecodeConfig::FewStages));
+    let first = DECODE_KERNELS.entries.iter().map(|&((hd, p, d), sym)| ((d, p, hd), sym, DecodeConfig::Default));
     for ((dtype, page, head_dim), symbol, config) in first.chain(few) {
         if dtype != DType::F32 {
             let what = format!(

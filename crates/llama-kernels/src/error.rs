@@ -72,7 +72,7 @@ pub enum Error {
         /// The dtype it has.
         dtype: DType,
         /// The dtypes the op implements for it.
-        supported: &'static str,
+        supported: String,
     },
 
     /// A shape that does not fit the operation.

@@ -8,38 +8,38 @@ use crate::dtype::DType;
 /// paged_attention.cu).
 pub const SUPPORTED_HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 
-/// Every kernel, by (dtype, head_dim).
-pub static KERNELS: KernelTable<(DType, usize)> = KernelTable {
+/// Every kernel, by (head_dim, dtype).
+pub static KERNELS: KernelTable<(usize, DType)> = KernelTable {
     module: "attention",
     entries: &[
-        ((DType::BF16, 32), "attention_hd32_bf16"),
-        ((DType::BF16, 64), "attention_hd64_bf16"),
-        ((DType::BF16, 96), "attention_hd96_bf16"),
-        ((DType::BF16, 128), "attention_hd128_bf16"),
-        ((DType::BF16, 256), "attention_hd256_bf16"),
-        ((DType::F16, 32), "attention_hd32_f16"),
-        ((DType::F16, 64), "attention_hd64_f16"),
-        ((DType::F16, 96), "attention_hd96_f16"),
-        ((DType::F16, 128), "attention_hd128_f16"),
-        ((DType::F16, 256), "attention_hd256_f16"),
-        ((DType::F32, 32), "attention_hd32_f32"),
-        ((DType::F32, 64), "attention_hd64_f32"),
-        ((DType::F32, 96), "attention_hd96_f32"),
-        ((DType::F32, 128), "attention_hd128_f32"),
-        ((DType::F32, 256), "attention_hd256_f32"),
+        ((32, DType::BF16), "attention_hd32_bf16"),
+        ((64, DType::BF16), "attention_hd64_bf16"),
+        ((96, DType::BF16), "attention_hd96_bf16"),
+        ((128, DType::BF16), "attention_hd128_bf16"),
+        ((256, DType::BF16), "attention_hd256_bf16"),
+        ((32, DType::F16), "attention_hd32_f16"),
+        ((64, DType::F16), "attention_hd64_f16"),
+        ((96, DType::F16), "attention_hd96_f16"),
+        ((128, DType::F16), "attention_hd128_f16"),
+        ((256, DType::F16), "attention_hd256_f16"),
+        ((32, DType::F32), "attention_hd32_f32"),
+        ((64, DType::F32), "attention_hd64_f32"),
+        ((96, DType::F32), "attention_hd96_f32"),
+        ((128, DType::F32), "attention_hd128_f32"),
+        ((256, DType::F32), "attention_hd256_f32"),
     ],
 };
 
 /// The tensor-core kernels with `LLK_ATTN_KEYS_SMALL`-key tiles (head_dim 96 and 128), by
-/// (dtype, head_dim): the configuration for GPUs whose SM holds two of these blocks but not two of
+/// (head_dim, dtype): the configuration for GPUs whose SM holds two of these blocks but not two of
 /// the 64-key ones (`ops::attention`'s `mma_keys`).
-pub static SMALL_KEY_KERNELS: KernelTable<(DType, usize)> = KernelTable {
+pub static SMALL_KEY_KERNELS: KernelTable<(usize, DType)> = KernelTable {
     module: "attention",
     entries: &[
-        ((DType::BF16, 96), "attention_hd96_k32_bf16"),
-        ((DType::BF16, 128), "attention_hd128_k32_bf16"),
-        ((DType::F16, 96), "attention_hd96_k32_f16"),
-        ((DType::F16, 128), "attention_hd128_k32_f16"),
+        ((96, DType::BF16), "attention_hd96_k32_bf16"),
+        ((128, DType::BF16), "attention_hd128_k32_bf16"),
+        ((96, DType::F16), "attention_hd96_k32_f16"),
+        ((128, DType::F16), "attention_hd128_k32_f16"),
     ],
 };
 

@@ -4,16 +4,16 @@
 use super::KernelTable;
 use crate::dtype::DType;
 
-/// Every kernel, by (dtype, head_dim).
-pub static KERNELS: KernelTable<(DType, usize)> = KernelTable {
+/// Every kernel, by (head_dim, dtype).
+pub static KERNELS: KernelTable<(usize, DType)> = KernelTable {
     module: "attention_sm90",
     entries: &[
-        ((DType::BF16, 64), "attention_sm90_hd64_bf16"),
-        ((DType::BF16, 128), "attention_sm90_hd128_bf16"),
-        ((DType::BF16, 256), "attention_sm90_hd256_bf16"),
-        ((DType::F16, 64), "attention_sm90_hd64_f16"),
-        ((DType::F16, 128), "attention_sm90_hd128_f16"),
-        ((DType::F16, 256), "attention_sm90_hd256_f16"),
+        ((64, DType::BF16), "attention_sm90_hd64_bf16"),
+        ((128, DType::BF16), "attention_sm90_hd128_bf16"),
+        ((256, DType::BF16), "attention_sm90_hd256_bf16"),
+        ((64, DType::F16), "attention_sm90_hd64_f16"),
+        ((128, DType::F16), "attention_sm90_hd128_f16"),
+        ((256, DType::F16), "attention_sm90_hd256_f16"),
     ],
 };
 

@@ -1,19 +1,19 @@
 //! The kernels of `kernels/embedding.cu`.
 
-use super::KernelTable;
+use super::{Access, KernelTable};
 use crate::dtype::DType;
 use crate::spec::quant::QuantFormat;
 
-/// Every kernel, by (vectorized, dtype).
-pub static KERNELS: KernelTable<(bool, DType)> = KernelTable {
+/// Every kernel, by (access, dtype).
+pub static KERNELS: KernelTable<(Access, DType)> = KernelTable {
     module: "embedding",
     entries: &[
-        ((false, DType::F32), "embedding_f32"),
-        ((false, DType::F16), "embedding_f16"),
-        ((false, DType::BF16), "embedding_bf16"),
-        ((true, DType::F32), "embedding_vec_f32"),
-        ((true, DType::F16), "embedding_vec_f16"),
-        ((true, DType::BF16), "embedding_vec_bf16"),
+        ((Access::Scalar, DType::F32), "embedding_f32"),
+        ((Access::Scalar, DType::F16), "embedding_f16"),
+        ((Access::Scalar, DType::BF16), "embedding_bf16"),
+        ((Access::Vector, DType::F32), "embedding_vec_f32"),
+        ((Access::Vector, DType::F16), "embedding_vec_f16"),
+        ((Access::Vector, DType::BF16), "embedding_vec_bf16"),
     ],
 };
 

@@ -25,42 +25,52 @@ pub static APPEND_KERNELS: KernelTable<(DType, DType)> = KernelTable {
 macro_rules! decode_entries {
     ($($d:literal),*) => {
         &[$(
-            ((DType::BF16, DType::BF16, $d), concat!("paged_decode_hd", $d, "_bf16")),
-            ((DType::BF16, DType::F8E4M3, $d), concat!("paged_decode_hd", $d, "_bf16_fp8")),
-            ((DType::F16, DType::F16, $d), concat!("paged_decode_hd", $d, "_f16")),
-            ((DType::F16, DType::F8E4M3, $d), concat!("paged_decode_hd", $d, "_f16_fp8")),
-            ((DType::F32, DType::F32, $d), concat!("paged_decode_hd", $d, "_f32")),
+            (($d, DType::BF16, DType::BF16), concat!("paged_decode_hd", $d, "_bf16")),
+            (($d, DType::F8E4M3, DType::BF16), concat!("paged_decode_hd", $d, "_bf16_fp8")),
+            (($d, DType::F16, DType::F16), concat!("paged_decode_hd", $d, "_f16")),
+            (($d, DType::F8E4M3, DType::F16), concat!("paged_decode_hd", $d, "_f16_fp8")),
+            (($d, DType::F32, DType::F32), concat!("paged_decode_hd", $d, "_f32")),
         )*]
     };
 }
 
-/// Decode kernels by (q dtype, page dtype, head_dim).
-pub static DECODE_KERNELS: KernelTable<(DType, DType, usize)> =
+/// Decode kernels by (head_dim, page dtype, q dtype).
+pub static DECODE_KERNELS: KernelTable<(usize, DType, DType)> =
     KernelTable { module: "paged_attention", entries: decode_entries!(32, 64, 96, 128, 256) };
 
 /// The tensor-core decode kernels with `LLK_DECODE_STAGES_SMALL` K/V stages (16-bit pages of the
-/// q dtype, head_dim 96 and 128), by (dtype, head_dim): the configuration for GPUs where it gives
-/// more resident blocks per SM (`ops::attention`'s `decode_stages`).
-pub static FEW_STAGE_DECODE_KERNELS: KernelTable<(DType, usize)> = KernelTable {
+/// q dtype, head_dim 96 and 128), by (head_dim, dtype): the configuration for GPUs where it gives
+/// more resident blocks per SM (`ops::attention`'s `decode_config`).
+pub static FEW_STAGE_DECODE_KERNELS: KernelTable<(usize, DType)> = KernelTable {
     module: "paged_attention",
     entries: &[
-        ((DType::BF16, 96), "paged_decode_hd96_s2_bf16"),
-        ((DType::BF16, 128), "paged_decode_hd128_s2_bf16"),
-        ((DType::F16, 96), "paged_decode_hd96_s2_f16"),
-        ((DType::F16, 128), "paged_decode_hd128_s2_f16"),
+        ((96, DType::BF16), "paged_decode_hd96_s2_bf16"),
+        ((128, DType::BF16), "paged_decode_hd128_s2_bf16"),
+        ((96, DType::F16), "paged_decode_hd96_s2_f16"),
+        ((128, DType::F16), "paged_decode_hd128_s2_f16"),
     ],
 };
 
-/// Merge kernels by (split variant, dtype).
-pub static MERGE_KERNELS: KernelTable<(bool, DType)> = KernelTable {
+/// What a merge kernel combines: the splits of a split-KV decode (in the decode workspace's f32
+/// partials), or two attention states of any strides (`merge_attention_states`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MergeSource {
+    /// A decode's splits.
+    Splits,
+    /// Two attention states.
+    TwoStates,
+}
+
+/// Merge kernels by (source, dtype).
+pub static MERGE_KERNELS: KernelTable<(MergeSource, DType)> = KernelTable {
     module: "paged_attention",
     entries: &[
-        ((true, DType::F32), "paged_decode_merge_f32"),
-        ((true, DType::F16), "paged_decode_merge_f16"),
-        ((true, DType::BF16), "paged_decode_merge_bf16"),
-        ((false, DType::F32), "merge_states_f32"),
-        ((false, DType::F16), "merge_states_f16"),
-        ((false, DType::BF16), "merge_states_bf16"),
+        ((MergeSource::Splits, DType::F32), "paged_decode_merge_f32"),
+        ((MergeSource::Splits, DType::F16), "paged_decode_merge_f16"),
+        ((MergeSource::Splits, DType::BF16), "paged_decode_merge_bf16"),
+        ((MergeSource::TwoStates, DType::F32), "merge_states_f32"),
+        ((MergeSource::TwoStates, DType::F16), "merge_states_f16"),
+        ((MergeSource::TwoStates, DType::BF16), "merge_states_bf16"),
     ],
 };
 

@@ -1,24 +1,33 @@
 //! The kernels of `kernels/rms_norm.cu`.
 
-use super::KernelTable;
+use super::{Access, KernelTable};
 use crate::dtype::DType;
 
-/// Every kernel the wrappers may load, by (fused, vectorized, dtype).
-pub static KERNELS: KernelTable<(bool, bool, DType)> = KernelTable {
+/// What the kernel normalizes: `x`, or `x + residual` (written back into the residual).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RmsNormKind {
+    /// `rms_norm`.
+    Plain,
+    /// `fused_add_rms_norm`.
+    FusedAdd,
+}
+
+/// Every kernel the wrappers may load, by (kind, access, dtype).
+pub static KERNELS: KernelTable<(RmsNormKind, Access, DType)> = KernelTable {
     module: "rms_norm",
     entries: &[
-        ((false, false, DType::F32), "rms_norm_f32"),
-        ((false, false, DType::F16), "rms_norm_f16"),
-        ((false, false, DType::BF16), "rms_norm_bf16"),
-        ((false, true, DType::F32), "rms_norm_vec_f32"),
-        ((false, true, DType::F16), "rms_norm_vec_f16"),
-        ((false, true, DType::BF16), "rms_norm_vec_bf16"),
-        ((true, false, DType::F32), "fused_add_rms_norm_f32"),
-        ((true, false, DType::F16), "fused_add_rms_norm_f16"),
-        ((true, false, DType::BF16), "fused_add_rms_norm_bf16"),
-        ((true, true, DType::F32), "fused_add_rms_norm_vec_f32"),
-        ((true, true, DType::F16), "fused_add_rms_norm_vec_f16"),
-        ((true, true, DType::BF16), "fused_add_rms_norm_vec_bf16"),
+        ((RmsNormKind::Plain, Access::Scalar, DType::F32), "rms_norm_f32"),
+        ((RmsNormKind::Plain, Access::Scalar, DType::F16), "rms_norm_f16"),
+        ((RmsNormKind::Plain, Access::Scalar, DType::BF16), "rms_norm_bf16"),
+        ((RmsNormKind::Plain, Access::Vector, DType::F32), "rms_norm_vec_f32"),
+        ((RmsNormKind::Plain, Access::Vector, DType::F16), "rms_norm_vec_f16"),
+        ((RmsNormKind::Plain, Access::Vector, DType::BF16), "rms_norm_vec_bf16"),
+        ((RmsNormKind::FusedAdd, Access::Scalar, DType::F32), "fused_add_rms_norm_f32"),
+        ((RmsNormKind::FusedAdd, Access::Scalar, DType::F16), "fused_add_rms_norm_f16"),
+        ((RmsNormKind::FusedAdd, Access::Scalar, DType::BF16), "fused_add_rms_norm_bf16"),
+        ((RmsNormKind::FusedAdd, Access::Vector, DType::F32), "fused_add_rms_norm_vec_f32"),
+        ((RmsNormKind::FusedAdd, Access::Vector, DType::F16), "fused_add_rms_norm_vec_f16"),
+        ((RmsNormKind::FusedAdd, Access::Vector, DType::BF16), "fused_add_rms_norm_vec_bf16"),
     ],
 };
 

@@ -18,7 +18,7 @@ pub(crate) fn check_disjoint(
 
 pub(crate) fn check_float(op: &'static str, what: &'static str, dtype: DType) -> Result<()> {
     if !dtype.is_float() {
-        return Err(Error::UnsupportedDType { op, what, dtype, supported: "f32, f16, bf16" });
+        return Err(Error::UnsupportedDType { op, what, dtype, supported: "f32, f16, bf16".into() });
     }
     Ok(())
 }

@@ -38,6 +38,7 @@ use crate::error::{Error, Result};
 use crate::ffi::params::{
     EmbeddingParams, LLK_EMBEDDING_ROWS, LLK_EMBEDDING_THREADS, LLK_QUANT_CHUNK, QEmbeddingParams,
 };
+use crate::kernels::Access;
 use crate::kernels::embedding::{KERNELS, PACKED};
 use crate::launch::KernelArgs;
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
@@ -132,7 +133,7 @@ pub fn embedding_on(
         block: (block as u32, 1, 1),
         smem_at_launch: 0,
     };
-    args.launch(KERNELS.find(OP, "table", (vectorized, dtype), dtype)?, dims, &params)
+    args.launch(KERNELS.find(OP, "table", (Access::of(vectorized), dtype))?, dims, &params)
 }
 
 /// Gathers `table` rows `ids` into `out`; an id outside `[0, vocab)` gives a row of zeros and
@@ -189,7 +190,7 @@ pub fn embedding_packed_on(
         block: (block as u32, 1, 1),
         smem_at_launch: 0,
     };
-    args.launch(PACKED.find(OP, "out", (table.layout().format, dtype), dtype)?, dims, &params)
+    args.launch(PACKED.find(OP, "out", (table.layout().format, dtype))?, dims, &params)
 }
 
 /// An embedding table on the device: dense, or packed ([`embedding`] or [`embedding_packed`]).

@@ -253,7 +253,12 @@ impl Gemm {
             DType::F16 => blas_sys::cudaDataType_t::CUDA_R_16F,
             DType::BF16 => blas_sys::cudaDataType_t::CUDA_R_16BF,
             other => {
-                return Err(Error::UnsupportedDType { op: OP, what: "x", dtype: other, supported: "f32, f16, bf16" });
+                return Err(Error::UnsupportedDType {
+                    op: OP,
+                    what: "x",
+                    dtype: other,
+                    supported: "f32, f16, bf16".into(),
+                });
             }
         };
         let e = entry.lock().unwrap_or_else(|p| p.into_inner());
@@ -511,7 +516,7 @@ impl BlasEntry {
                         op: OP,
                         what: "bias",
                         dtype: other,
-                        supported: "f32, f16, bf16",
+                        supported: "f32, f16, bf16".into(),
                     });
                 }
             };

@@ -478,7 +478,7 @@ fn run(
         p.accumulate = i32::from(accumulate);
         Ok(p)
     };
-    let find = |kernel| KERNELS.find(op, "x", (kernel, w.layout.format, dtype), dtype);
+    let find = |kernel| KERNELS.find(op, "x", (kernel, w.layout.format, dtype));
     // The f32 partials of a split product (GEMM or tensor-core GEMV), checked against its size.
     let partials = |k_splits: usize| -> Result<&QScratch> {
         let why = format!("{} rows split `in` {k_splits} ways ({path}): they need a QScratch", xr.rows);
@@ -498,7 +498,7 @@ fn run(
         let threads = LLK_QREDUCE_THREADS as usize;
         let grid = (grid_x(op, (xr.rows * d_out).div_ceil(threads))?, 1, 1);
         let dims = LaunchDims { grid, block: (threads as u32, 1, 1), smem_at_launch: 0 };
-        args.launch(SPLIT_REDUCE.find(op, "y", dtype, dtype)?, dims, p)
+        args.launch(SPLIT_REDUCE.find(op, "y", dtype)?, dims, p)
     };
     match path {
         QPath::Gemv { split } => {
@@ -517,7 +517,7 @@ fn run(
                 let groups = d_in.div_ceil(LLK_QMMV_GROUP as usize * LLK_QUANT_CHUNK as usize);
                 let grid = (grid_x(op, d_out.div_ceil(16))?, 1, k_splits as u32);
                 let dims = LaunchDims { grid, block: (LLK_QMMV_WARPS * 32, 1, 1), smem_at_launch: 0 };
-                (MMA_GEMV.find(op, "x", (w.layout.format, dtype), dtype)?, dims, groups)
+                (MMA_GEMV.find(op, "x", (w.layout.format, dtype))?, dims, groups)
             } else {
                 let steps = d_in.div_ceil(LLK_QGEMM_BLOCK_K as usize);
                 (find(QKernel::Gemm)?, gemm_dims(op, xr.rows, d_out, k_splits)?, steps)
@@ -604,7 +604,7 @@ fn dequantize_band(device: &Device, w: &QWeight, band: &Tensor, first: usize, n:
         block: (block as u32, 1, 1),
         smem_at_launch: 0,
     };
-    args.launch(KERNELS.find(OP, "scratch", (QKernel::Dequantize, w.layout.format, dtype), dtype)?, dims, &p)
+    args.launch(KERNELS.find(OP, "scratch", (QKernel::Dequantize, w.layout.format, dtype))?, dims, &p)
 }
 
 /// `w` dequantized on the device into a dense `[out, in]` tensor of `dtype` (the kernel the

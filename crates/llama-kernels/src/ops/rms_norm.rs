@@ -15,7 +15,8 @@
 use crate::backend::{LaunchDims, Queue};
 use crate::error::{Error, Result};
 use crate::ffi::params::{LLK_RMS_NORM_CACHE, LLK_RMS_NORM_MAX_THREADS, LLK_RMS_NORM_MAX_THREADS_FUSED, RmsNormParams};
-use crate::kernels::rms_norm::KERNELS;
+use crate::kernels::Access;
+use crate::kernels::rms_norm::{KERNELS, RmsNormKind};
 use crate::launch::KernelArgs;
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, check_shape, grid_x, to_i64};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
@@ -205,7 +206,8 @@ fn launch(
         block: (p.threads_per_row as u32, p.rows_per_block as u32, 1),
         smem_at_launch: 0,
     };
-    args.launch(KERNELS.find(op, "x", (rr.is_some(), vectorized, dtype), dtype)?, dims, &params)
+    let kind = if rr.is_some() { RmsNormKind::FusedAdd } else { RmsNormKind::Plain };
+    args.launch(KERNELS.find(op, "x", (kind, Access::of(vectorized), dtype))?, dims, &params)
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ use crate::backend::{Device, LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{LLK_ROPE_MAX_THREADS, LlkIndexType, LlkRopeLayout, LlkRopeNorm, RopeParams};
+use crate::kernels::Access;
 use crate::kernels::rope::KERNELS;
 use crate::launch::KernelArgs;
 use crate::launch::{Arg, Heads, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
@@ -115,7 +116,12 @@ impl Rope {
             DType::I32 => LlkIndexType::LLK_INDEX_I32,
             DType::I64 => LlkIndexType::LLK_INDEX_I64,
             other => {
-                return Err(Error::UnsupportedDType { op: OP, what: "positions", dtype: other, supported: "i32, i64" });
+                return Err(Error::UnsupportedDType {
+                    op: OP,
+                    what: "positions",
+                    dtype: other,
+                    supported: "i32, i64".into(),
+                });
             }
         };
         let mut args = KernelArgs::new(OP, &device);
@@ -133,8 +139,12 @@ impl Rope {
         }
         let params = self.params(&qh, kh.as_ref(), pb.addr, table, position_type)?;
         let (dims, vectorized) = self.launch_dims(&device, dtype, &qh, kh.as_ref())?;
-        let key = (self.config.layout, vectorized, self.config.qk_norm_eps.is_some(), dtype);
-        args.launch(KERNELS.find(OP, "q", key, dtype)?, dims, &params)
+        let norm = if self.config.qk_norm_eps.is_some() {
+            LlkRopeNorm::LLK_ROPE_L2_NORM
+        } else {
+            LlkRopeNorm::LLK_ROPE_NO_NORM
+        };
+        args.launch(KERNELS.find(OP, "q", (self.config.layout, Access::of(vectorized), norm, dtype))?, dims, &params)
     }
 
     /// Checks q, k and the positions against the configuration and each other.

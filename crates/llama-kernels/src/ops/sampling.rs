@@ -282,7 +282,7 @@ pub fn sample_on(
     };
     let dims =
         LaunchDims { grid: (grid_x(OP, batch)?, 1, 1), block: (block_threads(vocab) as u32, 1, 1), smem_at_launch: 0 };
-    args.launch(KERNELS.find(OP, "logits", dtype, dtype)?, dims, &p)
+    args.launch(KERNELS.find(OP, "logits", dtype)?, dims, &p)
 }
 
 /// [`sample_on`] on tensors.

@@ -22,6 +22,7 @@
 use crate::backend::{LaunchDims, Queue};
 use crate::error::{Error, Result};
 use crate::ffi::params::{LlkGateUpLayout, SwiGluParams};
+use crate::kernels::Access;
 use crate::kernels::swiglu::KERNELS;
 use crate::launch::KernelArgs;
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
@@ -134,6 +135,8 @@ pub fn swiglu_on(queue: &impl Queue, input: GateUpView<'_, '_>, out: &mut Tensor
         return Err(Error::shape(OP, "gate_up", gb.shape().to_vec(), "an even last dimension [..., 2d]"));
     }
     let d = if interleaved { gr.cols / 2 } else { gr.cols };
+    let layout =
+        if interleaved { LlkGateUpLayout::LLK_GATE_UP_INTERLEAVED } else { LlkGateUpLayout::LLK_GATE_UP_SEPARATE };
     if or.rows != gr.rows || or.cols != d {
         return Err(Error::shape(OP, "out", ob.shape().to_vec(), format!("{} rows of {d}", gr.rows)));
     }
@@ -157,11 +160,7 @@ pub fn swiglu_on(queue: &impl Queue, input: GateUpView<'_, '_>, out: &mut Tensor
         gate_row_stride: to_i64(OP, "gate row stride", gr.row_stride)?,
         up_row_stride: to_i64(OP, "up row stride", ur.map_or(0, |r| r.row_stride))?,
         out_row_stride: to_i64(OP, "out row stride", or.row_stride)?,
-        layout: if interleaved {
-            LlkGateUpLayout::LLK_GATE_UP_INTERLEAVED
-        } else {
-            LlkGateUpLayout::LLK_GATE_UP_SEPARATE
-        },
+        layout,
     };
     let v = dtype.vec16();
     let aligned = |addr: u64, stride: usize| addr % 16 == 0 && stride % v == 0;
@@ -177,7 +176,7 @@ pub fn swiglu_on(queue: &impl Queue, input: GateUpView<'_, '_>, out: &mut Tensor
         block: (block as u32, 1, 1),
         smem_at_launch: 0,
     };
-    args.launch(KERNELS.find(OP, "gate", (interleaved, vectorized, dtype), dtype)?, dims, &params)
+    args.launch(KERNELS.find(OP, "gate", (layout, Access::of(vectorized), dtype))?, dims, &params)
 }
 
 /// The even last dimension `2d` of a packed gate/up view.

@@ -136,7 +136,7 @@ pub(crate) fn upload(device: &Device, dtype: DType, data: &[f32], shape: &[usize
             op: "LayerWeights",
             what: "run dtype",
             dtype: other,
-            supported: "f32, f16, bf16",
+            supported: "f32, f16, bf16".into(),
         })),
     }
 }

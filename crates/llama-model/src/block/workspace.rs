@@ -124,7 +124,7 @@ impl LayerWorkspace {
                 op,
                 what: "run dtype",
                 dtype,
-                supported: "f32, f16, bf16",
+                supported: "f32, f16, bf16".into(),
             }));
         }
         let (h, t) = (first.hidden, max_tokens);

@@ -295,7 +295,7 @@ impl Checkpoint {
                 op: "Checkpoint::layer",
                 what: "run dtype",
                 dtype,
-                supported: "f32, f16, bf16",
+                supported: "f32, f16, bf16".into(),
             }));
         }
         let spec = self.config.layer(index)?;
@@ -338,7 +338,7 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, &HostTensor)], dtype: 
                 op: "write_safetensors",
                 what: "dtype",
                 dtype: other,
-                supported: "f32, f16, bf16",
+                supported: "f32, f16, bf16".into(),
             }));
         }
     };

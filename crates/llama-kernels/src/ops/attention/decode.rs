@@ -86,7 +86,7 @@ impl PagedDecodeWorkspace {
                 op: OP,
                 what: "pages",
                 dtype: s.page_dtype,
-                supported: "the q dtype, or fp8 with bf16/f16 q",
+                supported: "the q dtype, or fp8 with bf16/f16 q".into(),
             });
         }
         if !SUPPORTED_HEAD_DIMS.contains(&s.head_dim) {

@@ -14,7 +14,7 @@ use crate::ffi::params::{
     LLK_DECODE_KEYS, LLK_DECODE_ROWS_MMA, LLK_DECODE_STAGES_SMALL, LLK_DECODE_THREADS, MergeStatesParams,
     PagedDecodeParams,
 };
-use crate::kernels::paged_attention::{DECODE_KERNELS, FEW_STAGE_DECODE_KERNELS, MERGE_KERNELS};
+use crate::kernels::paged_attention::{DECODE_KERNELS, FEW_STAGE_DECODE_KERNELS, MERGE_KERNELS, MergeSource};
 use crate::launch::pool::{Pool, check_block_table, check_pools, table_rows};
 use crate::launch::{Arg, Heads, KernelArgs, Rows, check_disjoint, check_dtype, grid_x, to_i64};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
@@ -77,8 +77,8 @@ pub fn decode_config(
         let bytes = kernel?.shared_memory().ok()?.bytes() as usize;
         Some(if bytes > per_block { 0 } else { blocks_per_sm_by_smem(per_sm, bytes) })
     };
-    let first = blocks(DECODE_KERNELS.get((dtype, page_dtype, head_dim)));
-    let second = if page_dtype == dtype { blocks(FEW_STAGE_DECODE_KERNELS.get((dtype, head_dim))) } else { None };
+    let first = blocks(DECODE_KERNELS.get((head_dim, page_dtype, dtype)));
+    let second = if page_dtype == dtype { blocks(FEW_STAGE_DECODE_KERNELS.get((head_dim, dtype))) } else { None };
     match (first, second) {
         (Some(first), Some(second)) if second > first => DecodeConfig::FewStages,
         _ => DecodeConfig::Default,
@@ -368,9 +368,9 @@ pub(super) fn kernel(plan: &DecodeShape, page_dtype: DType, config: DecodeConfig
 /// The decode kernel of `dtype` q and `page_dtype` pages at `head_dim` in `config`.
 pub fn decode_kernel(dtype: DType, page_dtype: DType, head_dim: usize, config: DecodeConfig) -> Result<KernelRef> {
     if config == DecodeConfig::FewStages {
-        FEW_STAGE_DECODE_KERNELS.find(OP, "q", (dtype, head_dim), dtype)
+        FEW_STAGE_DECODE_KERNELS.find(OP, "q", (head_dim, dtype))
     } else {
-        DECODE_KERNELS.find(OP, "q", (dtype, page_dtype, head_dim), dtype)
+        DECODE_KERNELS.find(OP, "q", (head_dim, page_dtype, dtype))
     }
 }
 
@@ -411,5 +411,5 @@ pub(super) fn merge_splits<'a>(
     };
     let rows = tokens * plan.q_heads;
     let mdims = LaunchDims { grid: (grid_x(OP, rows.div_ceil(4))?, 1, 1), block: (THREADS, 1, 1), smem_at_launch: 0 };
-    margs.launch(MERGE_KERNELS.find(OP, "out", (true, plan.dtype), plan.dtype)?, mdims, &merge)
+    margs.launch(MERGE_KERNELS.find(OP, "out", (MergeSource::Splits, plan.dtype))?, mdims, &merge)
 }

@@ -5,7 +5,7 @@ use crate::backend::{LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{LLK_DECODE_THREADS, MergeStatesParams};
-use crate::kernels::paged_attention::MERGE_KERNELS;
+use crate::kernels::paged_attention::{MERGE_KERNELS, MergeSource};
 use crate::launch::KernelArgs;
 use crate::launch::{Heads, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
@@ -121,7 +121,7 @@ pub fn merge_attention_states_on(
     };
     let rows = tokens * heads;
     let dims = LaunchDims { grid: (grid_x(OP, rows.div_ceil(4))?, 1, 1), block: (THREADS, 1, 1), smem_at_launch: 0 };
-    args.launch(MERGE_KERNELS.find(OP, "v_a", (false, dtype), dtype)?, dims, &params)
+    args.launch(MERGE_KERNELS.find(OP, "v_a", (MergeSource::TwoStates, dtype))?, dims, &params)
 }
 
 /// [`merge_attention_states_on`] on tensors.

@@ -210,7 +210,7 @@ pub fn kv_append_on(
         v_scale,
     };
     let dims = LaunchDims { grid: (grid_x(OP, threads.div_ceil(256))?, 1, 1), block: (256, 1, 1), smem_at_launch: 0 };
-    let kernel = APPEND_KERNELS.find(OP, "k_pages", (k.dtype(), kp.dtype), kp.dtype)?;
+    let kernel = APPEND_KERNELS.find(OP, "k_pages", (k.dtype(), kp.dtype))?;
     args.launch(kernel, dims, &params)
 }
 
@@ -250,7 +250,7 @@ impl PagedKvCache {
                 op: OP,
                 what: "pages",
                 dtype: config.dtype,
-                supported: "f32, f16, bf16, fp8",
+                supported: "f32, f16, bf16, fp8".into(),
             });
         }
         if !config.page_size.is_power_of_two() {

@@ -56,7 +56,7 @@ pub fn mma_keys(smem_per_sm: usize, dtype: DType, head_dim: usize) -> usize {
         let bytes = kernel?.shared_memory().ok()?.bytes() as usize;
         Some(blocks_per_sm_by_smem(smem_per_sm, bytes))
     };
-    match (blocks(KERNELS.get((dtype, head_dim))), blocks(SMALL_KEY_KERNELS.get((dtype, head_dim)))) {
+    match (blocks(KERNELS.get((head_dim, dtype))), blocks(SMALL_KEY_KERNELS.get((head_dim, dtype)))) {
         (Some(wide), Some(small)) if wide < MMA_BLOCKS_PER_SM && small >= MMA_BLOCKS_PER_SM => KEYS_SMALL,
         _ => KEYS,
     }
@@ -135,7 +135,7 @@ pub(super) fn check_dtypes(
                     op: OP,
                     what: "k_pages",
                     dtype: DType::F8E4M3,
-                    supported: "the q dtype (fp8 pages: paged_decode_attention)",
+                    supported: "the q dtype (fp8 pages: paged_decode_attention)".into(),
                 });
             }
             check_dtype(OP, "k_pages", kv.k_pages.dtype(), dtype)?;
@@ -508,9 +508,9 @@ pub(super) fn launch_dims(b: &Bound, grid_tiles: usize, pack: usize) -> Result<L
 /// The kernel for `dtype` and `head_dim` with `keys`-key tiles ([`mma_keys`]).
 pub(super) fn kernel(dtype: DType, head_dim: usize, keys: usize) -> Result<crate::backend::KernelRef> {
     if keys == KEYS_SMALL && dtype != DType::F32 {
-        SMALL_KEY_KERNELS.find(OP, "q", (dtype, head_dim), dtype)
+        SMALL_KEY_KERNELS.find(OP, "q", (head_dim, dtype))
     } else {
-        KERNELS.find(OP, "q", (dtype, head_dim), dtype)
+        KERNELS.find(OP, "q", (head_dim, dtype))
     }
 }
 
@@ -552,7 +552,7 @@ pub fn prefill_kernel(device: &Device, dtype: DType, head_dim: usize, paged: boo
         device.has_sm90a_features() && (device.target() == crate::backend::Target::Emulated || hopper_on_cuda());
     if dtype == DType::F32 {
         PrefillKernel::Simt
-    } else if hopper && SM90_KERNELS.has((dtype, head_dim)) && !paged {
+    } else if hopper && SM90_KERNELS.has((head_dim, dtype)) && !paged {
         PrefillKernel::Hopper
     } else {
         PrefillKernel::MmaSync { keys: mma_keys(device.max_shared_memory_per_sm(), dtype, head_dim) }
@@ -605,5 +605,5 @@ pub(super) fn sm90_launch(
         v_map: map("v", &b.vh, vec![LLK_ATTN_SM90_PANEL, 1, sm90_keys(d)])?,
     };
     let dims = LaunchDims { block: (LLK_ATTN_SM90_THREADS, 1, 1), ..dims };
-    Ok((SM90_KERNELS.find(OP, "q", (dtype, d), dtype)?, dims, params))
+    Ok((SM90_KERNELS.find(OP, "q", (d, dtype))?, dims, params))
 }

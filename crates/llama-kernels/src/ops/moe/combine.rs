@@ -5,6 +5,7 @@ use crate::backend::{LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{LlkMoeScale, MoeCombineParams};
+use crate::kernels::Access;
 use crate::kernels::moe::COMBINE;
 use crate::launch::KernelArgs;
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
@@ -131,7 +132,7 @@ pub fn moe_combine_on(
         block: (row_threads(hidden, vec, v), 1, 1),
         smem_at_launch: 0,
     };
-    args.launch(COMBINE.find(OP, "y", (vec, dtype), dtype)?, dims, &params)
+    args.launch(COMBINE.find(OP, "y", (Access::of(vec), dtype))?, dims, &params)
 }
 
 /// [`moe_combine_on`] on tensors; `residual` may be `out` itself (then `out += moe(...)`).

@@ -5,6 +5,7 @@ use crate::backend::{LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{LlkMoeScale, MoeGatherParams};
+use crate::kernels::Access;
 use crate::kernels::moe::GATHER;
 use crate::launch::KernelArgs;
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
@@ -79,7 +80,7 @@ pub fn moe_gather_on(
     };
     let dims =
         LaunchDims { grid: (grid_x(OP, slots)?, 1, 1), block: (row_threads(xr.cols, vec, v), 1, 1), smem_at_launch: 0 };
-    args.launch(GATHER.find(OP, "x", (vec, dtype), dtype)?, dims, &params)
+    args.launch(GATHER.find(OP, "x", (Access::of(vec), dtype))?, dims, &params)
 }
 
 /// [`moe_gather_on`] on tensors.

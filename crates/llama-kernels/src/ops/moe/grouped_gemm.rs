@@ -405,7 +405,9 @@ pub fn moe_grouped_gemm_on(
     b.check_tensor_core_layout(dtype, layout)?;
     let params = b.params(&mut args, dtype, layout, &s)?;
     let dims = launch_dims(dtype, s.block_m, b.swiglu, b.n, s.blocks)?;
-    args.launch(GEMM.find(OP, "x", (layout, b.swiglu, s.block_m, dtype), dtype)?, dims, &params)
+    let epilogue =
+        if b.swiglu { LlkMoeEpilogue::LLK_MOE_EPILOGUE_SWIGLU } else { LlkMoeEpilogue::LLK_MOE_EPILOGUE_PLAIN };
+    args.launch(GEMM.find(OP, "x", (layout, epilogue, s.block_m, dtype))?, dims, &params)
 }
 
 /// The tensor form of [`ExpertWeightsView`].

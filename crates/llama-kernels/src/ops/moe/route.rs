@@ -8,7 +8,7 @@ use crate::ffi::params::{
     LLK_MOE_MAX_EXPERTS, LLK_MOE_MAX_GROUPS, LLK_MOE_MAX_TOP_K, LLK_MOE_MAX_TOP_K_GROUPED, LLK_MOE_ROUTE_SMALL_EXPERTS,
     LLK_MOE_ROUTE_WARPS, LlkMoeRenormalize, LlkMoeRouting, MoeRouteParams,
 };
-use crate::kernels::moe::ROUTE;
+use crate::kernels::moe::{ROUTE, RouteWidth};
 use crate::launch::KernelArgs;
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::spec::moe::MoeRouting;
@@ -88,10 +88,10 @@ pub fn moe_route_on(
         return Ok(());
     }
     let (mode, renormalize, n_group, topk_group, factor) = match routing {
-        MoeRouting::Llama4 => (0u8, false, 0, 0, 1.0),
-        MoeRouting::Softmax { renormalize } => (1, renormalize, 0, 0, 1.0),
+        MoeRouting::Llama4 => (LlkMoeRouting::LLK_MOE_ROUTE_LLAMA4, false, 0, 0, 1.0),
+        MoeRouting::Softmax { renormalize } => (LlkMoeRouting::LLK_MOE_ROUTE_SOFTMAX, renormalize, 0, 0, 1.0),
         MoeRouting::Grouped { n_group, topk_group, renormalize, routed_scaling_factor } => {
-            (2, renormalize, n_group, topk_group, routed_scaling_factor)
+            (LlkMoeRouting::LLK_MOE_ROUTE_GROUPED, renormalize, n_group, topk_group, routed_scaling_factor)
         }
     };
     let params = MoeRouteParams {
@@ -105,11 +105,7 @@ pub fn moe_route_on(
         logits_row_stride: to_i64(OP, "logits row stride", lr.row_stride)?,
         n_group: to_i64(OP, "n_group", n_group)?,
         topk_group: to_i64(OP, "topk_group", topk_group)?,
-        mode: [
-            LlkMoeRouting::LLK_MOE_ROUTE_LLAMA4,
-            LlkMoeRouting::LLK_MOE_ROUTE_SOFTMAX,
-            LlkMoeRouting::LLK_MOE_ROUTE_GROUPED,
-        ][mode as usize],
+        mode,
         renormalize: if renormalize {
             LlkMoeRenormalize::LLK_MOE_RENORMALIZE
         } else {
@@ -118,13 +114,13 @@ pub fn moe_route_on(
         routed_scaling_factor: factor,
     };
     let warps = LLK_MOE_ROUTE_WARPS as usize;
-    let small = experts <= LLK_MOE_ROUTE_SMALL_EXPERTS as usize;
+    let width = if experts <= LLK_MOE_ROUTE_SMALL_EXPERTS as usize { RouteWidth::E128 } else { RouteWidth::E512 };
     let dims = LaunchDims {
         grid: (grid_x(OP, tokens.div_ceil(warps))?, 1, 1),
         block: (32 * warps as u32, 1, 1),
         smem_at_launch: 0,
     };
-    args.launch(ROUTE.find(OP, "logits", (mode, small, dtype), dtype)?, dims, &params)
+    args.launch(ROUTE.find(OP, "logits", (mode, width, dtype))?, dims, &params)
 }
 
 /// Checks experts, k and the group configuration of a routing mode.
