@@ -435,10 +435,10 @@ pub fn resolve(path: &[String], mods: &BTreeMap<Vec<String>, Module>, depth: usi
         for g in &m.globs {
             let mut t = g.clone();
             t.extend(path[k..].iter().cloned());
-            if let Some(r) = resolve(&t, mods, depth + 1) {
-                if r != *g {
-                    return Some(r);
-                }
+            if let Some(r) = resolve(&t, mods, depth + 1)
+                && r != *g
+            {
+                return Some(r);
             }
         }
     }

@@ -294,16 +294,20 @@ fn main() -> llama_kernels::Result<()> {
     let (q, k, v) = (to_bf16(values(n * qh * d, 6.0)), to_bf16(values(n * kvh * d, 7.0)), to_bf16(values(n * kvh * d, 8.0)));
     let out = Tensor::zeros(&device, DType::BF16, &[n, qh, d])?;
     let opts = ops::AttentionOptions { mask: ops::AttentionMask::Causal, ..Default::default() };
-    ops::gqa_attention(
-        &Tensor::from_slice(&device, &q, &[n, qh, d])?,
-        &Tensor::from_slice(&device, &k, &[n, kvh, d])?,
-        &Tensor::from_slice(&device, &v, &[n, kvh, d])?,
-        &[0, n as i32],
-        &[0, n as i32],
-        &out,
-        None,
-        &opts,
-    )?;
+    let (qt, kt, vt) = (
+        Tensor::from_slice(&device, &q, &[n, qh, d])?,
+        Tensor::from_slice(&device, &k, &[n, kvh, d])?,
+        Tensor::from_slice(&device, &v, &[n, kvh, d])?,
+    );
+    let cu = [0, n as i32];
+    let call = ops::AttentionTensors {
+        q: &qt,
+        kv: ops::KvTensors::Contiguous { k: &kt, v: &vt },
+        cu_seqlens: ops::Offsets::Host { q: &cu, k: &cu },
+        out: &out,
+        lse: None,
+    };
+    ops::AttentionWorkspace::new(&device).forward(call, &opts)?;
     let f = |x: bf16| f64::from(x.to_f32());
     let scale = 1.0 / (d as f64).sqrt();
     let mut want = vec![0.0f64; n * qh * d];
@@ -322,7 +326,7 @@ fn main() -> llama_kernels::Result<()> {
         }
     }
     let got: Vec<f32> = out.to_vec::<bf16>()?.into_iter().map(bf16::to_f32).collect();
-    check("gqa_attention", &got, &want, 1e-2);
+    check("attention", &got, &want, 1e-2);
 
     println!("downstream: all ops match");
     check_model().map_err(|e| llama_kernels::Error::Unsupported { what: format!("the model check failed: {e}") })

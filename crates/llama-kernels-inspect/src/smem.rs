@@ -79,7 +79,7 @@ pub enum Choice {
     Prefill { dtype: DType, head_dim: usize, keys: usize },
     /// Decode in one of its two configurations.
     Decode { dtype: DType, page: DType, head_dim: usize, config: DecodeConfig },
-    /// The Hopper prefill kernel, built for sm_90a: chosen on 9.0 only ([`prefill_kernel`]).
+    /// The Hopper prefill kernel, built for sm_90a: chosen on 9.0 only ([`prefill_kernel`](llama_kernels::ops::attention::prefill_kernel)).
     Hopper,
 }
 

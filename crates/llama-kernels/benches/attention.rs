@@ -10,6 +10,7 @@ mod common;
 
 use criterion::{BenchmarkId, Throughput};
 use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace};
+use llama_kernels::ops::attention::{AttentionTensors, KvTensors, Offsets};
 use llama_kernels::{DType, Tensor};
 
 struct Shape {
@@ -100,7 +101,18 @@ fn main() {
         let out = Tensor::zeros(&device, DType::BF16, &[tokens, s.q_heads, s.head_dim]).expect("alloc");
         let cu: Vec<i32> = (0..=s.batch).map(|b| (b * s.seq) as i32).collect();
         let opts = AttentionOptions { mask: s.mask, gqa_pack: s.pack, ..Default::default() };
-        let mut run = || ws.forward(&q, &k, &v, &cu, &cu, &out, None, &opts);
+        let mut run = || {
+            ws.forward(
+                AttentionTensors {
+                    q: &q,
+                    kv: KvTensors::Contiguous { k: &k, v: &v },
+                    cu_seqlens: Offsets::Host { q: &cu, k: &cu },
+                    out: &out,
+                    lse: None,
+                },
+                &opts,
+            )
+        };
         let f = flops(s);
         group.throughput(Throughput::Elements(f as u64));
         group.bench_function(BenchmarkId::from_parameter(&s.name), |b| {

@@ -14,6 +14,7 @@ mod common;
 
 use criterion::{BenchmarkId, Throughput};
 use llama_kernels::dev::testing::Rng;
+use llama_kernels::ops::attention::DecodeTensors;
 use llama_kernels::ops::attention::{
     DecodeShape, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvCache, PagedKvConfig,
 };
@@ -134,7 +135,12 @@ fn main() {
         let splits = ws.num_splits();
         let partial = if splits > 1 { (splits * s.batch * s.q_heads * (D + 1) * 4 * 2) as f64 } else { 0.0 };
         let opts = PagedDecodeOptions::default();
-        let mut run = || ws.forward(&q, &cache, &table, &lens, &out, None, &opts);
+        let mut run = || {
+            ws.forward(
+                DecodeTensors { q: &q, cache: &cache, block_table: &table, seq_lens: &lens, out: &out, lse: None },
+                &opts,
+            )
+        };
         let bytes = s.kv_bytes() + s.other_bytes() + partial;
         group.throughput(Throughput::Bytes(bytes as u64));
         group.bench_function(BenchmarkId::from_parameter(&s.name), |b| {

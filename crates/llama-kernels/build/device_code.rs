@@ -3,11 +3,12 @@
 //!
 //! One module, three users, so that no flag is written twice:
 //!
-//! * `build.rs` compiles from source with [`build_all`], or checks the prebuilt copy with
-//!   [`verify_prebuilt`] and uses it;
-//! * `cargo xtask regen-kernels` runs the same [`build_all`] and
-//!   writes its output and a [`Manifest`] into `kernels/prebuilt/`;
-//! * `tests/prebuilt_fresh.rs` checks the committed copy against the sources and the build.
+//! * `build.rs` compiles from source with [`build_all`], or unpacks the prebuilt copy with
+//!   [`unpack_verified`], which refuses a copy whose manifest disagrees with the sources, these
+//!   settings or the unpacked files;
+//! * `cargo xtask regen-kernels` runs the same [`build_all`] and writes its output, packed, and a
+//!   [`Manifest`] into `kernels/prebuilt/`;
+//! * `cargo xtask regen-kernels --check` says whether the committed copy is fresh.
 //!
 //! The manifest (`kernels/prebuilt/manifest.txt`) is text, one `key value` per line; `#` starts
 //! a comment line. Keys, in the order they are written:

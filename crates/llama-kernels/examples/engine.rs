@@ -13,7 +13,8 @@
 use cudarc::driver::{CudaContext, CudaSlice};
 use half::bf16;
 use llama_kernels::ops::{
-    self, AttentionMask, AttentionOptions, AttentionWorkspace, CuSeqlens, GateUpView, Rope, RopeConfig,
+    self, AttentionArgs, AttentionMask, AttentionOptions, AttentionWorkspace, CuSeqlens, GateUpView, KvInput, Rope,
+    RopeConfig,
 };
 use llama_kernels::{Device, Element, Queue, Result, TensorView, TensorViewMut};
 
@@ -101,7 +102,14 @@ fn step<B: EngineBuf, I: EngineBuf>(
     let cu = b.cu_seqlens.view(&[3], &[1], 0)?;
     let mut out = b.attn.view_mut(&[TOKENS, Q_HEADS, HEAD_DIM], &[HIDDEN, HEAD_DIM, 1], 0)?;
     let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
-    ws.forward_on(queue, &q, &k, &v, CuSeqlens::Device { q: &cu, k: &cu }, &mut out, None, &opts)?;
+    let args = AttentionArgs {
+        q: &q,
+        kv: KvInput::Contiguous { k: &k, v: &v },
+        cu_seqlens: CuSeqlens::Device { q: &cu, k: &cu },
+        out: &mut out,
+        lse: None,
+    };
+    ws.forward_on(queue, args, &opts)?;
     // SwiGLU from the packed gate/up GEMM output.
     let gate_up = b.gate_up.view(&[TOKENS, 2 * FFN], &row(2 * FFN), 0)?;
     ops::swiglu_on(queue, GateUpView::GateThenUp(&gate_up), &mut b.h.view_mut(&[TOKENS, FFN], &row(FFN), 0)?)?;

@@ -7,7 +7,7 @@
 //! | [`ops::rms_norm()`] | f32, f16, bf16 (f32 accumulation) | any hidden > 0; rows may be strided; 16-byte vector path when aligned, scalar fallback otherwise; in place allowed |
 //! | [`ops::fused_add_rms_norm()`] | f32, f16, bf16 | as `rms_norm`; writes `x + residual` back into `residual` |
 //! | [`ops::Rope::apply`] | f32, f16, bf16 | q and k in place in one launch; interleaved or half-split; i32/i64 positions; Llama 3.1 scaling; partial rotary (even, <= 512); Llama 4 qk-norm |
-//! | [`ops::AttentionWorkspace::forward`] | bf16, f16 (tensor cores), f32 (SIMT) | flash-style GQA prefill; head_dim 32, 64, 96, 128, 256; varlen (host or device offsets); K/V contiguous or from the paged cache ([`ops::AttentionWorkspace::forward_paged`]); causal (bottom-right), chunked (Llama 4), temperature (Llama 4); LSE |
+//! | [`ops::AttentionWorkspace::forward`] | bf16, f16 (tensor cores), f32 (SIMT) | flash-style GQA prefill; head_dim 32, 64, 96, 128, 256; varlen (host or device offsets); K/V contiguous or from the paged cache ([`ops::KvTensors::Paged`]); causal (bottom-right), chunked (Llama 4), temperature (Llama 4); LSE |
 //! | [`ops::PagedKvCache::append`] / [`ops::kv_append_on`] | f32, f16, bf16 in; f32, f16, bf16, fp8 e4m3fn pages (per-tensor or per-head scales) | paged cache `[pages, page_size, kv_heads, head_dim]`, page size a power of two; any token/head strides; i64 slots, -1 skips; 16-byte accesses |
 //! | [`ops::PagedDecodeWorkspace::forward`] | bf16, f16 q with same-dtype or fp8 pages (tensor cores), f32 (SIMT) | split-KV decode, q_len 1..=8 (causal among them); GQA heads share the mma rows; head_dim 32..256; chunked, temperature, LSE; planned once per batch shape |
 //! | [`ops::merge_attention_states()`] | f32, f16, bf16 (f32 LSE) | merge two attention states by their LSE (cascade attention) |
@@ -27,8 +27,10 @@
 //! [`TensorView`]/[`TensorViewMut`] views of memory the caller owns (cudarc buffers, or host
 //! slices on the emulated target), queued on an explicit [`Queue`] (a [`Device`] or an
 //! engine's `Arc<CudaStream>`): `ops::rms_norm_on`, `ops::swiglu_on`, `Rope::apply_on`,
-//! `AttentionWorkspace::forward_on`, `AttentionWorkspace::forward_paged_on`, `ops::kv_append_on`,
-//! `PagedDecodeWorkspace::forward_on`, `ops::merge_attention_states_on`. Once planned, no call allocates, copies from pageable host
+//! `AttentionWorkspace::forward_on`, `ops::kv_append_on`, `PagedDecodeWorkspace::forward_on`,
+//! `ops::merge_attention_states_on`; the attention calls take one struct of their tensors
+//! ([`ops::AttentionTensors`], [`ops::AttentionArgs`], [`ops::DecodeTensors`], [`ops::DecodeArgs`],
+//! [`ops::KvAppendArgs`]). Once planned, no call allocates, copies from pageable host
 //! memory or waits on the host, so calls can be captured into CUDA graphs; [`Device::counters`]
 //! is the counting hook that proves it.
 //!

@@ -555,7 +555,7 @@ fn the_hopper_selftests_compile_to_bulk_and_tensor_copies_transaction_barriers_a
     let tma = ops("selftest_tma");
     for rank in 1..=5 {
         let want = format!("UTMALDG.{rank}D");
-        assert!(tma.iter().any(|o| *o == want), "selftest_tma lacks {want}");
+        assert!(tma.contains(&want), "selftest_tma lacks {want}");
     }
     assert!(tma.iter().any(|o| o == "SYNCS.PHASECHK.TRANS64.TRYWAIT"), "selftest_tma lacks the barrier wait");
     assert!(!tma.iter().any(|o| o == "BPT.TRAP" || o.starts_with("LDL")), "selftest_tma traps or uses local memory");

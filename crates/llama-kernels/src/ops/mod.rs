@@ -24,11 +24,13 @@ pub mod sampling;
 pub mod swiglu;
 
 pub use attention::{
-    AttentionMask, AttentionOptions, AttentionWorkspace, CuSeqlens, Llama4Temperature, gqa_attention, gqa_attention_on,
+    AttentionArgs, AttentionMask, AttentionOptions, AttentionTensors, AttentionWorkspace, CuSeqlens, KvInput,
+    KvTensors, Llama4Temperature, Offsets,
 };
 pub use attention::{
-    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvCache, PagedKvConfig,
-    PagedKvView, kv_append_on, merge_attention_states, merge_attention_states_on,
+    DecodeArgs, DecodeShape, DecodeTensors, ErrorFlag, KvAppendArgs, KvScale, KvScales, PagedDecodeOptions,
+    PagedDecodeWorkspace, PagedKvCache, PagedKvConfig, PagedKvView, kv_append_on, merge_attention_states,
+    merge_attention_states_on,
 };
 pub use embedding::{embedding, embedding_on};
 pub use linear::{linear, linear_add, linear_add_on, linear_on};

@@ -1,6 +1,6 @@
 //! Linear layers over packed weights (kernels/qlinear.cu): `y = x Wᵀ` and `y += x Wᵀ` with `W`
 //! kept in a 4- or 8-bit format ([`QuantFormat`]: GGUF's Q8_0, Q4_0, Q4_1, Q4_K and Q6_K,
-//! bitsandbytes' NF4), the semantics of [`linear`](super::linear) with the weight's values
+//! bitsandbytes' NF4), the semantics of [`linear`](super::linear()) with the weight's values
 //! defined by [`PackedWeight::dequantize`].
 //!
 //! ```
@@ -45,7 +45,7 @@
 //!   products: the packed weight is read, never a dense copy of it.
 //! - **f32 prefill, or rows that are not 16-byte aligned**: bands of weight rows are dequantized
 //!   into a [`QScratch`] of the activation dtype and multiplied by the dense GEMM of
-//!   [`linear`](super::linear) (cuBLAS on CUDA), one band after another into column ranges of `y`.
+//!   [`linear`](super::linear()) (cuBLAS on CUDA), one band after another into column ranges of `y`.
 //!
 //! # Which weight values each path multiplies by
 //!
@@ -179,7 +179,7 @@ pub enum QPath {
         /// Splits of `in` ([`gemm_splits`]); more than one needs a [`QScratch`] for the partials.
         k_splits: usize,
     },
-    /// Bands dequantized into a [`QScratch`], then the dense GEMM of [`linear`](super::linear).
+    /// Bands dequantized into a [`QScratch`], then the dense GEMM of [`linear`](super::linear()).
     DequantGemm,
 }
 

@@ -150,7 +150,7 @@ impl Rope {
     /// Checks q, k and the positions against the configuration and each other.
     fn check_shapes(&self, qb: &Arg, kb: Option<&Arg>, pb: &Arg) -> Result<(Heads, Option<Heads>)> {
         let cfg = &self.config;
-        let qh = Heads::of(OP, "q", &qb)?;
+        let qh = Heads::of(OP, "q", qb)?;
         let kh = kb.map(|k| Heads::of(OP, "k", k)).transpose()?;
         if qh.head_dim != cfg.head_dim {
             return Err(Error::shape(OP, "q", qb.shape().to_vec(), format!("head_dim {}", cfg.head_dim)));

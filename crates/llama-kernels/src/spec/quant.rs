@@ -5,7 +5,7 @@
 //! # The packed layout
 //!
 //! A weight `[rows, cols]` (`nn.Linear`'s `[out, in]`) is read in chunks of
-//! [`LLK_QUANT_CHUNK`] (32) consecutive elements of a row. Three planes, each row-major with
+//! `LLK_QUANT_CHUNK` (32) consecutive elements of a row. Three planes, each row-major with
 //! rows padded to 16 bytes, one after the other in one buffer:
 //!
 //! - `qs`: the values. 4-bit formats: 16 bytes per chunk, byte `i` holding element `i` in its low

@@ -5,9 +5,8 @@
 use crate::common;
 
 use llama_kernels::dev::verify::{AttentionCase, attention_case};
-use llama_kernels::ops::attention::{
-    AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature, gqa_attention,
-};
+use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature};
+use llama_kernels::ops::attention::{AttentionTensors, KvTensors, Offsets};
 use llama_kernels::{DType, Device, Error, Tensor};
 
 fn assert_pass(device: &Device, case: &AttentionCase) {
@@ -255,72 +254,84 @@ fn every_validation_error_is_named() {
     let out = t(DType::BF16, &[10, 8, 64]);
     let (cq, ck) = ([0, 4, 10], [0, 5, 12]);
     let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
-    gqa_attention(&q, &k, &v, &cq, &ck, &out, None, &opts).unwrap();
+    // A valid call; each check below changes one thing.
+    let call = AttentionTensors {
+        q: &q,
+        kv: KvTensors::Contiguous { k: &k, v: &v },
+        cu_seqlens: Offsets::Host { q: &cq, k: &ck },
+        out: &out,
+        lse: None,
+    };
+    let mut ws = AttentionWorkspace::new(&d);
+    let mut run = |call, opts: &AttentionOptions| ws.forward(call, opts);
+    run(call, &opts).unwrap();
     let named = |r: llama_kernels::Result<()>, name: &str| {
         let e = r.unwrap_err();
         assert!(matches!(&e, Error::InvalidArgument { name: n, .. } if *n == name), "{name}: {e}");
     };
+    let contiguous = |k, v| KvTensors::Contiguous { k, v };
     // q heads not divisible by kv heads.
-    named(
-        gqa_attention(&t(DType::BF16, &[10, 7, 64]), &k, &v, &cq, &ck, &t(DType::BF16, &[10, 7, 64]), None, &opts),
-        "q_heads",
-    );
+    let (q7, out7) = (t(DType::BF16, &[10, 7, 64]), t(DType::BF16, &[10, 7, 64]));
+    named(run(AttentionTensors { q: &q7, out: &out7, ..call }, &opts), "q_heads");
     // head_dim mismatch between q, k and v.
-    let e = gqa_attention(&q, &t(DType::BF16, &[12, 2, 128]), &v, &cq, &ck, &out, None, &opts).unwrap_err();
+    let wide = t(DType::BF16, &[12, 2, 128]);
+    let e = run(AttentionTensors { kv: contiguous(&wide, &v), ..call }, &opts).unwrap_err();
     assert!(matches!(e, Error::ShapeMismatch { what: "k", .. }), "{e}");
-    let e = gqa_attention(&q, &k, &t(DType::BF16, &[12, 2, 128]), &cq, &ck, &out, None, &opts).unwrap_err();
+    let e = run(AttentionTensors { kv: contiguous(&k, &wide), ..call }, &opts).unwrap_err();
     assert!(matches!(e, Error::ShapeMismatch { what: "v", .. }), "{e}");
     // Unsupported head_dim, named with the supported ones.
-    let (q80, k80) = (t(DType::BF16, &[10, 8, 80]), t(DType::BF16, &[12, 2, 80]));
-    let e = gqa_attention(&q80, &k80, &k80.clone(), &cq, &ck, &t(DType::BF16, &[10, 8, 80]), None, &opts).unwrap_err();
+    let (q80, k80, out80) = (t(DType::BF16, &[10, 8, 80]), t(DType::BF16, &[12, 2, 80]), t(DType::BF16, &[10, 8, 80]));
+    let e = run(AttentionTensors { q: &q80, kv: contiguous(&k80, &k80), out: &out80, ..call }, &opts).unwrap_err();
     assert!(matches!(&e, Error::InvalidArgument { name: "head_dim", .. }), "{e}");
     assert!(e.to_string().contains("= 80") && e.to_string().contains("[32, 64, 96, 128, 256]"), "{e}");
     // cu_seqlens not non-decreasing, not starting at 0, or disagreeing with the tensors.
-    named(gqa_attention(&q, &k, &v, &[0, 6, 4, 10], &[0, 5, 6, 12], &out, None, &opts), "cu_seqlens_q");
-    named(gqa_attention(&q, &k, &v, &[1, 4, 10], &ck, &out, None, &opts), "cu_seqlens_q");
-    named(gqa_attention(&q, &k, &v, &[0, 4, 9], &ck, &out, None, &opts), "cu_seqlens_q");
-    named(gqa_attention(&q, &k, &v, &cq, &[0, 5, 13], &out, None, &opts), "cu_seqlens_k");
-    named(gqa_attention(&q, &k, &v, &cq, &[0, 12], &out, None, &opts), "cu_seqlens_k");
+    for (q, k, name) in [
+        (&[0, 6, 4, 10][..], &[0, 5, 6, 12][..], "cu_seqlens_q"),
+        (&[1, 4, 10], &ck, "cu_seqlens_q"),
+        (&[0, 4, 9], &ck, "cu_seqlens_q"),
+        (&cq, &[0, 5, 13], "cu_seqlens_k"),
+        (&cq, &[0, 12], "cu_seqlens_k"),
+    ] {
+        named(run(AttentionTensors { cu_seqlens: Offsets::Host { q, k }, ..call }, &opts), name);
+    }
     // An output overlapping an input (out is q itself, or a view into k's storage).
-    let e = gqa_attention(&q, &k, &v, &cq, &ck, &q, None, &opts).unwrap_err();
+    let e = run(AttentionTensors { out: &q, ..call }, &opts).unwrap_err();
     assert!(matches!(e, Error::Overlap { .. }), "{e}");
     let qkv = t(DType::BF16, &[10, 12, 64]);
     let (qv, kv, vv) = (qkv.narrow(1, 0, 8).unwrap(), qkv.narrow(1, 8, 2).unwrap(), qkv.narrow(1, 10, 2).unwrap());
-    gqa_attention(&qv, &kv, &vv, &[0, 10], &[0, 10], &out, None, &opts).unwrap();
-    let e = gqa_attention(&qv, &kv, &vv, &[0, 10], &[0, 10], &qkv.narrow(1, 4, 8).unwrap(), None, &opts).unwrap_err();
+    let fused = AttentionTensors {
+        q: &qv,
+        kv: contiguous(&kv, &vv),
+        cu_seqlens: Offsets::Host { q: &[0, 10], k: &[0, 10] },
+        ..call
+    };
+    run(fused, &opts).unwrap();
+    let inside = qkv.narrow(1, 4, 8).unwrap();
+    let e = run(AttentionTensors { out: &inside, ..fused }, &opts).unwrap_err();
     assert!(matches!(e, Error::Overlap { .. }), "{e}");
     // Chunk size 0.
-    named(
-        gqa_attention(
-            &q,
-            &k,
-            &v,
-            &cq,
-            &ck,
-            &out,
-            None,
-            &AttentionOptions { mask: AttentionMask::ChunkedCausal { chunk_size: 0 }, ..opts },
-        ),
-        "chunk_size",
-    );
+    named(run(call, &AttentionOptions { mask: AttentionMask::ChunkedCausal { chunk_size: 0 }, ..opts }), "chunk_size");
     // Scale not finite (or not positive).
     for s in [f32::NAN, f32::INFINITY, 0.0, -0.5] {
-        named(gqa_attention(&q, &k, &v, &cq, &ck, &out, None, &AttentionOptions { scale: Some(s), ..opts }), "scale");
+        named(run(call, &AttentionOptions { scale: Some(s), ..opts }), "scale");
     }
     // GQA pack that does not divide the group.
-    named(gqa_attention(&q, &k, &v, &cq, &ck, &out, None, &AttentionOptions { gqa_pack: Some(3), ..opts }), "gqa_pack");
+    named(run(call, &AttentionOptions { gqa_pack: Some(3), ..opts }), "gqa_pack");
     // Dtype mismatch, and a bad LSE.
-    let e = gqa_attention(&q, &t(DType::F16, &[12, 2, 64]), &v, &cq, &ck, &out, None, &opts).unwrap_err();
+    let k16 = t(DType::F16, &[12, 2, 64]);
+    let e = run(AttentionTensors { kv: contiguous(&k16, &v), ..call }, &opts).unwrap_err();
     assert!(matches!(e, Error::DTypeMismatch { what: "k", .. }), "{e}");
-    let e = gqa_attention(&q, &k, &v, &cq, &ck, &out, Some(&t(DType::F32, &[10, 8])), &opts).unwrap_err();
+    let lse = t(DType::F32, &[10, 8]);
+    let e = run(AttentionTensors { lse: Some(&lse), ..call }, &opts).unwrap_err();
     assert!(matches!(e, Error::ShapeMismatch { what: "lse", .. }), "{e}");
-    let e = gqa_attention(&q, &k, &v, &cq, &ck, &out, Some(&t(DType::BF16, &[8, 10])), &opts).unwrap_err();
+    let lse = t(DType::BF16, &[8, 10]);
+    let e = run(AttentionTensors { lse: Some(&lse), ..call }, &opts).unwrap_err();
     assert!(matches!(e, Error::DTypeMismatch { what: "lse", .. }), "{e}");
     // Misaligned rows for the tensor-core path.
-    let wide = t(DType::BF16, &[10, 8, 65]);
-    let e = gqa_attention(&wide.narrow(2, 1, 64).unwrap(), &k, &v, &cq, &ck, &out, None, &opts).unwrap_err();
+    let misaligned = t(DType::BF16, &[10, 8, 65]).narrow(2, 1, 64).unwrap();
+    let e = run(AttentionTensors { q: &misaligned, ..call }, &opts).unwrap_err();
     assert!(matches!(e, Error::BadLayout { what: "q", .. }), "{e}");
     // A workspace from another device.
-    let e = AttentionWorkspace::new(&Device::emulated()).forward(&q, &k, &v, &cq, &ck, &out, None, &opts).unwrap_err();
+    let e = AttentionWorkspace::new(&Device::emulated()).forward(call, &opts).unwrap_err();
     assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
 }

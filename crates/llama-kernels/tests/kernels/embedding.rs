@@ -58,7 +58,7 @@ fn every_dtype_both_paths_and_strided_rows_match_the_reference() {
             check(&d, dtype, 100, 40, 41, &ids); // strides that break the vectors
         }
         // More tokens than one grid row of blocks covers, and a Llama-sized row.
-        let many: Vec<i32> = (0..700).map(|i| (i * 37 % 97) as i32).collect();
+        let many: Vec<i32> = (0..700).map(|i| i * 37 % 97).collect();
         check(&d, DType::BF16, 97, 576, 576, &many);
     }
 }
@@ -76,7 +76,7 @@ fn ids_outside_the_vocabulary_give_zero_rows_and_raise_the_flag() {
 
 #[test]
 fn schedules_agree_bit_for_bit() {
-    let ids: Vec<i32> = (0..40).map(|i| (i * 13 % 60) as i32).collect();
+    let ids: Vec<i32> = (0..40).map(|i| i * 13 % 60).collect();
     let runs: Vec<Vec<f64>> =
         common::schedule_devices().iter().map(|d| check(d, DType::F16, 60, 200, 200, &ids)).collect();
     assert!(runs.iter().all(|r| r == &runs[0]));

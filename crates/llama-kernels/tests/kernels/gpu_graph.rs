@@ -8,6 +8,7 @@
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use llama_kernels::dev::testing::Rng;
+use llama_kernels::ops::attention::{AttentionTensors, DecodeTensors, KvTensors, Offsets};
 use llama_kernels::ops::{
     self, AttentionMask, AttentionOptions, AttentionWorkspace, DecodeShape, GateUp, KvScales, PagedDecodeOptions,
     PagedDecodeWorkspace, PagedKvCache, PagedKvConfig, Rope, RopeConfig,
@@ -80,10 +81,25 @@ fn planned_ops_capture_into_a_cuda_graph_and_replay_exactly() {
     let layer = |ws: &mut AttentionWorkspace, decode: &mut PagedDecodeWorkspace| {
         ops::rms_norm(&x, &w, 1e-5, &y).unwrap();
         rope.apply(&q, Some(&k), &pos).unwrap();
-        ws.forward_device(&q, &k, &v, &cu, &cu, &o, None, &opts).unwrap();
+        ws.forward(
+            AttentionTensors {
+                q: &q,
+                kv: KvTensors::Contiguous { k: &k, v: &v },
+                cu_seqlens: Offsets::Device { q: &cu, k: &cu },
+                out: &o,
+                lse: None,
+            },
+            &opts,
+        )
+        .unwrap();
         ops::swiglu(GateUp::GateThenUp(&gate_up), &h).unwrap();
         cache.append(&k, &v, &slots).unwrap();
-        decode.forward(&qd, &cache, &table, &lens, &od, None, &PagedDecodeOptions::default()).unwrap();
+        decode
+            .forward(
+                DecodeTensors { q: &qd, cache: &cache, block_table: &table, seq_lens: &lens, out: &od, lse: None },
+                &PagedDecodeOptions::default(),
+            )
+            .unwrap();
     };
     // Eager reference run.
     layer(&mut ws, &mut decode);
@@ -150,20 +166,49 @@ fn host_offsets_during_capture_are_a_named_error() {
     let out = Tensor::zeros(&device, DType::BF16, &[t, 4, 64]).unwrap();
     let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
     let mut ws = AttentionWorkspace::plan(&device, 4).unwrap();
-    ws.forward(&q, &k, &v, &[0, 10, 32], &[0, 10, 32], &out, None, &opts).unwrap();
+    ws.forward(
+        AttentionTensors {
+            q: &q,
+            kv: KvTensors::Contiguous { k: &k, v: &v },
+            cu_seqlens: Offsets::Host { q: &[0, 10, 32], k: &[0, 10, 32] },
+            out: &out,
+            lse: None,
+        },
+        &opts,
+    )
+    .unwrap();
     device.synchronize().unwrap();
     let ctx = stream.context().clone();
     // SAFETY: only this stream touches these buffers while tracking is off.
     unsafe { ctx.disable_event_tracking() };
     stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    let r = ws.forward(&q, &k, &v, &[0, 10, 32], &[0, 10, 32], &out, None, &opts);
+    let r = ws.forward(
+        AttentionTensors {
+            q: &q,
+            kv: KvTensors::Contiguous { k: &k, v: &v },
+            cu_seqlens: Offsets::Host { q: &[0, 10, 32], k: &[0, 10, 32] },
+            out: &out,
+            lse: None,
+        },
+        &opts,
+    );
     let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap();
     // SAFETY: restores the default; nothing else ran while it was off.
     unsafe { ctx.enable_event_tracking() };
     assert!(matches!(&r, Err(llama_kernels::Error::Unsupported { what }) if what.contains("graph capture")), "{r:?}");
     drop(graph);
     // The workspace still works eagerly afterwards.
-    ws.forward(&q, &k, &v, &[0, 32], &[0, 32], &out, None, &opts).unwrap();
+    ws.forward(
+        AttentionTensors {
+            q: &q,
+            kv: KvTensors::Contiguous { k: &k, v: &v },
+            cu_seqlens: Offsets::Host { q: &[0, 32], k: &[0, 32] },
+            out: &out,
+            lse: None,
+        },
+        &opts,
+    )
+    .unwrap();
     device.synchronize().unwrap();
     println!("graph capture: host offsets refused by name while capturing");
 }
@@ -188,14 +233,24 @@ fn a_workspace_called_on_another_stream_never_reads_another_calls_offsets() {
     let [q, k, v] = attention_inputs(&engine, t, 9);
     let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
     let calls = 24;
-    let offsets: Vec<Vec<i32>> = (0..calls).map(|i| vec![0, 1 + (i * 37 % 511) as i32, t as i32]).collect();
+    let offsets: Vec<Vec<i32>> = (0..calls).map(|i| vec![0, 1 + (i * 37 % 511), t as i32]).collect();
     let mut ws = AttentionWorkspace::plan(&device, 2).unwrap();
     // Expected: each call alone, waited for.
     let expected: Vec<Vec<f64>> = offsets
         .iter()
         .map(|cu| {
             let out = Tensor::zeros(&engine, DType::BF16, &[t, 4, 64]).unwrap();
-            ws.forward(&q, &k, &v, cu, cu, &out, None, &opts).unwrap();
+            ws.forward(
+                AttentionTensors {
+                    q: &q,
+                    kv: KvTensors::Contiguous { k: &k, v: &v },
+                    cu_seqlens: Offsets::Host { q: cu, k: cu },
+                    out: &out,
+                    lse: None,
+                },
+                &opts,
+            )
+            .unwrap();
             out.to_f64_vec().unwrap()
         })
         .collect();
@@ -203,7 +258,17 @@ fn a_workspace_called_on_another_stream_never_reads_another_calls_offsets() {
     let outs: Vec<Tensor> = (0..calls).map(|_| Tensor::zeros(&engine, DType::BF16, &[t, 4, 64]).unwrap()).collect();
     engine.synchronize().unwrap();
     for (cu, out) in offsets.iter().zip(&outs) {
-        ws.forward(&q, &k, &v, cu, cu, out, None, &opts).unwrap();
+        ws.forward(
+            AttentionTensors {
+                q: &q,
+                kv: KvTensors::Contiguous { k: &k, v: &v },
+                cu_seqlens: Offsets::Host { q: cu, k: cu },
+                out,
+                lse: None,
+            },
+            &opts,
+        )
+        .unwrap();
     }
     engine.synchronize().unwrap();
     for (i, (out, want)) in outs.iter().zip(&expected).enumerate() {
@@ -235,8 +300,17 @@ fn a_thread_that_never_used_the_context_loads_kernels_and_opts_into_shared_memor
         let (q, k, v) = (rand(&[16, 2, 256]), rand(&[16, 2, 256]), rand(&[16, 2, 256]));
         let out = Tensor::zeros(&device, DType::F16, &[16, 2, 256]).unwrap();
         let mut ws = AttentionWorkspace::plan(&device, 1).unwrap();
-        ws.forward(&q, &k, &v, &[0, 16], &[0, 16], &out, None, &AttentionOptions::default())
-            .map(|()| out.to_f64_vec().unwrap())
+        ws.forward(
+            AttentionTensors {
+                q: &q,
+                kv: KvTensors::Contiguous { k: &k, v: &v },
+                cu_seqlens: Offsets::Host { q: &[0, 16], k: &[0, 16] },
+                out: &out,
+                lse: None,
+            },
+            &AttentionOptions::default(),
+        )
+        .map(|()| out.to_f64_vec().unwrap())
     });
     let out = handle.join().expect("the thread finished").expect("attention on a fresh thread");
     assert!(out.iter().all(|x| x.is_finite()));

@@ -8,6 +8,7 @@ use half::bf16;
 use llama_kernels::dev::testing::{Rng, Tolerance, compare};
 use llama_kernels::dev::verify::{AttentionCase, attention_case, attention_tolerance};
 use llama_kernels::ops::attention::AttentionWorkspace;
+use llama_kernels::ops::attention::{AttentionArgs, AttentionTensors, KvInput, KvTensors, Offsets};
 use llama_kernels::ops::{self, AttentionMask, AttentionOptions, CuSeqlens, GateUp, GateUpView, Rope, RopeConfig};
 use llama_kernels::reference::attention::{AttentionSpec, attention, nan_exposed_rows};
 use llama_kernels::{DType, Device, DeviceCounters, Error, Tensor, TensorView, TensorViewMut};
@@ -84,17 +85,21 @@ fn view_level_calls_match_the_tensor_api_bit_for_bit() {
     let v: Vec<f32> = (0..15 * hk * hd).map(|_| rng.normal() as f32).collect();
     let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
     let out_t = Tensor::poisoned(&d, DType::F32, &[10, hq, hd]).unwrap();
-    ops::gqa_attention(
-        &Tensor::from_slice(&d, &q, &[10, hq, hd]).unwrap(),
-        &Tensor::from_slice(&d, &k, &[15, hk, hd]).unwrap(),
-        &Tensor::from_slice(&d, &v, &[15, hk, hd]).unwrap(),
-        &cu_q,
-        &cu_k,
-        &out_t,
-        None,
-        &opts,
-    )
-    .unwrap();
+    ops::AttentionWorkspace::new(Tensor::from_slice(&d, &q, &[10, hq, hd]).unwrap().device())
+        .forward(
+            AttentionTensors {
+                q: &Tensor::from_slice(&d, &q, &[10, hq, hd]).unwrap(),
+                kv: KvTensors::Contiguous {
+                    k: &Tensor::from_slice(&d, &k, &[15, hk, hd]).unwrap(),
+                    v: &Tensor::from_slice(&d, &v, &[15, hk, hd]).unwrap(),
+                },
+                cu_seqlens: Offsets::Host { q: &cu_q, k: &cu_k },
+                out: &out_t,
+                lse: None,
+            },
+            &opts,
+        )
+        .unwrap();
     let expect = bits_f32(&out_t.to_vec::<f32>().unwrap());
     let mut ws = AttentionWorkspace::plan(&d, 4).unwrap();
     for device_offsets in [false, true] {
@@ -112,7 +117,8 @@ fn view_level_calls_match_the_tensor_api_bit_for_bit() {
                 CuSeqlens::Host { q: &cu_q, k: &cu_k }
             };
             let mut ov = TensorViewMut::host(&mut out, &[10, hq, hd]).unwrap();
-            ws.forward_on(&d, &qv, &kv, &vv, cu, &mut ov, None, &opts).unwrap();
+            let kv = KvInput::Contiguous { k: &kv, v: &vv };
+            ws.forward_on(&d, AttentionArgs { q: &qv, kv, cu_seqlens: cu, out: &mut ov, lse: None }, &opts).unwrap();
         }
         assert_eq!(bits_f32(&out), expect, "device offsets: {device_offsets}");
     }
@@ -149,7 +155,17 @@ fn planned_calls_allocate_copy_and_wait_for_nothing() {
         ops::fused_add_rms_norm(&x, &res, &w, 1e-5, &y).unwrap();
         rope.apply(&q, Some(&k), &pos).unwrap();
         ops::swiglu(GateUp::GateThenUp(&gate_up), &h).unwrap();
-        ws.forward_device(&q, &k, &v, &cu, &cu, &o, None, &opts).unwrap();
+        ws.forward(
+            AttentionTensors {
+                q: &q,
+                kv: KvTensors::Contiguous { k: &k, v: &v },
+                cu_seqlens: Offsets::Device { q: &cu, k: &cu },
+                out: &o,
+                lse: None,
+            },
+            &opts,
+        )
+        .unwrap();
     }
     let after = d.counters();
     assert_eq!(
@@ -158,7 +174,17 @@ fn planned_calls_allocate_copy_and_wait_for_nothing() {
         "a planned call allocated, copied or waited"
     );
     // Host offsets cost exactly one pinned upload (no pageable copy, no wait).
-    ws.forward(&q, &k, &v, &cu_host, &cu_host, &o, None, &opts).unwrap();
+    ws.forward(
+        AttentionTensors {
+            q: &q,
+            kv: KvTensors::Contiguous { k: &k, v: &v },
+            cu_seqlens: Offsets::Host { q: &cu_host, k: &cu_host },
+            out: &o,
+            lse: None,
+        },
+        &opts,
+    )
+    .unwrap();
     assert_eq!(
         d.counters(),
         DeviceCounters { launches: after.launches + 1, pinned_uploads: after.pinned_uploads + 1, ..after }
@@ -175,7 +201,18 @@ fn planned_calls_allocate_copy_and_wait_for_nothing() {
     // A workspace planned too small grows once (an allocation), then is planned again.
     let mut small = AttentionWorkspace::new(&d);
     let c2 = d.counters();
-    small.forward_device(&q, &k, &v, &cu, &cu, &o, None, &opts).unwrap();
+    small
+        .forward(
+            AttentionTensors {
+                q: &q,
+                kv: KvTensors::Contiguous { k: &k, v: &v },
+                cu_seqlens: Offsets::Device { q: &cu, k: &cu },
+                out: &o,
+                lse: None,
+            },
+            &opts,
+        )
+        .unwrap();
     assert!(d.counters().allocations > c2.allocations);
 }
 
@@ -201,7 +238,17 @@ fn device_offsets_match_host_offsets_and_invalid_ones_write_nothing() {
         let good = Tensor::from_slice(&d, &[0i32, 3, 5, 9], &[4]).unwrap();
         for (cq, ck) in [(&cu, &good), (&good, &cu)] {
             let out = Tensor::poisoned(&d, DType::BF16, &[9, hq, hd]).unwrap();
-            ws.forward_device(&q, &kv, &kv, cq, ck, &out, None, &opts).unwrap();
+            ws.forward(
+                AttentionTensors {
+                    q: &q,
+                    kv: KvTensors::Contiguous { k: &kv, v: &kv },
+                    cu_seqlens: Offsets::Device { q: cq, k: ck },
+                    out: &out,
+                    lse: None,
+                },
+                &opts,
+            )
+            .unwrap();
             assert!(out.to_f64_vec().unwrap().iter().all(|v| v.is_nan()), "{bad:?}: invalid offsets wrote output");
             let e = ws.check_errors().unwrap_err();
             assert!(matches!(e, Error::DeviceReported { .. }), "{bad:?}: {e}");
@@ -212,10 +259,32 @@ fn device_offsets_match_host_offsets_and_invalid_ones_write_nothing() {
     let cu3 = Tensor::from_slice(&d, &[0i32, 9, 9], &[3]).unwrap();
     let cu4 = Tensor::from_slice(&d, &[0i32, 3, 5, 9], &[4]).unwrap();
     let out = Tensor::zeros(&d, DType::BF16, &[9, hq, hd]).unwrap();
-    let e = ws.forward_device(&q, &kv, &kv, &cu4, &cu3, &out, None, &opts).unwrap_err();
+    let e = ws
+        .forward(
+            AttentionTensors {
+                q: &q,
+                kv: KvTensors::Contiguous { k: &kv, v: &kv },
+                cu_seqlens: Offsets::Device { q: &cu4, k: &cu3 },
+                out: &out,
+                lse: None,
+            },
+            &opts,
+        )
+        .unwrap_err();
     assert!(matches!(e, Error::ShapeMismatch { what: "cu_seqlens_k", .. }), "{e}");
     let cu_i64 = Tensor::from_slice(&d, &[0i64, 9], &[2]).unwrap();
-    let e = ws.forward_device(&q, &kv, &kv, &cu_i64, &cu_i64, &out, None, &opts).unwrap_err();
+    let e = ws
+        .forward(
+            AttentionTensors {
+                q: &q,
+                kv: KvTensors::Contiguous { k: &kv, v: &kv },
+                cu_seqlens: Offsets::Device { q: &cu_i64, k: &cu_i64 },
+                out: &out,
+                lse: None,
+            },
+            &opts,
+        )
+        .unwrap_err();
     assert!(matches!(e, Error::DTypeMismatch { what: "cu_seqlens_q", .. }), "{e}");
 }
 
@@ -244,11 +313,32 @@ fn every_op_accepts_every_empty_view() {
     rope.apply(&q, Some(&k), &pos).unwrap();
     let kv = Tensor::zeros(&d, DType::BF16, &[0, 1, 64]).unwrap();
     let opts = AttentionOptions::default();
-    ops::gqa_attention(&q, &kv, &kv, &[0, 0], &[0, 0], &q.clone(), None, &opts).unwrap_or_else(|e| {
-        // q and out are the same (empty) view: empty views overlap nothing.
-        panic!("empty attention: {e}")
-    });
-    ops::gqa_attention(&q, &kv, &kv, &[0], &[0], &Tensor::zeros(&d, DType::BF16, &[0, 4, 64]).unwrap(), None, &opts)
+    ops::AttentionWorkspace::new(q.device())
+        .forward(
+            AttentionTensors {
+                q: &q,
+                kv: KvTensors::Contiguous { k: &kv, v: &kv },
+                cu_seqlens: Offsets::Host { q: &[0, 0], k: &[0, 0] },
+                out: &q.clone(),
+                lse: None,
+            },
+            &opts,
+        )
+        .unwrap_or_else(|e| {
+            // q and out are the same (empty) view: empty views overlap nothing.
+            panic!("empty attention: {e}")
+        });
+    ops::AttentionWorkspace::new(q.device())
+        .forward(
+            AttentionTensors {
+                q: &q,
+                kv: KvTensors::Contiguous { k: &kv, v: &kv },
+                cu_seqlens: Offsets::Host { q: &[0], k: &[0] },
+                out: &Tensor::zeros(&d, DType::BF16, &[0, 4, 64]).unwrap(),
+                lse: None,
+            },
+            &opts,
+        )
         .unwrap();
     // And on borrowed empty host slices.
     let (e_in, mut e_out) = (Vec::<f32>::new(), Vec::<f32>::new());
@@ -272,7 +362,18 @@ fn empty_shapes_with_huge_dimensions_never_overflow() {
     let k = Tensor::zeros(&d, DType::BF16, &[0, 1 << 58, 64]).unwrap();
     let out = Tensor::zeros(&d, DType::BF16, &[0, 1 << 60, 64]).unwrap();
     let lse = Tensor::zeros(&d, DType::F32, &[1 << 60, 0]).unwrap();
-    ops::gqa_attention(&q, &k, &k, &[0, 0], &[0, 0], &out, Some(&lse), &AttentionOptions::default()).unwrap();
+    ops::AttentionWorkspace::new(q.device())
+        .forward(
+            AttentionTensors {
+                q: &q,
+                kv: KvTensors::Contiguous { k: &k, v: &k },
+                cu_seqlens: Offsets::Host { q: &[0, 0], k: &[0, 0] },
+                out: &out,
+                lse: Some(&lse),
+            },
+            &AttentionOptions::default(),
+        )
+        .unwrap();
     ops::rms_norm(&q, &Tensor::zeros(&d, DType::BF16, &[64]).unwrap(), 1e-5, &out).unwrap();
     let rope = Rope::new(&d, RopeConfig::llama3_1(64)).unwrap();
     rope.apply(&q, Some(&k), &Tensor::zeros(&d, DType::I32, &[0]).unwrap()).unwrap();
@@ -364,17 +465,21 @@ fn non_finite_values_follow_the_documented_attention_contract() {
         let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
         let out = Tensor::poisoned(&d, dtype, &[130, hq, hd]).unwrap();
         let lse = Tensor::poisoned(&d, DType::F32, &[hq, 130]).unwrap();
-        ops::gqa_attention(
-            &Tensor::from_f64(&d, dtype, &q, &[130, hq, hd]).unwrap(),
-            &Tensor::from_f64(&d, dtype, &kk, &[130, hk, hd]).unwrap(),
-            &Tensor::from_f64(&d, dtype, &v, &[130, hk, hd]).unwrap(),
-            &cu_q,
-            &cu_k,
-            &out,
-            Some(&lse),
-            &opts,
-        )
-        .unwrap();
+        ops::AttentionWorkspace::new(Tensor::from_f64(&d, dtype, &q, &[130, hq, hd]).unwrap().device())
+            .forward(
+                AttentionTensors {
+                    q: &Tensor::from_f64(&d, dtype, &q, &[130, hq, hd]).unwrap(),
+                    kv: KvTensors::Contiguous {
+                        k: &Tensor::from_f64(&d, dtype, &kk, &[130, hk, hd]).unwrap(),
+                        v: &Tensor::from_f64(&d, dtype, &v, &[130, hk, hd]).unwrap(),
+                    },
+                    cu_seqlens: Offsets::Host { q: &cu_q, k: &cu_k },
+                    out: &out,
+                    lse: Some(&lse),
+                },
+                &opts,
+            )
+            .unwrap();
         let spec = AttentionSpec {
             q_heads: hq,
             kv_heads: hk,
@@ -412,8 +517,18 @@ fn zero_kv_heads_get_their_own_message() {
     let d = Device::emulated();
     let q = Tensor::zeros(&d, DType::BF16, &[4, 8, 64]).unwrap();
     let kv = Tensor::zeros(&d, DType::BF16, &[4, 0, 64]).unwrap();
-    let e =
-        ops::gqa_attention(&q, &kv, &kv, &[0, 4], &[0, 4], &q.clone(), None, &AttentionOptions::default()).unwrap_err();
+    let e = ops::AttentionWorkspace::new(q.device())
+        .forward(
+            AttentionTensors {
+                q: &q,
+                kv: KvTensors::Contiguous { k: &kv, v: &kv },
+                cu_seqlens: Offsets::Host { q: &[0, 4], k: &[0, 4] },
+                out: &q.clone(),
+                lse: None,
+            },
+            &AttentionOptions::default(),
+        )
+        .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { name: "kv_heads", .. }), "{e}");
     assert!(e.to_string().contains("kv_heads = 0"), "{e}");
 }

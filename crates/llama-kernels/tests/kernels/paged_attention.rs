@@ -15,6 +15,7 @@ use llama_kernels::dev::verify::{
 };
 use llama_kernels::dtype::{f8e4m3_decode, f8e4m3_encode};
 use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature};
+use llama_kernels::ops::attention::{AttentionTensors, DecodeArgs, DecodeTensors, KvAppendArgs, KvTensors, Offsets};
 use llama_kernels::ops::attention::{
     DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvCache, PagedKvConfig,
     PagedKvView, kv_append_on, merge_attention_states,
@@ -405,7 +406,17 @@ fn prefill_bad_page_is_skipped_and_flagged() {
             let out = Tensor::poisoned(&device, dtype, &[4, 2, d]).unwrap();
             let mut ws = AttentionWorkspace::new(&device);
             let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
-            ws.forward_paged(&qt, &cache, &table, &[0, 4], &[0, 20], &out, None, &opts).unwrap();
+            ws.forward(
+                AttentionTensors {
+                    q: &qt,
+                    kv: KvTensors::Paged { cache: &cache, block_table: &table },
+                    cu_seqlens: Offsets::Host { q: &[0, 4], k: &[0, 20] },
+                    out: &out,
+                    lse: None,
+                },
+                &opts,
+            )
+            .unwrap();
             let e = ws.check_errors().unwrap_err();
             assert!(matches!(e, Error::DeviceReported { .. }) && e.to_string().contains("page"), "{e}");
             ws.check_errors().unwrap(); // read and cleared
@@ -471,7 +482,18 @@ fn fp8_caches_are_bounded_to_the_scales_in_every_op() {
     let k = Tensor::zeros(&d, DType::BF16, &[1, heads, 16]).unwrap();
     let slots = Tensor::from_slice(&d, &[0i64], &[1]).unwrap();
     let flag = ErrorFlag::new(&d).unwrap();
-    let r = kv_append_on(&d, &k.view(), &k.view(), &slots.view(), &mut kp, &mut vp, &KvScales::default(), &flag);
+    let r = kv_append_on(
+        &d,
+        KvAppendArgs {
+            k: &k.view(),
+            v: &k.view(),
+            slot_mapping: &slots.view(),
+            k_pages: &mut kp,
+            v_pages: &mut vp,
+            scales: &KvScales::default(),
+        },
+        &flag,
+    );
     named(r, "kv_heads");
     // 16-bit pools of as many heads are fine.
     PagedKvCache::new(&d, &PagedKvConfig { dtype: DType::BF16, ..config }).unwrap();
@@ -594,7 +616,11 @@ fn planned_calls_allocate_nothing_and_never_wait() {
     let before = device.counters();
     for _ in 0..3 {
         cache.append(&k, &k, &slots).unwrap();
-        ws.forward(&q, &cache, &table, &lens, &out, Some(&lse), &PagedDecodeOptions::default()).unwrap();
+        ws.forward(
+            DecodeTensors { q: &q, cache: &cache, block_table: &table, seq_lens: &lens, out: &out, lse: Some(&lse) },
+            &PagedDecodeOptions::default(),
+        )
+        .unwrap();
     }
     let after = device.counters();
     assert_eq!(after.launches - before.launches, 9, "append + decode + merge per step");
@@ -684,22 +710,70 @@ fn every_append_validation_error_is_named() {
     {
         let mut flat = TensorViewMut::host(&mut a, &[4 * 16 * 128]).unwrap();
         let mut vb = TensorViewMut::host(&mut b, &[4, 16, 2, 64]).unwrap();
-        let e = kv_append_on(&d, &k.view(), &v.view(), &slots.view(), &mut flat, &mut vb, &s, &flag).unwrap_err();
+        let e = kv_append_on(
+            &d,
+            KvAppendArgs {
+                k: &k.view(),
+                v: &v.view(),
+                slot_mapping: &slots.view(),
+                k_pages: &mut flat,
+                v_pages: &mut vb,
+                scales: &s,
+            },
+            &flag,
+        )
+        .unwrap_err();
         assert!(matches!(&e, Error::ShapeMismatch { what: "k_pages", .. }), "{e}");
     }
     {
         let mut ka = TensorViewMut::host(&mut a, &[4, 16, 2, 64]).unwrap();
         let mut vb = TensorViewMut::host(&mut b, &[4, 16, 2, 64]).unwrap();
-        let e = kv_append_on(&d, &k.view(), &v.view(), &slots.view(), &mut ka, &mut vb, &s, &flag).unwrap_err();
+        let e = kv_append_on(
+            &d,
+            KvAppendArgs {
+                k: &k.view(),
+                v: &v.view(),
+                slot_mapping: &slots.view(),
+                k_pages: &mut ka,
+                v_pages: &mut vb,
+                scales: &s,
+            },
+            &flag,
+        )
+        .unwrap_err();
         assert!(matches!(&e, Error::DTypeMismatch { what: "v_pages", .. }), "{e}");
     }
     let mut b2 = vec![half::bf16::ZERO; 4 * 16 * 128];
     let mut ka = TensorViewMut::host(&mut a, &[4, 16, 2, 64]).unwrap();
     let mut vb = TensorViewMut::host(&mut b2, &[4, 16, 2, 64]).unwrap();
     let other = ErrorFlag::new(&Device::emulated()).unwrap();
-    let e = kv_append_on(&d, &k.view(), &v.view(), &slots.view(), &mut ka, &mut vb, &s, &other).unwrap_err();
+    let e = kv_append_on(
+        &d,
+        KvAppendArgs {
+            k: &k.view(),
+            v: &v.view(),
+            slot_mapping: &slots.view(),
+            k_pages: &mut ka,
+            v_pages: &mut vb,
+            scales: &s,
+        },
+        &other,
+    )
+    .unwrap_err();
     assert!(matches!(&e, Error::DeviceMismatch { .. }), "{e}");
-    kv_append_on(&d, &k.view(), &v.view(), &slots.view(), &mut ka, &mut vb, &s, &flag).unwrap();
+    kv_append_on(
+        &d,
+        KvAppendArgs {
+            k: &k.view(),
+            v: &v.view(),
+            slot_mapping: &slots.view(),
+            k_pages: &mut ka,
+            v_pages: &mut vb,
+            scales: &s,
+        },
+        &flag,
+    )
+    .unwrap();
 }
 
 #[test]
@@ -715,7 +789,9 @@ fn every_decode_validation_error_is_named() {
     let table = Tensor::from_slice(&d, &[0i32, 1, 2, 3, 4, 5], &[2, 3]).unwrap();
     let lens = Tensor::from_slice(&d, &[40i32, 3], &[2]).unwrap();
     let opts = PagedDecodeOptions::default();
-    ws.forward(&q, &cache, &table, &lens, &out, None, &opts).unwrap();
+    // A valid call; each check below changes one thing.
+    let call = DecodeTensors { q: &q, cache: &cache, block_table: &table, seq_lens: &lens, out: &out, lse: None };
+    ws.forward(call, &opts).unwrap();
     // Plans.
     let plan = |s: DecodeShape| PagedDecodeWorkspace::plan(&d, &s).map(|_| ());
     let e = plan(DecodeShape { head_dim: 80, ..shape }).unwrap_err();
@@ -734,43 +810,40 @@ fn every_decode_validation_error_is_named() {
     // Calls.
     let lens3 = Tensor::from_slice(&d, &[4i32, 3, 2], &[3]).unwrap();
     let (q3, o3) = (t(DType::BF16, &[3, q_heads, hd]), t(DType::BF16, &[3, q_heads, hd]));
-    named(ws.forward(&q3, &cache, &t(DType::I32, &[3, 3]), &lens3, &o3, None, &opts), "batch");
-    let e = ws.forward(&q3, &cache, &table, &lens, &out, None, &opts).unwrap_err();
+    named(
+        ws.forward(
+            DecodeTensors { q: &q3, block_table: &t(DType::I32, &[3, 3]), seq_lens: &lens3, out: &o3, ..call },
+            &opts,
+        ),
+        "batch",
+    );
+    let e = ws.forward(DecodeTensors { q: &q3, ..call }, &opts).unwrap_err();
     assert!(matches!(&e, Error::ShapeMismatch { what: "q", .. }), "{e}");
-    let e = ws.forward(&t(DType::F16, &[2, q_heads, hd]), &cache, &table, &lens, &out, None, &opts).unwrap_err();
+    let e = ws.forward(DecodeTensors { q: &t(DType::F16, &[2, q_heads, hd]), ..call }, &opts).unwrap_err();
     assert!(matches!(&e, Error::DTypeMismatch { what: "q", .. }), "{e}");
     // 2 pages of 16 cannot hold the planned 40 keys.
-    named(ws.forward(&q, &cache, &table.narrow(1, 0, 2).unwrap(), &lens, &out, None, &opts), "block_table");
-    let e = ws.forward(&q, &cache, &t(DType::I64, &[2, 3]), &lens, &out, None, &opts).unwrap_err();
+    named(ws.forward(DecodeTensors { block_table: &table.narrow(1, 0, 2).unwrap(), ..call }, &opts), "block_table");
+    let e = ws.forward(DecodeTensors { block_table: &t(DType::I64, &[2, 3]), ..call }, &opts).unwrap_err();
     assert!(matches!(&e, Error::DTypeMismatch { what: "block_table", .. }), "{e}");
-    let e = ws.forward(&q, &cache, &t(DType::I32, &[3, 3]), &lens, &out, None, &opts).unwrap_err();
+    let e = ws.forward(DecodeTensors { block_table: &t(DType::I32, &[3, 3]), ..call }, &opts).unwrap_err();
     assert!(matches!(&e, Error::ShapeMismatch { what: "block_table", .. }), "{e}");
-    let e = ws.forward(&q, &cache, &table, &t(DType::I64, &[2]), &out, None, &opts).unwrap_err();
+    let e = ws.forward(DecodeTensors { seq_lens: &t(DType::I64, &[2]), ..call }, &opts).unwrap_err();
     assert!(matches!(&e, Error::DTypeMismatch { what: "seq_lens", .. }), "{e}");
-    let e = ws.forward(&q, &cache, &table, &lens, &out, Some(&t(DType::F32, &[2, q_heads])), &opts).unwrap_err();
+    let e = ws.forward(DecodeTensors { lse: Some(&t(DType::F32, &[2, q_heads])), ..call }, &opts).unwrap_err();
     assert!(matches!(&e, Error::ShapeMismatch { what: "lse", .. }), "{e}");
     for s in [0.0, -1.0, f32::NAN, f32::INFINITY] {
-        named(
-            ws.forward(&q, &cache, &table, &lens, &out, None, &PagedDecodeOptions { scale: Some(s), ..opts }),
-            "scale",
-        );
+        named(ws.forward(call, &PagedDecodeOptions { scale: Some(s), ..opts }), "scale");
     }
-    named(
-        ws.forward(&q, &cache, &table, &lens, &out, None, &PagedDecodeOptions { chunk_size: Some(0), ..opts }),
-        "chunk_size",
-    );
+    named(ws.forward(call, &PagedDecodeOptions { chunk_size: Some(0), ..opts }), "chunk_size");
     let temperature = Some(Llama4Temperature { floor_scale: 0.0, attn_scale: 0.1 });
-    named(
-        ws.forward(&q, &cache, &table, &lens, &out, None, &PagedDecodeOptions { temperature, ..opts }),
-        "temperature floor_scale",
-    );
-    let e = ws.forward(&q, &cache, &table, &lens, &q, None, &opts).unwrap_err();
+    named(ws.forward(call, &PagedDecodeOptions { temperature, ..opts }), "temperature floor_scale");
+    let e = ws.forward(DecodeTensors { out: &q, ..call }, &opts).unwrap_err();
     assert!(matches!(&e, Error::Overlap { .. }), "{e}");
     let in_pool = cache.k_pages().reshape(&[32, 8, 64]).unwrap().narrow(0, 0, 2).unwrap();
-    let e = ws.forward(&q, &cache, &table, &lens, &in_pool, None, &opts).unwrap_err();
+    let e = ws.forward(DecodeTensors { out: &in_pool, ..call }, &opts).unwrap_err();
     assert!(matches!(&e, Error::Overlap { .. }), "{e}");
     let other = bf16_cache(&d, 8, 1, hd);
-    let e = ws.forward(&q, &other, &table, &lens, &out, None, &opts).unwrap_err();
+    let e = ws.forward(DecodeTensors { cache: &other, ..call }, &opts).unwrap_err();
     assert!(matches!(&e, Error::ShapeMismatch { what: "k_pages", .. }), "{e}");
     // View level: a page size that is not a power of two, scales that are not finite or > 0.
     let (odd_k, odd_v) = (t(DType::BF16, &[4, 24, kv_heads, hd]), t(DType::BF16, &[4, 24, kv_heads, hd]));
@@ -779,7 +852,9 @@ fn every_decode_validation_error_is_named() {
     let odd = PagedKvView { k_pages: &okv, v_pages: &ovv, scales: &none };
     let mut o1_buf = vec![half::bf16::ZERO; 2 * q_heads * hd];
     let mut o1 = TensorViewMut::host(&mut o1_buf, &[2, q_heads, hd]).unwrap();
-    named(ws.forward_on(&d, &q.view(), &odd, &table.view(), &lens.view(), &mut o1, None, &opts), "page_size");
+    let (qv, tv, lv) = (q.view(), table.view(), lens.view());
+    let args = DecodeArgs { q: &qv, kv: &odd, block_table: &tv, seq_lens: &lv, out: &mut o1, lse: None };
+    named(ws.forward_on(&d, args, &opts), "page_size");
     let fp8_shape = DecodeShape { page_dtype: DType::F8E4M3, ..shape };
     let mut ws8 = PagedDecodeWorkspace::plan(&d, &fp8_shape).unwrap();
     let (k8, v8) = (t(DType::F8E4M3, &[8, 16, kv_heads, hd]), t(DType::F8E4M3, &[8, 16, kv_heads, hd]));
@@ -787,10 +862,11 @@ fn every_decode_validation_error_is_named() {
     for bad in [0.0, -2.0, f32::NAN, f32::NEG_INFINITY] {
         let sc = KvScales::per_tensor(1.0, bad);
         let kv = PagedKvView { k_pages: &k8v, v_pages: &v8v, scales: &sc };
-        named(ws8.forward_on(&d, &q.view(), &kv, &table.view(), &lens.view(), &mut o1, None, &opts), "v_scale");
+        let args = DecodeArgs { q: &qv, kv: &kv, block_table: &tv, seq_lens: &lv, out: &mut o1, lse: None };
+        named(ws8.forward_on(&d, args, &opts), "v_scale");
     }
     let mut elsewhere = PagedDecodeWorkspace::plan(&Device::emulated(), &shape).unwrap();
-    let e = elsewhere.forward(&q, &cache, &table, &lens, &out, None, &opts).unwrap_err();
+    let e = elsewhere.forward(call, &opts).unwrap_err();
     assert!(matches!(&e, Error::DeviceMismatch { .. }), "{e}");
 }
 
@@ -804,9 +880,23 @@ fn every_prefill_paged_and_merge_validation_error_is_named() {
     let table = Tensor::from_slice(&d, &[0i32, 1], &[1, 2]).unwrap();
     let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
     let mut ws = AttentionWorkspace::new(&d);
-    ws.forward_paged(&q, &cache, &table, &[0, 5], &[0, 32], &out, None, &opts).unwrap();
-    named(ws.forward_paged(&q, &cache, &table, &[0, 5], &[0, 33], &out, None, &opts), "block_table");
-    named(ws.forward_paged(&q, &cache, &table, &[0, 5], &[3, 32], &out, None, &opts), "cu_seqlens_k");
+    // A valid call; each check below changes one thing.
+    let call = AttentionTensors {
+        q: &q,
+        kv: KvTensors::Paged { cache: &cache, block_table: &table },
+        cu_seqlens: Offsets::Host { q: &[0, 5], k: &[0, 32] },
+        out: &out,
+        lse: None,
+    };
+    ws.forward(call, &opts).unwrap();
+    named(
+        ws.forward(AttentionTensors { cu_seqlens: Offsets::Host { q: &[0, 5], k: &[0, 33] }, ..call }, &opts),
+        "block_table",
+    );
+    named(
+        ws.forward(AttentionTensors { cu_seqlens: Offsets::Host { q: &[0, 5], k: &[3, 32] }, ..call }, &opts),
+        "cu_seqlens_k",
+    );
     let fp8 = PagedKvCache::new(
         &d,
         &PagedKvConfig {
@@ -819,11 +909,18 @@ fn every_prefill_paged_and_merge_validation_error_is_named() {
         },
     )
     .unwrap();
-    let e = ws.forward_paged(&q, &fp8, &table, &[0, 5], &[0, 32], &out, None, &opts).unwrap_err();
+    let e = ws
+        .forward(AttentionTensors { kv: KvTensors::Paged { cache: &fp8, block_table: &table }, ..call }, &opts)
+        .unwrap_err();
     assert!(matches!(&e, Error::UnsupportedDType { what: "k_pages", .. }), "{e}");
-    let e = ws.forward_paged(&q, &cache, &table, &[0, 5], &[0, 32], &q, None, &opts).unwrap_err();
+    let e = ws.forward(AttentionTensors { out: &q, ..call }, &opts).unwrap_err();
     assert!(matches!(&e, Error::Overlap { .. }), "{e}");
-    let e = ws.forward_paged(&q, &cache, &t(DType::I32, &[2, 2]), &[0, 5], &[0, 32], &out, None, &opts).unwrap_err();
+    let e = ws
+        .forward(
+            AttentionTensors { kv: KvTensors::Paged { cache: &cache, block_table: &t(DType::I32, &[2, 2]) }, ..call },
+            &opts,
+        )
+        .unwrap_err();
     assert!(matches!(&e, Error::ShapeMismatch { what: "block_table", .. }), "{e}");
     // Merge.
     let (v, l) = (t(DType::BF16, &[5, 8, 64]), t(DType::F32, &[8, 5]));
@@ -911,10 +1008,32 @@ fn what_does_not_fit_an_architecture_is_refused_by_name() {
     let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
     let mut ws = AttentionWorkspace::plan(&d86, 1).unwrap();
     let (q, out) = (t(&d86), t(&d86));
-    named(ws.forward(&q, &q, &q, &[0, 16], &[0, 16], &out, None, &opts), "shared memory");
+    named(
+        ws.forward(
+            AttentionTensors {
+                q: &q,
+                kv: KvTensors::Contiguous { k: &q, v: &q },
+                cu_seqlens: Offsets::Host { q: &[0, 16], k: &[0, 16] },
+                out: &out,
+                lse: None,
+            },
+            &opts,
+        ),
+        "shared memory",
+    );
     let mut ws80 = AttentionWorkspace::plan(&d80, 1).unwrap();
     let (q, out) = (t(&d80), t(&d80));
-    ws80.forward(&q, &q, &q, &[0, 16], &[0, 16], &out, None, &opts).unwrap();
+    ws80.forward(
+        AttentionTensors {
+            q: &q,
+            kv: KvTensors::Contiguous { k: &q, v: &q },
+            cu_seqlens: Offsets::Host { q: &[0, 16], k: &[0, 16] },
+            out: &out,
+            lse: None,
+        },
+        &opts,
+    )
+    .unwrap();
 }
 
 #[test]

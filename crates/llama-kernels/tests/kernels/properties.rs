@@ -10,6 +10,7 @@
 
 use llama_kernels::dev::testing::{Rng, Tolerance, compare};
 use llama_kernels::dev::verify::{attention_tolerance, rope_tolerance};
+use llama_kernels::ops::attention::{AttentionTensors, KvTensors, Offsets};
 use llama_kernels::ops::{
     self, AttentionMask, AttentionOptions, AttentionWorkspace, GateUp, Llama3Scaling, Rope, RopeConfig, RopeLayout,
 };
@@ -269,10 +270,10 @@ proptest! {
         if device_offsets {
             let cq = Tensor::from_slice(&d, &cu_q, &[cu_q.len()]).unwrap();
             let ck = Tensor::from_slice(&d, &cu_k, &[cu_k.len()]).unwrap();
-            ws.forward_device(&q, &k, &v, &cq, &ck, &out, lse.as_ref(), &opts).unwrap();
+            ws.forward(AttentionTensors { q: &q, kv: KvTensors::Contiguous { k: &k, v: &v }, cu_seqlens: Offsets::Device { q: &cq, k: &ck }, out: &out, lse: lse.as_ref() }, &opts).unwrap();
             ws.check_errors().unwrap();
         } else {
-            ws.forward(&q, &k, &v, &cu_q, &cu_k, &out, lse.as_ref(), &opts).unwrap();
+            ws.forward(AttentionTensors { q: &q, kv: KvTensors::Contiguous { k: &k, v: &v }, cu_seqlens: Offsets::Host { q: &cu_q, k: &cu_k }, out: &out, lse: lse.as_ref() }, &opts).unwrap();
         }
         let spec = reference::attention::AttentionSpec {
             q_heads, kv_heads, head_dim, mask, scale: 1.0 / (head_dim as f64).sqrt(), temperature: opts.temperature,

@@ -42,8 +42,8 @@ use crate::formats::config::{FfnSpec, LayerSpec};
 use llama_kernels::backend::Device;
 use llama_kernels::dtype::DType;
 use llama_kernels::ops;
-use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, CuSeqlens};
-use llama_kernels::ops::attention::{PagedDecodeOptions, PagedKvCache, PagedKvView};
+use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionTensors, DecodeTensors, KvTensors};
+use llama_kernels::ops::attention::{Offsets, PagedDecodeOptions, PagedKvCache};
 use llama_kernels::ops::moe::MoeWorkspace;
 use llama_kernels::ops::qlinear::QScratch;
 use llama_kernels::ops::rope::Rope;
@@ -291,7 +291,7 @@ impl DecoderLayer {
         // The new k and v go straight from the fused buffer to their pages (strided views).
         pool.append(&heads.narrow(1, qh, kvh)?, &heads.narrow(1, qh + kvh, kvh)?, &meta.slot_mapping)?;
         let attn_heads = attn.reshape(&[t, qh, d])?;
-        self.attend(ws, pool, meta, step.decode, &heads.narrow(1, 0, qh)?, &attn_heads, hidden)?;
+        self.attend(ws, pool, meta, step.decode, &heads.narrow(1, 0, qh)?, &attn_heads)?;
         probe.snap("attention", &attn)?;
         w.o.forward(&attn, w.o_bias.as_ref(), &proj, false, ws.qscratch.as_ref())?;
         probe.snap("o_proj", &proj)?;
@@ -303,7 +303,6 @@ impl DecoderLayer {
 
     /// Attention of `q` over the pages: split-KV decode when every sequence has one new token,
     /// else varlen prefill over the paged K/V with device-resident offsets.
-    #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
         ws: &mut LayerWorkspace,
@@ -312,7 +311,6 @@ impl DecoderLayer {
         decode: bool,
         q: &Tensor,
         out: &Tensor,
-        hidden: &Tensor,
     ) -> Result<()> {
         let s = &self.spec;
         if decode {
@@ -321,24 +319,22 @@ impl DecoderLayer {
                 AttentionMask::Causal | AttentionMask::None => None,
             };
             let opts = PagedDecodeOptions { scale: None, chunk_size, temperature: s.temperature };
-            return Ok(ws.decode.forward(q, pool, &meta.block_table, &meta.seq_lens, out, None, &opts)?);
+            let call = DecodeTensors {
+                q,
+                cache: pool,
+                block_table: &meta.block_table,
+                seq_lens: &meta.seq_lens,
+                out,
+                lse: None,
+            };
+            return Ok(ws.decode.forward(call, &opts)?);
         }
         // Prefill, chunked prefill after a cached prefix, and mixed steps: the cached prefix and
         // the new tokens alike are read from the pages.
         let opts = AttentionOptions { mask: s.mask, temperature: s.temperature, scale: None, gqa_pack: None };
-        let (kp, vp) = (pool.k_pages().view(), pool.v_pages().view());
-        let kv = PagedKvView { k_pages: &kp, v_pages: &vp, scales: pool.scales() };
-        let (cq, ck) = (meta.cu_q.view(), meta.cu_k.view());
-        Ok(ws.attention.forward_paged_on(
-            hidden.device(),
-            &q.view(),
-            &kv,
-            &meta.block_table.view(),
-            CuSeqlens::Device { q: &cq, k: &ck },
-            &mut out.view_mut(),
-            None,
-            &opts,
-        )?)
+        let kv = KvTensors::Paged { cache: pool, block_table: &meta.block_table };
+        let cu_seqlens = Offsets::Device { q: &meta.cu_q, k: &meta.cu_k };
+        Ok(ws.attention.forward(AttentionTensors { q, kv, cu_seqlens, out, lse: None }, &opts)?)
     }
 
     /// The feed-forward half; the residual add is fused into the down projection (dense) or

@@ -197,7 +197,8 @@ impl ChatTemplate {
 
     /// Renders `messages`; with `add_generation_prompt`, the template's opening of the
     /// assistant's turn follows. A `raise_exception` in the template, or a render past its
-    /// fuel, is an [`Error::InvalidArgument`] carrying the template's message.
+    /// fuel, is an [`Error::Kernel`] holding a
+    /// [`llama_kernels::Error::InvalidArgument`] carrying the template's message.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let template = self.env.get_template(NAME).map_err(template_error)?;
         let ctx = minijinja::context! {

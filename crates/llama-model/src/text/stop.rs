@@ -74,7 +74,7 @@ impl StopIds {
         self.ids.insert(id);
     }
 
-    /// The ids as a set (what [`GenerateOptions::stop`](super::GenerateOptions::stop) takes).
+    /// The ids as a set (what [`GenerateOptions::stop`](crate::model::GenerateOptions::stop) takes).
     pub fn as_set(&self) -> &BTreeSet<u32> {
         &self.ids
     }

@@ -417,7 +417,7 @@ impl Tokenizer {
     /// `skip_special_tokens`, control tokens are left out. A SentencePiece vocabulary with
     /// `add_space_prefix` drops one leading space of the joined bytes (the dummy prefix, as
     /// Hugging Face's `Strip` decoder does). An id outside the vocabulary is an
-    /// [`Error::InvalidArgument`].
+    /// [`llama_kernels::Error::InvalidArgument`] (in [`crate::Error::Kernel`]).
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         let mut bytes = Vec::new();
         for &id in ids {

@@ -7,7 +7,10 @@ use crate::backend::Device;
 use crate::dev::testing::{Rng, Tolerance, compare};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace, Llama4Temperature};
+use crate::ops::attention::{
+    AttentionArgs, AttentionMask, AttentionOptions, AttentionTensors, AttentionWorkspace, KvInput, KvTensors,
+    Llama4Temperature, Offsets,
+};
 use crate::reference;
 use crate::tensor::Tensor;
 
@@ -26,7 +29,7 @@ pub struct AttentionCase {
     /// q, k and v are views into one `[tokens, q_heads + 2 kv_heads, head_dim]` buffer (needs
     /// q_len == k_len for every sequence).
     pub fused_qkv: bool,
-    /// Pass the sequence offsets as device tensors (`forward_device`) instead of host slices.
+    /// Pass the sequence offsets as device tensors (`Offsets::Device`) instead of host slices.
     pub device_offsets: bool,
     /// Read K and V from a paged cache of this page size (scrambled pages) instead of tensors.
     pub paged: Option<usize>,
@@ -132,9 +135,12 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
     } else if device_offsets {
         let cq = Tensor::from_slice(device, &cu_q, &[cu_q.len()])?;
         let ck = Tensor::from_slice(device, &cu_k, &[cu_k.len()])?;
-        ws.forward_device(&qt, &kt, &vt, &cq, &ck, &out, lse.as_ref(), &opts)?;
+        let kv = KvTensors::Contiguous { k: &kt, v: &vt };
+        let cu_seqlens = Offsets::Device { q: &cq, k: &ck };
+        ws.forward(AttentionTensors { q: &qt, kv, cu_seqlens, out: &out, lse: lse.as_ref() }, &opts)?;
     } else {
-        ws.forward(&qt, &kt, &vt, &cu_q, &cu_k, &out, lse.as_ref(), &opts)?;
+        let (kv, cu_seqlens) = (KvTensors::Contiguous { k: &kt, v: &vt }, Offsets::Host { q: &cu_q, k: &cu_k });
+        ws.forward(AttentionTensors { q: &qt, kv, cu_seqlens, out: &out, lse: lse.as_ref() }, &opts)?;
     }
     device.synchronize()?;
     ws.check_errors()?;
@@ -232,25 +238,17 @@ fn run_paged(
     let (kv, vv) = (kpt.view(), vpt.view());
     let scales = crate::ops::attention::KvScales::default();
     let kv = crate::ops::attention::PagedKvView { k_pages: &kv, v_pages: &vv, scales: &scales };
-    let (cq, ck) =
-        (Tensor::from_slice(device, &cu_q, &[cu_q.len()])?, Tensor::from_slice(device, &cu_k, &[cu_k.len()])?);
+    let (cq, ck) = (Tensor::from_slice(device, cu_q, &[cu_q.len()])?, Tensor::from_slice(device, cu_k, &[cu_k.len()])?);
     let (cqv, ckv) = (cq.view(), ck.view());
     let cu = if device_offsets {
         crate::ops::attention::CuSeqlens::Device { q: &cqv, k: &ckv }
     } else {
-        crate::ops::attention::CuSeqlens::Host { q: &cu_q, k: &cu_k }
+        crate::ops::attention::CuSeqlens::Host { q: cu_q, k: cu_k }
     };
-    let mut lv = lse.map(crate::tensor::TensorViewMut::of_tensor);
-    ws.forward_paged_on(
-        device,
-        &qt.view(),
-        &kv,
-        &tt.view(),
-        cu,
-        &mut crate::tensor::TensorViewMut::of_tensor(out),
-        lv.as_mut(),
-        &opts,
-    )?;
+    let (q, table) = (qt.view(), tt.view());
+    let (mut out, mut lse) = (out.view_mut(), lse.map(Tensor::view_mut));
+    let kv = KvInput::Paged { kv: &kv, block_table: &table };
+    ws.forward_on(device, AttentionArgs { q: &q, kv, cu_seqlens: cu, out: &mut out, lse: lse.as_mut() }, &opts)?;
     Ok(())
 }
 

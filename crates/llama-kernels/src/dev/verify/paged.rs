@@ -11,7 +11,8 @@ use crate::dev::testing::{Comparison, Rng, Tolerance, compare};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::attention::{
-    DecodeShape, ErrorFlag, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvView, kv_append_on,
+    DecodeArgs, DecodeShape, ErrorFlag, KvAppendArgs, KvScale, KvScales, PagedDecodeOptions, PagedDecodeWorkspace,
+    PagedKvView, kv_append_on,
 };
 use crate::reference::paged_attention::{self as refp, DecodeSpec, PoolShape};
 use crate::tensor::{Tensor, TensorViewMut};
@@ -201,7 +202,10 @@ pub fn kv_append_case(device: &Device, case: &KvAppendCase) -> Result<CaseResult
     let start = Instant::now();
     {
         let (mut kp, mut vp) = (TensorViewMut::of_tensor(&pools.k), TensorViewMut::of_tensor(&pools.v));
-        kv_append_on(device, &kt.view(), &vt.view(), &st.view(), &mut kp, &mut vp, scales, &errors)?;
+        let (k, v, slot_mapping) = (kt.view(), vt.view(), st.view());
+        let call =
+            KvAppendArgs { k: &k, v: &v, slot_mapping: &slot_mapping, k_pages: &mut kp, v_pages: &mut vp, scales };
+        kv_append_on(device, call, &errors)?;
     }
     device.synchronize()?;
     let millis = start.elapsed().as_secs_f64() * 1e3;
@@ -346,7 +350,10 @@ pub fn paged_decode_case(device: &Device, case: &PagedDecodeCase) -> Result<Case
         let vt = Tensor::from_f64(device, dtype, &v_new, &[tokens, kv_heads, d])?;
         let st = Tensor::from_slice(device, &slots, &[tokens])?;
         let (mut kp, mut vp) = (TensorViewMut::of_tensor(&pools.k), TensorViewMut::of_tensor(&pools.v));
-        kv_append_on(device, &kt.view(), &vt.view(), &st.view(), &mut kp, &mut vp, scales, &errors)?;
+        let (k, v, slot_mapping) = (kt.view(), vt.view(), st.view());
+        let call =
+            KvAppendArgs { k: &k, v: &v, slot_mapping: &slot_mapping, k_pages: &mut kp, v_pages: &mut vp, scales };
+        kv_append_on(device, call, &errors)?;
     }
     errors.check("kv_append")?;
     let q = rng.normal_vec(tokens * q_heads * d, 1.0, dtype);
@@ -362,17 +369,17 @@ pub fn paged_decode_case(device: &Device, case: &PagedDecodeCase) -> Result<Case
     {
         let (kv, vv) = (pools.k.view(), pools.v.view());
         let kv = PagedKvView { k_pages: &kv, v_pages: &vv, scales };
-        let mut lv = lse.as_ref().map(TensorViewMut::of_tensor);
-        ws.forward_on(
-            device,
-            &qt.view(),
-            &kv,
-            &tt.view(),
-            &lt.view(),
-            &mut TensorViewMut::of_tensor(&out),
-            lv.as_mut(),
-            &opts,
-        )?;
+        let (q, block_table, seq_lens) = (qt.view(), tt.view(), lt.view());
+        let (mut out, mut lse) = (out.view_mut(), lse.as_ref().map(Tensor::view_mut));
+        let args = DecodeArgs {
+            q: &q,
+            kv: &kv,
+            block_table: &block_table,
+            seq_lens: &seq_lens,
+            out: &mut out,
+            lse: lse.as_mut(),
+        };
+        ws.forward_on(device, args, &opts)?;
     }
     device.synchronize()?;
     let millis = start.elapsed().as_secs_f64() * 1e3;

@@ -10,11 +10,11 @@ use crate::kernels::attention::SUPPORTED_HEAD_DIMS;
 use crate::launch::KernelArgs;
 use crate::launch::check_float;
 use crate::spec::attention::Llama4Temperature;
-use crate::tensor::{Tensor, TensorView, TensorViewMut};
+use crate::tensor::Tensor;
 
 use super::decode_launch::{
-    DecodeBound, DecodeConfig, DecodeShape, KEYS_PER_TILE, OP, Outputs, check_dtypes, decode_config, kernel,
-    launch_dims, merge_splits, params,
+    DecodeArgs, DecodeBound, DecodeConfig, DecodeShape, KEYS_PER_TILE, OP, Outputs, check_dtypes, decode_config,
+    kernel, launch_dims, merge_splits, params,
 };
 use super::paged::{MAX_SCALED_KV_HEADS, PagedKvCache, PagedKvView};
 use super::variant::Variant;
@@ -25,6 +25,24 @@ use crate::spec::attention::AttentionMask;
 pub const MAX_Q_LEN: usize = LLK_DECODE_MAX_Q_LEN as usize;
 /// Most splits per sequence.
 pub const MAX_SPLITS: usize = LLK_DECODE_MAX_SPLITS as usize;
+
+/// One decode call on tensors ([`PagedDecodeWorkspace::forward`]): [`DecodeArgs`] with a
+/// [`PagedKvCache`] and tensors for views.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeTensors<'t> {
+    /// The new tokens' queries, `[batch * q_len, q_heads, head_dim]`.
+    pub q: &'t Tensor,
+    /// The cache (the new tokens already appended).
+    pub cache: &'t PagedKvCache,
+    /// `[batch, max_pages]` i32.
+    pub block_table: &'t Tensor,
+    /// `[batch]` i32.
+    pub seq_lens: &'t Tensor,
+    /// The output, shaped as q.
+    pub out: &'t Tensor,
+    /// `[q_heads, batch * q_len]` f32, if wanted.
+    pub lse: Option<&'t Tensor>,
+}
 
 /// Options of one decode call.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
@@ -185,48 +203,32 @@ impl PagedDecodeWorkspace {
         self.errors.check(OP)
     }
 
-    /// Decode over a [`PagedKvCache`] (see the module docs); `block_table` `[batch, max_pages]`
-    /// i32, `seq_lens` `[batch]` i32, `out` like q, `lse` `[q_heads, batch * q_len]` f32.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
-        &mut self,
-        q: &Tensor,
-        cache: &PagedKvCache,
-        block_table: &Tensor,
-        seq_lens: &Tensor,
-        out: &Tensor,
-        lse: Option<&Tensor>,
-        opts: &PagedDecodeOptions,
-    ) -> Result<()> {
-        let (kv, vv) = (cache.k_pages().view(), cache.v_pages().view());
-        let kv = PagedKvView { k_pages: &kv, v_pages: &vv, scales: &cache.config().scales };
-        let mut lse = lse.map(TensorViewMut::of_tensor);
-        self.forward_on(
-            q.device(),
-            &q.view(),
-            &kv,
-            &block_table.view(),
-            &seq_lens.view(),
-            &mut TensorViewMut::of_tensor(out),
-            lse.as_mut(),
-            opts,
-        )
+    /// Decode over a [`PagedKvCache`] (see [`DecodeTensors`] and the module docs).
+    pub fn forward(&mut self, call: DecodeTensors<'_>, opts: &PagedDecodeOptions) -> Result<()> {
+        let (k_pages, v_pages) = (call.cache.k_pages().view(), call.cache.v_pages().view());
+        let kv = PagedKvView { k_pages: &k_pages, v_pages: &v_pages, scales: &call.cache.config().scales };
+        let (q, block_table, seq_lens) = (call.q.view(), call.block_table.view(), call.seq_lens.view());
+        let (mut out, mut lse) = (call.out.view_mut(), call.lse.map(Tensor::view_mut));
+        let args = DecodeArgs {
+            q: &q,
+            kv: &kv,
+            block_table: &block_table,
+            seq_lens: &seq_lens,
+            out: &mut out,
+            lse: lse.as_mut(),
+        };
+        self.forward_on(call.q.device(), args, opts)
     }
 
-    /// Decode on borrowed views, queued on `queue`. `seq_lens.len()` is the batch (at most the
-    /// planned one), q has `batch * q_len` tokens.
-    #[allow(clippy::too_many_arguments)]
+    /// Decode on borrowed views (see [`DecodeArgs`]), queued on `queue`. `seq_lens.len()` is the
+    /// batch (at most the planned one), q has `batch * q_len` tokens.
     pub fn forward_on(
         &mut self,
         queue: &impl Queue,
-        q: &TensorView<'_>,
-        kv: &PagedKvView<'_, '_>,
-        block_table: &TensorView<'_>,
-        seq_lens: &TensorView<'_>,
-        out: &mut TensorViewMut<'_>,
-        lse: Option<&mut TensorViewMut<'_>>,
+        call: DecodeArgs<'_, '_>,
         opts: &PagedDecodeOptions,
     ) -> Result<()> {
+        let DecodeArgs { q, kv, block_table, seq_lens, out, lse } = call;
         let mut lse = lse;
         let device = queue.queue_device()?;
         if !device.same_context(&self.device) {
@@ -235,7 +237,8 @@ impl PagedDecodeWorkspace {
         let plan = self.shape;
         check_dtypes(&plan, q, kv, seq_lens, out, lse.as_deref())?;
         let mut args = KernelArgs::new(OP, &device);
-        let b = DecodeBound::new(&mut args, &plan, q, kv, block_table, seq_lens, out, lse.as_deref_mut())?;
+        let views = DecodeArgs { q, kv, block_table, seq_lens, out, lse: lse.as_deref_mut() };
+        let b = DecodeBound::new(&mut args, &plan, views)?;
         let error_flag = args.write_tensor("error flag", self.errors.tensor())?;
         let scales = kv.scales.per_head(OP, b.kp.dtype, b.kp.kv_heads)?;
         let mask = match opts.chunk_size {

@@ -19,6 +19,25 @@ use crate::launch::pool::{Pool, check_block_table, check_pools, table_rows};
 use crate::launch::{Arg, Heads, KernelArgs, Rows, check_disjoint, check_dtype, grid_x, to_i64};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
+/// One decode call on borrowed views
+/// ([`PagedDecodeWorkspace::forward_on`](super::PagedDecodeWorkspace::forward_on)), the argument
+/// struct of the op as `PagedDecodeParams` is the kernel's.
+#[derive(Debug)]
+pub struct DecodeArgs<'r, 'a> {
+    /// The new tokens' queries, `[batch * q_len, q_heads, head_dim]`.
+    pub q: &'r TensorView<'a>,
+    /// The page pools (the new tokens already appended).
+    pub kv: &'r PagedKvView<'r, 'a>,
+    /// `[batch, max_pages]` i32: the pages of each sequence.
+    pub block_table: &'r TensorView<'a>,
+    /// `[batch]` i32: each sequence's length, its new tokens included.
+    pub seq_lens: &'r TensorView<'a>,
+    /// The output, shaped as q.
+    pub out: &'r mut TensorViewMut<'a>,
+    /// `[q_heads, batch * q_len]` f32, if wanted.
+    pub lse: Option<&'r mut TensorViewMut<'a>>,
+}
+
 pub(super) const OP: &str = "paged_decode_attention";
 /// Keys per tile (the split granularity).
 pub(super) const KEYS_PER_TILE: usize = LLK_DECODE_KEYS as usize;
@@ -50,7 +69,7 @@ pub struct DecodeShape {
 
 /// The two configurations of the tensor-core decode kernel: the first, with the K/V stages its
 /// layout picks (three where they fit in 128 KiB with Q, else two), and the second, with
-/// [`LLK_DECODE_STAGES_SMALL`] stages (16-bit pages at head_dim 96 and 128). Each is a kernel of
+/// `LLK_DECODE_STAGES_SMALL` (params.h) stages (16-bit pages at head_dim 96 and 128). Each is a kernel of
 /// its own, whose shared memory is its declaration ([`decode_config`] chooses by it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DecodeConfig {
@@ -86,7 +105,7 @@ pub fn decode_config(
 }
 
 /// K/V stages of the decode kernel in `config` (its pipeline depth, for the performance model
-/// and the shared-memory table): [`LLK_DECODE_STAGES_SMALL`], or the first configuration's,
+/// and the shared-memory table): `LLK_DECODE_STAGES_SMALL` (params.h), or the first configuration's,
 /// which its layout picks. A test holds this to the kernels: every decode kernel's declared
 /// shared memory is the Q rows plus this many stages of a K tile, a V tile and a byte per key.
 pub fn decode_stages_of(config: DecodeConfig, page_dtype: DType, head_dim: usize) -> usize {
@@ -147,17 +166,8 @@ pub(super) struct DecodeBound {
 impl DecodeBound {
     /// Registers every view (outputs first) and checks the pools, the batch, q and out, the
     /// block table and the LSE against `plan`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new<'a>(
-        args: &mut KernelArgs<'a>,
-        plan: &DecodeShape,
-        q: &'a TensorView<'_>,
-        kv: &'a PagedKvView<'_, '_>,
-        block_table: &'a TensorView<'_>,
-        seq_lens: &'a TensorView<'_>,
-        out: &'a mut TensorViewMut<'_>,
-        lse: Option<&'a mut TensorViewMut<'_>>,
-    ) -> Result<DecodeBound> {
+    pub fn new<'a>(args: &mut KernelArgs<'a>, plan: &DecodeShape, views: DecodeArgs<'a, '_>) -> Result<DecodeBound> {
+        let DecodeArgs { q, kv, block_table, seq_lens, out, lse } = views;
         let ob = args.write("out", out)?;
         let lb = match lse {
             Some(l) => Some(args.write("lse", l)?),

@@ -35,7 +35,6 @@ fn lse_layout(
 /// token/head strides; `lse_a`, `lse_b`, `lse_out`: f32 `[heads, tokens]` (the layout attention's
 /// LSE output has), any strides. A state with `lse = -inf` (no keys) contributes nothing; both
 /// empty give zeros and `-inf`. f32 math. Outputs must not overlap the inputs.
-#[allow(clippy::too_many_arguments)]
 pub fn merge_attention_states_on(
     queue: &impl Queue,
     v_a: &TensorView<'_>,

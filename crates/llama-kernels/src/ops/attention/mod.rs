@@ -8,7 +8,9 @@
 //! never stored and the only workspace is about `3 * (batch + 1)` i32 values plus an error flag.
 //!
 //! ```
-//! use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace};
+//! use llama_kernels::ops::attention::{
+//!     AttentionMask, AttentionOptions, AttentionTensors, AttentionWorkspace, KvTensors, Offsets,
+//! };
 //! use llama_kernels::{DType, Device, Tensor};
 //! # fn main() -> llama_kernels::Result<()> {
 //! let device = Device::best();
@@ -21,7 +23,9 @@
 //! let out = Tensor::zeros(&device, DType::BF16, &[9, q_heads, d])?;
 //! let mut ws = AttentionWorkspace::new(&device);
 //! let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
-//! ws.forward(&q, &k, &v, &cu_q, &cu_k, &out, None, &opts)?;
+//! let kv = KvTensors::Contiguous { k: &k, v: &v };
+//! let cu_seqlens = Offsets::Host { q: &cu_q, k: &cu_k };
+//! ws.forward(AttentionTensors { q: &q, kv, cu_seqlens, out: &out, lse: None }, &opts)?;
 //! # Ok(())
 //! # }
 //! ```
@@ -31,8 +35,8 @@
 //! contiguous, one dtype; the optional log-sum-exp output is f32 `[q_heads, total_q]`, contiguous.
 //! `cu_seqlens_q` / `cu_seqlens_k` are the cumulative sequence offsets (i32, `batch + 1` values,
 //! from 0, non-decreasing); a single sequence is `[0, total_q]`, `[0, total_k]`. They can be host
-//! slices (validated here, staged through pinned memory) or device tensors ([`CuSeqlens::Device`],
-//! [`AttentionWorkspace::forward_device`]: no host copy at all, so the call can be captured in a
+//! slices (validated here, staged through pinned memory) or device tensors ([`Offsets::Device`],
+//! [`CuSeqlens::Device`]: no host copy at all, so the call can be captured in a
 //! CUDA graph; host slices during capture are an [`Error::Unsupported`](crate::Error::Unsupported),
 //! since a captured copy would replay stale offsets). Device offsets are validated by the device: if they are invalid, the call writes
 //! nothing and raises the workspace's error flag ([`AttentionWorkspace::check_errors`]).
@@ -50,7 +54,7 @@
 //! with `lse = -inf`.
 //!
 //! K and V may also be read in place from the paged KV cache
-//! ([`AttentionWorkspace::forward_paged_on`], the paged cache below): `cu_seqlens.k`
+//! ([`KvTensors::Paged`], [`KvInput::Paged`], the paged cache below): `cu_seqlens.k`
 //! then counts each sequence's keys (the cached prefix and the new tokens, already appended) and
 //! the block table names its pages.
 //!
@@ -69,7 +73,8 @@
 //!
 //! ```
 //! use llama_kernels::ops::attention::{
-//!     DecodeShape, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvCache, PagedKvConfig,
+//!     DecodeShape, DecodeTensors, KvScales, PagedDecodeOptions, PagedDecodeWorkspace, PagedKvCache,
+//!     PagedKvConfig,
 //! };
 //! use llama_kernels::{DType, Device, Tensor};
 //! # fn main() -> llama_kernels::Result<()> {
@@ -91,7 +96,8 @@
 //! let mut ws = PagedDecodeWorkspace::plan(&device, &shape)?;  // once per batch shape
 //! let q = Tensor::zeros(&device, DType::BF16, &[2, q_heads, d])?;
 //! let out = Tensor::zeros(&device, DType::BF16, &[2, q_heads, d])?;
-//! ws.forward(&q, &cache, &block_table, &seq_lens, &out, None, &PagedDecodeOptions::default())?;
+//! let call = DecodeTensors { q: &q, cache: &cache, block_table: &block_table, seq_lens: &seq_lens, out: &out, lse: None };
+//! ws.forward(call, &PagedDecodeOptions::default())?;
 //! ws.check_errors()?;
 //! cache.check_errors()?;
 //! # Ok(())
@@ -148,12 +154,14 @@ pub use crate::ops::error_flag::ErrorFlag;
 pub use crate::spec::attention::{AttentionMask, Llama4Temperature};
 #[doc(hidden)]
 pub use decode::plan_splits;
-pub use decode::{MAX_Q_LEN, MAX_SPLITS, PagedDecodeOptions, PagedDecodeWorkspace};
-pub use decode_launch::DecodeShape;
+pub use decode::{DecodeTensors, MAX_Q_LEN, MAX_SPLITS, PagedDecodeOptions, PagedDecodeWorkspace};
+pub use decode_launch::{DecodeArgs, DecodeShape};
 pub use decode_launch::{DecodeConfig, decode_config, decode_kernel, decode_stages_of, decode_tiles_of};
 pub use merge::{merge_attention_states, merge_attention_states_on};
-pub use paged::{KvScale, KvScales, MAX_SCALED_KV_HEADS, PagedKvCache, PagedKvConfig, PagedKvView, kv_append_on};
-pub use prefill::{AttentionOptions, AttentionWorkspace, gqa_attention, gqa_attention_on};
+pub use paged::{
+    KvAppendArgs, KvScale, KvScales, MAX_SCALED_KV_HEADS, PagedKvCache, PagedKvConfig, PagedKvView, kv_append_on,
+};
+pub use prefill::{AttentionArgs, AttentionOptions, AttentionTensors, AttentionWorkspace, KvTensors, Offsets};
 pub use prefill_launch::{
-    CuSeqlens, HOPPER_ON_CUDA_VAR, MAX_PACK, MMA_BLOCKS_PER_SM, PrefillKernel, mma_keys, prefill_kernel,
+    CuSeqlens, HOPPER_ON_CUDA_VAR, KvInput, MAX_PACK, MMA_BLOCKS_PER_SM, PrefillKernel, mma_keys, prefill_kernel,
 };

@@ -111,21 +111,29 @@ pub struct PagedKvView<'r, 'a> {
     pub scales: &'r KvScales,
 }
 
-/// Writes `k` and `v` (`[tokens, kv_heads, head_dim]`, f32/f16/bf16, any token and head strides,
-/// 16-byte aligned rows) into the pools at `slot_mapping` (`[tokens]` i64: `page * page_size +
-/// row`, -1 skips the token), converting to the pools' dtype (fp8: `x / scale`, rounded to nearest
-/// even, saturating). A slot outside the pool (or below -1) is skipped and raises `errors`.
-#[allow(clippy::too_many_arguments)]
-pub fn kv_append_on(
-    queue: &impl Queue,
-    k: &TensorView<'_>,
-    v: &TensorView<'_>,
-    slot_mapping: &TensorView<'_>,
-    k_pages: &mut TensorViewMut<'_>,
-    v_pages: &mut TensorViewMut<'_>,
-    scales: &KvScales,
-    errors: &ErrorFlag,
-) -> Result<()> {
+/// One append of new tokens into a layer's page pools ([`kv_append_on`]).
+#[derive(Debug)]
+pub struct KvAppendArgs<'r, 'a> {
+    /// New keys, `[tokens, kv_heads, head_dim]` f32/f16/bf16, any token and head strides, 16-byte
+    /// aligned rows.
+    pub k: &'r TensorView<'a>,
+    /// New values, shaped as `k`.
+    pub v: &'r TensorView<'a>,
+    /// `[tokens]` i64: each token's slot `page * page_size + row`; -1 skips the token.
+    pub slot_mapping: &'r TensorView<'a>,
+    /// The key pool, `[num_pages, page_size, kv_heads, head_dim]`.
+    pub k_pages: &'r mut TensorViewMut<'a>,
+    /// The value pool, shaped as the key pool.
+    pub v_pages: &'r mut TensorViewMut<'a>,
+    /// The pools' scales (fp8 pages).
+    pub scales: &'r KvScales,
+}
+
+/// Writes the new `k` and `v` into the pools at `slot_mapping` (see [`KvAppendArgs`]),
+/// converting to the pools' dtype (fp8: `x / scale`, rounded to nearest even, saturating). A
+/// slot outside the pool (or below -1) is skipped and raises `errors`.
+pub fn kv_append_on(queue: &impl Queue, call: KvAppendArgs<'_, '_>, errors: &ErrorFlag) -> Result<()> {
+    let KvAppendArgs { k, v, slot_mapping, k_pages, v_pages, scales } = call;
     const OP: &str = APPEND;
     let device = queue.queue_device()?;
     if !device.same_context(errors.device()) {
@@ -299,17 +307,17 @@ impl PagedKvCache {
     }
     /// Appends new tokens (see [`kv_append_on`]); `slot_mapping` is an i64 tensor.
     pub fn append(&self, k: &Tensor, v: &Tensor, slot_mapping: &Tensor) -> Result<()> {
-        let (mut kp, mut vp) = (TensorViewMut::of_tensor(&self.k_pages), TensorViewMut::of_tensor(&self.v_pages));
-        kv_append_on(
-            self.device(),
-            &k.view(),
-            &v.view(),
-            &slot_mapping.view(),
-            &mut kp,
-            &mut vp,
-            &self.config.scales,
-            &self.errors,
-        )
+        let (mut k_pages, mut v_pages) = (self.k_pages.view_mut(), self.v_pages.view_mut());
+        let (k, v, slot_mapping) = (k.view(), v.view(), slot_mapping.view());
+        let call = KvAppendArgs {
+            k: &k,
+            v: &v,
+            slot_mapping: &slot_mapping,
+            k_pages: &mut k_pages,
+            v_pages: &mut v_pages,
+            scales: &self.config.scales,
+        };
+        kv_append_on(self.device(), call, &self.errors)
     }
     /// Reads and clears the cache's error flag (appends with a bad slot).
     pub fn check_errors(&self) -> Result<()> {

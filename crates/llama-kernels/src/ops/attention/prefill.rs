@@ -3,8 +3,8 @@
 
 use super::paged::{PagedKvCache, PagedKvView};
 use super::prefill_launch::{
-    Bound, CuSeqlens, KvSrc, OP, Tiles, batch_of, check_dtypes, gqa_pack, kernel, launch_dims, mma_keys, params,
-    plan_on_device, sm90_launch, sm90_tokens_per_block, tokens_per_block, uses_sm90,
+    Bound, CuSeqlens, DevicePlan, KvInput, OP, Tiles, batch_of, check_dtypes, gqa_pack, kernel, launch_dims, mma_keys,
+    params, plan_on_device, sm90_launch, sm90_tokens_per_block, tokens_per_block, uses_sm90,
 };
 use super::variant::Variant;
 use crate::backend::{Device, PinnedStaging, Queue};
@@ -15,6 +15,77 @@ use crate::launch::KernelArgs;
 use crate::ops::error_flag::{Meanings, check_flag};
 use crate::spec::attention::{AttentionMask, Llama4Temperature};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
+
+/// One prefill call on borrowed views ([`AttentionWorkspace::forward_on`]), the argument
+/// struct of the op as `AttentionParams` is the kernel's. Shapes: see the module docs.
+#[derive(Debug)]
+pub struct AttentionArgs<'r, 'a> {
+    /// Queries `[total_q, q_heads, head_dim]`.
+    pub q: &'r TensorView<'a>,
+    /// Where the keys and values are.
+    pub kv: KvInput<'r, 'a>,
+    /// Cumulative sequence offsets of the queries and keys.
+    pub cu_seqlens: CuSeqlens<'r, 'a>,
+    /// The output, shaped as q.
+    pub out: &'r mut TensorViewMut<'a>,
+    /// The log-sum-exp of each row, `[q_heads, total_q]` f32 (`-inf` for a row that attends no
+    /// key), if wanted.
+    pub lse: Option<&'r mut TensorViewMut<'a>>,
+}
+
+/// One prefill call on tensors ([`AttentionWorkspace::forward`]): [`AttentionArgs`] with
+/// tensors for views.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionTensors<'t> {
+    /// Queries `[total_q, q_heads, head_dim]`.
+    pub q: &'t Tensor,
+    /// Where the keys and values are.
+    pub kv: KvTensors<'t>,
+    /// Cumulative sequence offsets of the queries and keys.
+    pub cu_seqlens: Offsets<'t>,
+    /// The output, shaped as q.
+    pub out: &'t Tensor,
+    /// The log-sum-exp of each row, `[q_heads, total_q]` f32, if wanted.
+    pub lse: Option<&'t Tensor>,
+}
+
+/// Where a prefill reads its keys and values (tensors): [`KvInput`] with tensors for views.
+#[derive(Clone, Copy, Debug)]
+pub enum KvTensors<'t> {
+    /// `[total_k, kv_heads, head_dim]` keys and values.
+    Contiguous {
+        /// Keys.
+        k: &'t Tensor,
+        /// Values, shaped as the keys.
+        v: &'t Tensor,
+    },
+    /// The paged KV cache, through a block table `[batch, max_pages]` i32.
+    Paged {
+        /// The page pools.
+        cache: &'t PagedKvCache,
+        /// `[batch, max_pages]` i32.
+        block_table: &'t Tensor,
+    },
+}
+
+/// Cumulative sequence offsets (tensors): [`CuSeqlens`] with tensors for views.
+#[derive(Clone, Copy, Debug)]
+pub enum Offsets<'t> {
+    /// Host slices of `batch + 1` values each (copied through the workspace's pinned staging).
+    Host {
+        /// Query offsets.
+        q: &'t [i32],
+        /// Key offsets.
+        k: &'t [i32],
+    },
+    /// Device-resident i32 vectors (no host copy: CUDA-graph capturable).
+    Device {
+        /// Query offsets.
+        q: &'t Tensor,
+        /// Key offsets.
+        k: &'t Tensor,
+    },
+}
 
 /// Options of one attention call.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
@@ -95,139 +166,53 @@ impl AttentionWorkspace {
         check_flag(OP, &buf.narrow(0, FLAG, 1)?, MEANINGS)
     }
 
-    /// Runs attention; `out` (and `lse`) are written. See the module docs.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
-        &mut self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        cu_seqlens_q: &[i32],
-        cu_seqlens_k: &[i32],
-        out: &Tensor,
-        lse: Option<&Tensor>,
-        opts: &AttentionOptions,
-    ) -> Result<()> {
-        let mut lse = lse.map(TensorViewMut::of_tensor);
-        self.forward_on(
-            q.device(),
-            &q.view(),
-            &k.view(),
-            &v.view(),
-            CuSeqlens::Host { q: cu_seqlens_q, k: cu_seqlens_k },
-            &mut TensorViewMut::of_tensor(out),
-            lse.as_mut(),
-            opts,
-        )
+    /// Runs one call on tensors (see [`AttentionTensors`]); `out` (and `lse`) are written. See
+    /// the module docs for shapes and semantics.
+    pub fn forward(&mut self, call: AttentionTensors<'_>, opts: &AttentionOptions) -> Result<()> {
+        let q = call.q.view();
+        let (k, v, k_pages, v_pages, table, paged);
+        let kv = match call.kv {
+            KvTensors::Contiguous { k: kt, v: vt } => {
+                (k, v) = (kt.view(), vt.view());
+                KvInput::Contiguous { k: &k, v: &v }
+            }
+            KvTensors::Paged { cache, block_table } => {
+                (k_pages, v_pages, table) = (cache.k_pages().view(), cache.v_pages().view(), block_table.view());
+                paged = PagedKvView { k_pages: &k_pages, v_pages: &v_pages, scales: cache.scales() };
+                KvInput::Paged { kv: &paged, block_table: &table }
+            }
+        };
+        let (cq, ck);
+        let cu_seqlens = match call.cu_seqlens {
+            Offsets::Host { q, k } => CuSeqlens::Host { q, k },
+            Offsets::Device { q, k } => {
+                (cq, ck) = (q.view(), k.view());
+                CuSeqlens::Device { q: &cq, k: &ck }
+            }
+        };
+        let mut out = TensorViewMut::of_tensor(call.out);
+        let mut lse = call.lse.map(TensorViewMut::of_tensor);
+        let args = AttentionArgs { q: &q, kv, cu_seqlens, out: &mut out, lse: lse.as_mut() };
+        self.forward_on(call.q.device(), args, opts)
     }
 
-    /// [`AttentionWorkspace::forward`] with device-resident sequence offsets (i32 tensors of
-    /// `batch + 1` values): no host copy, so the call can be captured into a CUDA graph.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_device(
-        &mut self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        cu_seqlens_q: &Tensor,
-        cu_seqlens_k: &Tensor,
-        out: &Tensor,
-        lse: Option<&Tensor>,
-        opts: &AttentionOptions,
-    ) -> Result<()> {
-        let mut lse = lse.map(TensorViewMut::of_tensor);
-        let (cq, ck) = (cu_seqlens_q.view(), cu_seqlens_k.view());
-        self.forward_on(
-            q.device(),
-            &q.view(),
-            &k.view(),
-            &v.view(),
-            CuSeqlens::Device { q: &cq, k: &ck },
-            &mut TensorViewMut::of_tensor(out),
-            lse.as_mut(),
-            opts,
-        )
-    }
-
-    /// Attention on borrowed views, queued on `queue` (a [`Device`] or an engine's
-    /// `Arc<CudaStream>` of the workspace's context). See the module docs for shapes.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs one call on borrowed views (see [`AttentionArgs`]), queued on `queue` (a
+    /// [`Device`] or an engine's `Arc<CudaStream>` of the workspace's context). With K/V read in
+    /// place from the paged cache ([`KvInput::Paged`]), a chunked prefill after a cached prefix
+    /// needs no gather copy; a page id outside the pool, or a key past the block-table row when
+    /// the offsets live on the device, is never read: its keys are skipped and
+    /// [`AttentionWorkspace::check_errors`] reports it.
     pub fn forward_on(
         &mut self,
         queue: &impl Queue,
-        q: &TensorView<'_>,
-        k: &TensorView<'_>,
-        v: &TensorView<'_>,
-        cu_seqlens: CuSeqlens<'_, '_>,
-        out: &mut TensorViewMut<'_>,
-        lse: Option<&mut TensorViewMut<'_>>,
+        args: AttentionArgs<'_, '_>,
         opts: &AttentionOptions,
     ) -> Result<()> {
-        self.run(queue, q, KvSrc::Contiguous { k, v }, cu_seqlens, out, lse, opts)
+        self.run(queue, args, opts)
     }
 
-    /// Prefill over the paged KV cache: K and V of sequence b are read in place from the pages
-    /// `block_table[b]` names (`[batch, max_pages]` i32), key j at page `j / page_size`, row
-    /// `j % page_size`; `cu_seqlens.k` gives each sequence's number of keys (the cached prefix
-    /// and the new tokens, which must already be appended). Chunked prefill after a cached
-    /// prefix thus needs no gather copy. Pages of the q dtype (fp8 pages: decode only). A page id
-    /// outside the pool, or a key past the block-table row when the offsets live on the device,
-    /// is never read: its keys are skipped and [`AttentionWorkspace::check_errors`] reports it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_paged_on(
-        &mut self,
-        queue: &impl Queue,
-        q: &TensorView<'_>,
-        kv: &PagedKvView<'_, '_>,
-        block_table: &TensorView<'_>,
-        cu_seqlens: CuSeqlens<'_, '_>,
-        out: &mut TensorViewMut<'_>,
-        lse: Option<&mut TensorViewMut<'_>>,
-        opts: &AttentionOptions,
-    ) -> Result<()> {
-        self.run(queue, q, KvSrc::Paged { kv, block_table }, cu_seqlens, out, lse, opts)
-    }
-
-    /// [`AttentionWorkspace::forward_paged_on`] on tensors and a [`PagedKvCache`], with host
-    /// sequence offsets.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_paged(
-        &mut self,
-        q: &Tensor,
-        cache: &PagedKvCache,
-        block_table: &Tensor,
-        cu_seqlens_q: &[i32],
-        cu_seqlens_k: &[i32],
-        out: &Tensor,
-        lse: Option<&Tensor>,
-        opts: &AttentionOptions,
-    ) -> Result<()> {
-        let (kp, vp) = (cache.k_pages().view(), cache.v_pages().view());
-        let kv = PagedKvView { k_pages: &kp, v_pages: &vp, scales: cache.scales() };
-        let mut lse = lse.map(TensorViewMut::of_tensor);
-        self.forward_paged_on(
-            q.device(),
-            &q.view(),
-            &kv,
-            &block_table.view(),
-            CuSeqlens::Host { q: cu_seqlens_q, k: cu_seqlens_k },
-            &mut TensorViewMut::of_tensor(out),
-            lse.as_mut(),
-            opts,
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn run(
-        &mut self,
-        queue: &impl Queue,
-        q: &TensorView<'_>,
-        src: KvSrc<'_, '_>,
-        cu_seqlens: CuSeqlens<'_, '_>,
-        out: &mut TensorViewMut<'_>,
-        lse: Option<&mut TensorViewMut<'_>>,
-        opts: &AttentionOptions,
-    ) -> Result<()> {
+    fn run(&mut self, queue: &impl Queue, call: AttentionArgs<'_, '_>, opts: &AttentionOptions) -> Result<()> {
+        let AttentionArgs { q, kv: src, cu_seqlens, out, lse } = call;
         let device = queue.queue_device()?;
         if !device.same_context(&self.device) {
             return Err(Error::DeviceMismatch { op: OP, what: "workspace" });
@@ -263,7 +248,15 @@ impl AttentionWorkspace {
             }
             CuSeqlens::Device { q: cq, k: ck } => {
                 let (cqb, ckb) = (args.read("cu_seqlens_q", cq)?, args.read("cu_seqlens_k", ck)?);
-                let tiles = plan_on_device(&device, cq, ck, &cu_tiles_t, &flag_t, &b, batch, tokens_per_block)?;
+                let plan = DevicePlan {
+                    cu_seqlens_q: cq,
+                    cu_seqlens_k: ck,
+                    cu_tiles: &cu_tiles_t,
+                    error_flag: &flag_t,
+                    batch,
+                    tokens_per_block,
+                };
+                let tiles = plan_on_device(&device, &b, plan)?;
                 (cqb.addr, ckb.addr, tiles)
             }
         };
@@ -319,37 +312,4 @@ impl AttentionWorkspace {
         let buf = self.buf.as_ref().ok_or(Error::InvalidView { what: OP, why: "workspace not planned".into() })?;
         buf.narrow(0, FLAG, 1)
     }
-}
-
-/// One-shot attention with a temporary workspace (allocates; engines should keep an
-/// [`AttentionWorkspace`]).
-#[allow(clippy::too_many_arguments)]
-pub fn gqa_attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    cu_seqlens_q: &[i32],
-    cu_seqlens_k: &[i32],
-    out: &Tensor,
-    lse: Option<&Tensor>,
-    opts: &AttentionOptions,
-) -> Result<()> {
-    AttentionWorkspace::new(q.device()).forward(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, opts)
-}
-
-/// One-shot attention on borrowed views (allocates a temporary workspace; engines should keep
-/// an [`AttentionWorkspace`] and call [`AttentionWorkspace::forward_on`]).
-#[allow(clippy::too_many_arguments)]
-pub fn gqa_attention_on(
-    queue: &impl Queue,
-    q: &TensorView<'_>,
-    k: &TensorView<'_>,
-    v: &TensorView<'_>,
-    cu_seqlens: CuSeqlens<'_, '_>,
-    out: &mut TensorViewMut<'_>,
-    lse: Option<&mut TensorViewMut<'_>>,
-    opts: &AttentionOptions,
-) -> Result<()> {
-    let device = queue.queue_device()?;
-    AttentionWorkspace::new(&device).forward_on(&device, q, k, v, cu_seqlens, out, lse, opts)
 }

@@ -108,28 +108,41 @@ pub enum CuSeqlens<'r, 'a> {
     },
 }
 
-/// Where K and V come from.
-#[derive(Clone, Copy)]
-pub(super) enum KvSrc<'r, 'a> {
-    Contiguous { k: &'r TensorView<'a>, v: &'r TensorView<'a> },
-    Paged { kv: &'r PagedKvView<'r, 'a>, block_table: &'r TensorView<'a> },
+/// Where a prefill reads its keys and values (views).
+#[derive(Clone, Copy, Debug)]
+pub enum KvInput<'r, 'a> {
+    /// `[total_k, kv_heads, head_dim]` tensors, sequences at the key offsets.
+    Contiguous {
+        /// Keys.
+        k: &'r TensorView<'a>,
+        /// Values, shaped as the keys.
+        v: &'r TensorView<'a>,
+    },
+    /// The paged KV cache: K and V of sequence b read in place from the pages `block_table[b]`
+    /// names (`[batch, max_pages]` i32), key j at page `j / page_size`, row `j % page_size`.
+    Paged {
+        /// The page pools (of the q dtype: fp8 pages are for decode).
+        kv: &'r PagedKvView<'r, 'a>,
+        /// `[batch, max_pages]` i32.
+        block_table: &'r TensorView<'a>,
+    },
 }
 
 /// Checks the dtypes of one call; returns the compute dtype (q's).
 pub(super) fn check_dtypes(
     q: &TensorView<'_>,
-    src: KvSrc<'_, '_>,
+    src: KvInput<'_, '_>,
     out: &TensorViewMut<'_>,
     lse: Option<&TensorViewMut<'_>>,
 ) -> Result<DType> {
     let dtype = q.dtype();
     check_float(OP, "q", dtype)?;
     match src {
-        KvSrc::Contiguous { k, v } => {
+        KvInput::Contiguous { k, v } => {
             check_dtype(OP, "k", k.dtype(), dtype)?;
             check_dtype(OP, "v", v.dtype(), dtype)?;
         }
-        KvSrc::Paged { kv, .. } => {
+        KvInput::Paged { kv, .. } => {
             if kv.k_pages.dtype() == DType::F8E4M3 {
                 return Err(Error::UnsupportedDType {
                     op: OP,
@@ -215,7 +228,7 @@ impl Bound {
     pub fn new<'a>(
         args: &mut KernelArgs<'a>,
         q: &'a TensorView<'_>,
-        src: KvSrc<'a, '_>,
+        src: KvInput<'a, '_>,
         out: &'a mut TensorViewMut<'_>,
         lse: Option<&'a mut TensorViewMut<'_>>,
     ) -> Result<Bound> {
@@ -227,12 +240,12 @@ impl Bound {
         let qb = args.read("q", q)?;
         let (qh, oh) = (Heads::of(OP, "q", &qb)?, Heads::of(OP, "out", &ob)?);
         let (kb, vb, kh, vh, paged) = match src {
-            KvSrc::Contiguous { k, v } => {
+            KvInput::Contiguous { k, v } => {
                 let (kb, vb) = (args.read("k", k)?, args.read("v", v)?);
                 let (kh, vh) = (Heads::of(OP, "k", &kb)?, Heads::of(OP, "v", &vb)?);
                 (kb, vb, kh, vh, None)
             }
-            KvSrc::Paged { kv, block_table } => {
+            KvInput::Paged { kv, block_table } => {
                 let (kb, vb) = (args.read("k_pages", kv.k_pages)?, args.read("v_pages", kv.v_pages)?);
                 let table = args.read("block_table", block_table)?;
                 let (kp, vp) = (Pool::of(OP, "k_pages", &kb)?, Pool::of(OP, "v_pages", &vb)?);
@@ -409,26 +422,29 @@ pub(super) fn tokens_per_block(dtype: DType, head_dim: usize, pack: usize) -> us
     rows_per_block / pack
 }
 
+/// What the plan kernel reads and writes for device-resident offsets.
+pub(super) struct DevicePlan<'r, 'a> {
+    /// The caller's offsets.
+    pub cu_seqlens_q: &'r TensorView<'a>,
+    pub cu_seqlens_k: &'r TensorView<'a>,
+    /// The workspace's tile map and error flag.
+    pub cu_tiles: &'r crate::tensor::Tensor,
+    pub error_flag: &'r crate::tensor::Tensor,
+    pub batch: usize,
+    pub tokens_per_block: usize,
+}
+
 /// Queues the plan kernel for device-resident offsets: it validates them (raising the error
 /// flag) and writes the tile map. Returns the upper bound on the tile count that sizes the grid
 /// (extra blocks exit at once).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn plan_on_device(
-    device: &Device,
-    cq: &TensorView<'_>,
-    ck: &TensorView<'_>,
-    cu_tiles: &crate::tensor::Tensor,
-    flag: &crate::tensor::Tensor,
-    b: &Bound,
-    batch: usize,
-    tokens_per_block: usize,
-) -> Result<usize> {
+pub(super) fn plan_on_device(device: &Device, b: &Bound, plan: DevicePlan<'_, '_>) -> Result<usize> {
+    let DevicePlan { cu_seqlens_q, cu_seqlens_k, cu_tiles, error_flag, batch, tokens_per_block } = plan;
     let mut plan_args = KernelArgs::new(OP, device);
     let plan = AttentionPlanParams {
-        cu_seqlens_q: plan_args.read("cu_seqlens_q", cq)?.addr,
-        cu_seqlens_k: plan_args.read("cu_seqlens_k", ck)?.addr,
+        cu_seqlens_q: plan_args.read("cu_seqlens_q", cu_seqlens_q)?.addr,
+        cu_seqlens_k: plan_args.read("cu_seqlens_k", cu_seqlens_k)?.addr,
         cu_tiles: plan_args.write_tensor("workspace", cu_tiles)?,
-        error_flag: plan_args.write_tensor("workspace", flag)?,
+        error_flag: plan_args.write_tensor("workspace", error_flag)?,
         batch: to_i64(OP, "batch", batch)?,
         total_q: to_i64(OP, "total_q", b.qh.tokens)?,
         // Paged: the keys' total is not a tensor's size, only the offsets say it.

@@ -32,7 +32,6 @@ pub enum MoeResidual<'r, 'a> {
 /// unweighted (Llama 4, whose weights already scaled the expert input). `y` is the expert-
 /// contiguous output (`[rows >= padded rows, hidden]`), `shared` the shared expert's
 /// `[tokens, hidden]`. No atomics: the result does not depend on the schedule.
-#[allow(clippy::too_many_arguments)]
 pub fn moe_combine_on(
     queue: &impl Queue,
     y: &TensorView<'_>,
