@@ -11,7 +11,8 @@
 // temperature tuning (NoPE layers), else 1 (p < 0 counts as 0). A row with no allowed key
 // (fully masked, or a sequence without keys) writes zeros and LSE = -inf, never NaN. The S x S
 // score matrix is never stored: scores live in registers one 64-key tile at a time, with an online
-// softmax (running max m and sum l, rescaled as the max grows), all in f32 and base 2.
+// softmax (running max m and sum l, rescaled as the max grows: llk::SoftmaxState in
+// common/attention_math.cuh, shared with the Hopper and decode kernels), all in f32 and base 2.
 //
 // Grid mapping. A block owns kBlockRows "rows" (128 up to head_dim 128, 64 at head_dim 256),
 // each a (query token, q head) pair: `pack` q heads of one KV group times kBlockRows / pack
@@ -62,8 +63,6 @@ namespace {
 
 constexpr int kThreads = LLK_ATTN_THREADS;
 constexpr int kWarps = kThreads / 32;
-using llk::kLn2;
-using llk::kLog2e;
 using llk::KeyInterval;
 using namespace llk::prefill;
 
@@ -254,9 +253,7 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int n = 0; n < kChunks; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-  float m[kLaneRows], l[kLaneRows];
-#pragma unroll
-  for (int i = 0; i < kLaneRows; ++i) m[i] = -INFINITY, l[i] = 0.f;
+  llk::SoftmaxState row[kLaneRows];  // the online softmax of each lane row
   // ldmatrix addressing, by matrix mi = lane / 8 of each x4. Q (A-fragments): mi & 1 picks rows
   // +0/+8, mi >> 1 the k-step half. K (B-fragments): mi >> 1 picks the n-tile (rows +0/+8), mi & 1
   // the k-step half. V (.trans B-fragments): mi & 1 picks the k-step half (rows +0/+8), mi >> 1
@@ -359,7 +356,7 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
       // Online softmax in base 2: new row maxima (quad-wide), rescale, exponentiate. The scale
       // is positive, so the maximum of the raw scores scales to the maximum of the scaled ones,
       // and exp2(s * scale - m) is one fma and one ex2.
-      float corr[kLaneRows], base[kLaneRows];
+      llk::SoftmaxStep step[kLaneRows];
       bool moved = false;
 #pragma unroll
       for (int i = 0; i < kLaneRows; ++i) {
@@ -369,8 +366,8 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
         for (int j = 0; j < kSubN; ++j) mx = fmaxf(mx, fmaxf(sc[mt][j][2 * h], sc[mt][j][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const llk::SoftmaxStep step = llk::online_softmax_step(m[i], l[i], mx, scale[i]);
-        base[i] = step.base, corr[i] = step.corr, moved = moved || step.moved;
+        step[i] = row[i].update(mx * scale[i]);
+        moved = moved || step[i].moved;
       }
       // Rescale O only when some row maximum of the warp moved (after the first tiles it rarely
       // does): one warp-uniform branch around the kMT x kChunks x 4 multiplies. Skipping a
@@ -380,8 +377,8 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
           for (int n = 0; n < kChunks; ++n) {
-            o[mt][n][0] *= corr[2 * mt], o[mt][n][1] *= corr[2 * mt];
-            o[mt][n][2] *= corr[2 * mt + 1], o[mt][n][3] *= corr[2 * mt + 1];
+            o[mt][n][0] *= step[2 * mt].corr, o[mt][n][1] *= step[2 * mt].corr;
+            o[mt][n][2] *= step[2 * mt + 1].corr, o[mt][n][3] *= step[2 * mt + 1].corr;
           }
       }
 #pragma unroll
@@ -389,9 +386,9 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
         const int mt = i / 2, h = i % 2;
 #pragma unroll
         for (int j = 0; j < kSubN; ++j) {
-          sc[mt][j][2 * h] = llk::fast_exp2(fmaf(sc[mt][j][2 * h], scale[i], -base[i]));
-          sc[mt][j][2 * h + 1] = llk::fast_exp2(fmaf(sc[mt][j][2 * h + 1], scale[i], -base[i]));
-          l[i] += sc[mt][j][2 * h] + sc[mt][j][2 * h + 1];
+          sc[mt][j][2 * h] = step[i].weight(sc[mt][j][2 * h], scale[i]);
+          sc[mt][j][2 * h + 1] = step[i].weight(sc[mt][j][2 * h + 1], scale[i]);
+          row[i].l += sc[mt][j][2 * h] + sc[mt][j][2 * h + 1];
         }
       }
 
@@ -423,15 +420,13 @@ __device__ void attention_mma_kernel(const AttentionParams& p) {
   }
 
   // Finish the softmax: quad-wide sums, normalize, stage the output tile in shared memory.
+  // A fully masked row: zeros, lse = -inf; a NaN sum (a non-finite score) stays NaN.
   float inv[kLaneRows], lse[kLaneRows];
 #pragma unroll
   for (int i = 0; i < kLaneRows; ++i) {
-    float sum = l[i];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    // sum == 0: a fully masked row (zeros, lse = -inf). A NaN sum (a non-finite score) stays NaN.
-    inv[i] = sum == 0.f ? 0.f : 1.f / sum;
-    lse[i] = sum == 0.f ? -INFINITY : (m[i] + log2f(sum)) * kLn2;
+    const llk::SoftmaxState total = row[i].quad_total();
+    inv[i] = total.normalizer();
+    lse[i] = total.lse();
   }
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
@@ -491,7 +486,7 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
   const float* qrow = reinterpret_cast<const float*>(p.q) + (s.q_start + token) * p.q_token_stride + head * p.q_head_stride;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) qv[i] = valid ? qrow[4 * i + sub] * sc : 0.f, acc[i] = 0.f;
-  float m = -INFINITY, l = 0.f;
+  llk::SoftmaxState row;
 
   for (int64_t n0 = (bk.begin / kSimtKeys) * kSimtKeys; n0 < bk.end; n0 += kSimtKeys) {
     __syncthreads();  // the previous tile is consumed
@@ -518,22 +513,18 @@ __device__ void attention_simt_kernel(const AttentionParams& p) {
       x += __shfl_xor_sync(0xffffffffu, x, 1);
       x += __shfl_xor_sync(0xffffffffu, x, 2);
       if (!keys.contains(int(n0) + j) || (paged && !sOk[j])) x = -INFINITY;
-      const float m_new = fmaxf(m, x);
-      const float base = m_new == -INFINITY ? 0.f : m_new;
-      const float corr = exp2f(m - base), pj = exp2f(x - base);
-      l = l * corr + pj;
+      const llk::KeyStep step = row.add_key(x);
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) acc[i] = fmaf(pj, sV[j][4 * i + sub], acc[i] * corr);
-      m = m_new;
+      for (int i = 0; i < kPer; ++i) acc[i] = fmaf(step.p, sV[j][4 * i + sub], acc[i] * step.corr);
     }
   }
   if (!valid) return;  // no barriers or warp operations below
-  const float inv = l == 0.f ? 0.f : 1.f / l;  // fully masked: zeros; NaN stays NaN
+  const float inv = row.normalizer();  // fully masked: zeros; NaN stays NaN
   float* orow = reinterpret_cast<float*>(p.out) + (s.q_start + token) * p.out_token_stride + head * p.out_head_stride;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) orow[4 * i + sub] = acc[i] * inv;
   if (p.lse != 0 && sub == 0)
-    reinterpret_cast<float*>(p.lse)[head * p.total_q + s.q_start + token] = l == 0.f ? -INFINITY : (m + log2f(l)) * kLn2;
+    reinterpret_cast<float*>(p.lse)[head * p.total_q + s.q_start + token] = row.lse();
 }
 
 // ------------------------------------------------------------------------- plan (device offsets)

@@ -64,7 +64,6 @@
 namespace {
 
 using namespace llk::prefill;
-using llk::kLn2;
 
 constexpr int kThreads = LLK_ATTN_SM90_THREADS;
 constexpr int kRows = LLK_ATTN_ROWS_MMA;      // per block; 64 per consumer warpgroup
@@ -198,7 +197,7 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
   float o[D / 2], sc[kKeys / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  llk::SoftmaxState row[2];  // the online softmax of rows g and g + 8
   const int my_turn = 1 + c, their_turn = 2 - c;  // named barrier ids (0 is __syncthreads)
   if (c == 1 && tiles > 0) llk::named_barrier_arrive(1, 256);
 
@@ -235,9 +234,9 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
   };
   // Tile i's scores: mask (only tiles that cross a mask or sequence boundary), the online
   // softmax's row maxima (in base 2 as attention.cu) and the exponentials, in place in `sc`; l
-  // takes their sums. Returns whether a maximum moved (corr, base set). O and the P registers are
-  // not touched: the last tile's P V may still run.
-  float corr[2], base[2];
+  // takes their sums. Returns whether a maximum moved (step set). O and the P registers are not
+  // touched: the last tile's P V may still run.
+  llk::SoftmaxStep step[2];
   auto softmax = [&](int i) {
     const int tile = kt.first + i, n0 = tile * kKeys;
     if (tile < kt.free_lo || tile >= kt.free_hi) {
@@ -257,15 +256,15 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
       for (int j = 0; j < kKeys / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * h], sc[4 * j + 2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const llk::SoftmaxStep step = llk::online_softmax_step(m[h], l[h], mx, scale[h]);
-      base[h] = step.base, corr[h] = step.corr, moved = moved || step.moved;
+      step[h] = row[h].update(mx * scale[h]);
+      moved = moved || step[h].moved;
     }
 #pragma unroll
     for (int e = 0; e < kKeys / 2; e += 2) {
       const int h = (e >> 1) & 1;
-      sc[e] = llk::fast_exp2(fmaf(sc[e], scale[h], -base[h]));
-      sc[e + 1] = llk::fast_exp2(fmaf(sc[e + 1], scale[h], -base[h]));
-      l[h] += sc[e] + sc[e + 1];
+      sc[e] = step[h].weight(sc[e], scale[h]);
+      sc[e + 1] = step[h].weight(sc[e + 1], scale[h]);
+      row[h].l += sc[e] + sc[e + 1];
     }
     return moved;
   };
@@ -282,7 +281,7 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
   auto rescale_o = [&](bool moved) {
     if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-      for (int e = 0; e < D / 2; ++e) o[e] *= corr[(e >> 1) & 1];
+      for (int e = 0; e < D / 2; ++e) o[e] *= step[(e >> 1) & 1].corr;
     }
   };
 
@@ -325,10 +324,8 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
   T* out = reinterpret_cast<T*>(p.out);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum == 0.f ? 0.f : 1.f / sum;  // fully masked: zeros; NaN stays NaN
+    const llk::SoftmaxState total = row[h].quad_total();
+    const float inv = total.normalizer();  // fully masked: zeros; NaN stays NaN
     const int r = block_row(h);
     if (!rows.valid(r, s.q_len)) continue;
     T* orow = out + (s.q_start + rows.token(r)) * p.out_token_stride + rows.head(r) * p.out_head_stride;
@@ -336,8 +333,7 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
     for (int j = 0; j < D / 8; ++j)
       *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * qd) = llk::pack_pair<T>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
     if (p.lse != 0 && qd == 0)
-      reinterpret_cast<float*>(p.lse)[rows.head(r) * p.total_q + s.q_start + rows.token(r)] =
-          sum == 0.f ? -INFINITY : (m[h] + log2f(sum)) * kLn2;
+      reinterpret_cast<float*>(p.lse)[rows.head(r) * p.total_q + s.q_start + rows.token(r)] = total.lse();
   }
 }
 

@@ -18,8 +18,9 @@
 // token i of sequence b at absolute position p = seq_len - q_len + i, causal among themselves
 // (key j allowed when j <= p; Llama 4 chunked local attention also needs j >= floor(p / C) * C).
 // Scores scale * t(p) * <q, k> with Llama 4's temperature t(p) as in attention.cu. The math is
-// attention.cu's (online softmax in base 2, f32 accumulation, fully masked rows give zeros and
-// LSE = -inf).
+// attention.cu's (the same online softmax, llk::SoftmaxState, in base 2; f32 accumulation; fully
+// masked rows give zeros and LSE = -inf). The warps that split one m-tile's keys merge their
+// states with SoftmaxState::merge.
 //
 // Grid: x = batch * num_splits, y = kv_heads * row_blocks. A block owns one split (a contiguous
 // run of 64-key tiles) of one sequence and the rows of one KV group: row r is (token r / group,
@@ -56,7 +57,6 @@ using fp8_t = uint8_t;  // page element of e4m3fn pages
 
 constexpr int kThreads = LLK_DECODE_THREADS;
 constexpr int kKeys = LLK_DECODE_KEYS;
-using llk::kLn2;
 using llk::kLog2e;
 using llk::KeyInterval;
 
@@ -339,7 +339,7 @@ __device__ void paged_decode_mma_kernel(const PagedDecodeParams& p) {
   float o[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  llk::SoftmaxState row[2];  // the online softmax of rows g and g + 8
 
   // Q A-fragments of k-step kk. 16-bit pages: the standard layout (ldmatrix). fp8 pages: the
   // k-step's dims permuted as K's codes arrive (lane t holds dims 4t..4t+3 of rows g, g + 8).
@@ -422,25 +422,29 @@ __device__ void paged_decode_mma_kernel(const PagedDecodeParams& p) {
           if (!ok[kl] || !keys[i >> 1].contains(int(tile) * kKeys + kl)) sc[j][i] = -INFINITY;
         }
 
-      // Online softmax in base 2 (see attention.cu).
+      // Online softmax in base 2 (see attention.cu); O is rescaled only when some row maximum
+      // of the warp moved (a multiply by exactly 1 skipped).
+      llk::SoftmaxStep next[2];
+      bool moved = false;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float mx = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]), fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[h], mx * scale[h]);
-        const float base = m_new == -INFINITY ? 0.f : m_new;
-        const float corr = llk::fast_exp2(m[h] - base);
-        m[h] = m_new;
-        l[h] *= corr;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
+        next[h] = row[h].update(mx * scale[h]);
+        moved = moved || next[h].moved;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          sc[j][2 * h] = llk::fast_exp2(fmaf(sc[j][2 * h], scale[h], -base));
-          sc[j][2 * h + 1] = llk::fast_exp2(fmaf(sc[j][2 * h + 1], scale[h], -base));
-          l[h] += sc[j][2 * h] + sc[j][2 * h + 1];
+          sc[j][2 * h] = next[h].weight(sc[j][2 * h], scale[h]);
+          sc[j][2 * h + 1] = next[h].weight(sc[j][2 * h + 1], scale[h]);
+          row[h].l += sc[j][2 * h] + sc[j][2 * h + 1];
         }
+      }
+      if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[n][i] *= next[i >> 1].corr;
       }
 
       // O += P V: the 16 keys are one k-step.
@@ -490,8 +494,8 @@ __device__ void paged_decode_mma_kernel(const PagedDecodeParams& p) {
       for (int i = 0; i < 4; ++i) so[(warp * (D / 2) + n * 4 + i) * 32 + lane] = o[n][i];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      sml[(warp * 4 + h) * 32 + lane] = m[h];
-      sml[(warp * 4 + 2 + h) * 32 + lane] = l[h];
+      sml[(warp * 4 + h) * 32 + lane] = row[h].m;
+      sml[(warp * 4 + 2 + h) * 32 + lane] = row[h].l;
     }
   }
   __syncthreads();
@@ -500,18 +504,14 @@ __device__ void paged_decode_mma_kernel(const PagedDecodeParams& p) {
     const int w = mt + other * mtiles;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float m2 = sml[(w * 4 + h) * 32 + lane], l2 = sml[(w * 4 + 2 + h) * 32 + lane];
-      const float m_new = fmaxf(m[h], m2);
-      const float base = m_new == -INFINITY ? 0.f : m_new;
-      const float c1 = llk::fast_exp2(m[h] - base), c2 = llk::fast_exp2(m2 - base);
-      m[h] = m_new;
-      l[h] = l[h] * c1 + l2 * c2;
+      const llk::SoftmaxState theirs{sml[(w * 4 + h) * 32 + lane], sml[(w * 4 + 2 + h) * 32 + lane]};
+      const llk::MergeFactors f = row[h].merge(theirs);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int i = 2 * h + e;
-          o[n][i] = o[n][i] * c1 + so[(w * (D / 2) + n * 4 + i) * 32 + lane] * c2;
+          o[n][i] = o[n][i] * f.self + so[(w * (D / 2) + n * 4 + i) * 32 + lane] * f.other;
         }
     }
   }
@@ -519,12 +519,10 @@ __device__ void paged_decode_mma_kernel(const PagedDecodeParams& p) {
   // Finish: quad-wide sums, normalize (V's dequantization folded in), write.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const llk::SoftmaxState total = row[h].quad_total();
     const int r = mt * 16 + g + 8 * h;
     if (r >= rows.count) continue;
-    const float inv = sum == 0.f ? 0.f : v_scale / sum;  // fully masked: zeros; NaN stays NaN
+    const float inv = total.normalizer(v_scale);  // fully masked: zeros; NaN stays NaN
     const int64_t token = s.b * s.q_len + rows.token(r), head = rows.head(r);
     const RowOut<T> dst = row_out<T>(p, token, head);
     if constexpr (!kFp8) {
@@ -541,7 +539,7 @@ __device__ void paged_decode_mma_kernel(const PagedDecodeParams& p) {
         dst.store(16 * c + 4 * t, v);
       }
     }
-    if (t == 0) store_lse(p, token, head, sum == 0.f ? -INFINITY : (m[h] + log2f(sum)) * kLn2);
+    if (t == 0) store_lse(p, token, head, total.lse());
   }
 }
 
@@ -567,7 +565,7 @@ __device__ void paged_decode_simt_kernel(const PagedDecodeParams& p) {
   float qv[kPer], acc[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) qv[i] = valid ? qrow[4 * i + sub] * sc : 0.f, acc[i] = 0.f;
-  float m = -INFINITY, l = 0.f;
+  llk::SoftmaxState row;
   const float* kp = reinterpret_cast<const float*>(p.k_pages);
   const float* vp = reinterpret_cast<const float*>(p.v_pages);
 
@@ -595,24 +593,20 @@ __device__ void paged_decode_simt_kernel(const PagedDecodeParams& p) {
       x += __shfl_xor_sync(0xffffffffu, x, 1);
       x += __shfl_xor_sync(0xffffffffu, x, 2);
       if (!sOk[j] || !keys.contains(n0 + j)) x = -INFINITY;
-      const float m_new = fmaxf(m, x);
-      const float base = m_new == -INFINITY ? 0.f : m_new;
-      const float corr = exp2f(m - base), pj = exp2f(x - base);
-      l = l * corr + pj;
+      const llk::KeyStep step = row.add_key(x);
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) acc[i] = fmaf(pj, sV[j][4 * i + sub], acc[i] * corr);
-      m = m_new;
+      for (int i = 0; i < kPer; ++i) acc[i] = fmaf(step.p, sV[j][4 * i + sub], acc[i] * step.corr);
     }
   }
   if (!valid) return;  // no barriers or warp operations below
-  const float inv = l == 0.f ? 0.f : 1.f / l;
+  const float inv = row.normalizer();
   const RowOut<float> dst = row_out<float>(p, token, head);
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const float v[1] = {acc[i] * inv};
     dst.store(4 * i + sub, v);
   }
-  if (sub == 0) store_lse(p, token, head, l == 0.f ? -INFINITY : (m + log2f(l)) * kLn2);
+  if (sub == 0) store_lse(p, token, head, row.lse());
 }
 
 // ------------------------------------------------------------------------------ merge
@@ -634,7 +628,7 @@ __device__ void merge_kernel(const MergeStatesParams& p) {
   };
   float mx = -INFINITY;
   for (int64_t st = 0; st < states; ++st) mx = fmaxf(mx, lse_of(st));
-  const float base = mx == -INFINITY ? 0.f : mx;
+  const float base = llk::SoftmaxState::base_of(mx);
   float sum = 0.f;
   for (int64_t st = 0; st < states; ++st) sum += llk::fast_exp2((lse_of(st) - base) * kLog2e);
   const float inv = sum == 0.f ? 0.f : 1.f / sum;  // no state saw a key: zeros, lse = -inf
