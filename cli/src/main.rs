@@ -130,6 +130,9 @@ struct VerifyArgs {
     weights: WeightsArg,
 }
 
+/// Tokens of context `generate` plans for (prompt and reply together).
+const CONTEXT: usize = 4096;
+
 #[derive(Args)]
 struct GenerateArgs {
     /// A GGUF file or a checkpoint directory.
@@ -141,9 +144,10 @@ struct GenerateArgs {
     /// The prompt as one user turn of the model's chat template.
     #[arg(long)]
     chat: bool,
-    /// Tokens to generate at most.
-    #[arg(long, default_value_t = 64)]
-    max_new_tokens: usize,
+    /// Tokens to generate at most (1 to 4096, the context `generate` plans; prompt and reply
+    /// together must fit it).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=CONTEXT as i64))]
+    max_new_tokens: u32,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
@@ -303,12 +307,12 @@ fn run_generate(args: &GenerateArgs) -> Result<(), String> {
         SamplingConfig { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p };
     let dtype = args.dtype.map_or_else(|| default_dtype(&args.model), DType::from);
     let device = pick_device(args.target)?;
-    let mut tm = TextModel::open_with(&device, &args.model, dtype, (4096, 256), args.weights.into())
+    let mut tm = TextModel::open_with(&device, &args.model, dtype, (CONTEXT, 256), args.weights.into())
         .map_err(|e| e.to_string())?;
     let ids = tm.prompt_ids(&args.prompt, args.chat).map_err(|e| e.to_string())?;
-    let max_new = args.max_new_tokens;
-    if ids.len().saturating_add(max_new) > 4096 {
-        return Err(format!("{} prompt tokens + {max_new} new exceed the 4096-token plan", ids.len()));
+    let max_new = args.max_new_tokens as usize;
+    if ids.len().saturating_add(max_new) > CONTEXT {
+        return Err(format!("{} prompt tokens + {max_new} new exceed the {CONTEXT}-token plan", ids.len()));
     }
     use std::io::Write;
     let mut out = std::io::stdout();

@@ -86,7 +86,7 @@ fn fast_packed(format: QuantFormat, rows: usize, cols: usize, seed: u64) -> Pack
     let mut bytes = vec![0u8; layout.total_bytes()];
     let (values, meta) = bytes.split_at_mut(layout.planes()[2]);
     common::par_fill(values, 1, seed, common::random_bytes);
-    let (row_bytes, blocks, mb) = (layout.meta_row_bytes(), cols / layout.block, format.meta_bytes());
+    let (row_bytes, blocks, mb) = (layout.meta_row_bytes(), cols / layout.block(), format.meta_bytes());
     let scale = 1.0 / (16.0 * (cols as f64).sqrt());
     common::par_fill(meta, row_bytes, seed ^ 0x3e7a, |rng, rows| {
         for row in rows.chunks_exact_mut(row_bytes) {
@@ -95,16 +95,16 @@ fn fast_packed(format: QuantFormat, rows: usize, cols: usize, seed: u64) -> Pack
             }
         }
     });
-    PackedWeight { layout, bytes, code: NF4_CODE }
+    PackedWeight::new(layout, bytes, NF4_CODE).expect("the bytes fit the layout")
 }
 
 /// Output row 0 against the host: weight rows `rows` of `w` (dequantized on the host, rounded to
 /// bf16 when `rounded`, as the dequantize-and-GEMM path and the dense weight are) times `x0`.
 fn check(w: &PackedWeight, x0: &[f64], y0: &[f64], rounded: bool) -> std::result::Result<(), String> {
-    let l = w.layout;
-    for r in [0, 1, l.rows / 2, l.rows - 1] {
+    let l = w.layout();
+    for r in [0, 1, l.rows() / 2, l.rows() - 1] {
         let (mut dot, mut abs) = (0.0f64, 0.0f64);
-        for c in 0..l.cols / 32 {
+        for c in 0..l.cols() / 32 {
             for (i, v) in w.dequantize_chunk(r, c).iter().enumerate() {
                 let v = if rounded { f64::from(half::bf16::from_f32(*v).to_f32()) } else { f64::from(*v) };
                 dot += v * x0[c * 32 + i];
@@ -181,7 +181,7 @@ Generators on {rows}x{cols} (the LM head is {:.0}x larger):",
         let t0 = Instant::now();
         let fast = fast_packed(format, rows, cols, 1);
         let fast_s = t0.elapsed().as_secs_f64();
-        assert_eq!(slow.map(|w| w.layout).ok(), Some(fast.layout));
+        assert_eq!(slow.map(|w| *w.layout()).ok(), Some(*fast.layout()));
         println!("  {format}: one value at a time {slow_s:.2} s, fast_packed {fast_s:.3} s");
     }
 }

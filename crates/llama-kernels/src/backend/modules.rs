@@ -7,8 +7,11 @@
 //! variable ([`DEVICE_CODE_DIR_VAR`]), in the layout of `kernels/prebuilt/`
 //! (`sm_90/<family>.ptx`, `.cubin`, `.ptxas.txt`, and the same under `sm_80/`). Every file is
 //! checked against its embedded hash before anything uses it; a folder that is not set, a
-//! missing file or a different one is a [`DeviceCodeError`], never a panic. The emulated target
-//! needs none of these files: its kernels are host code, linked in every build.
+//! missing file or a different one is a [`DeviceCodeError`], never a panic; a file's type and
+//! size are checked before it is read. The emulated target's kernels are host code, linked in
+//! every build: it reads only the `ptxas` reports, for each kernel's static shared memory, and
+//! when they cannot be read (the folder unset, a file missing or different) it checks the
+//! dynamic shared memory of each launch alone.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -160,24 +163,47 @@ fn load_family(dir: &Path, expected: &[ExternalFile; 6]) -> Result<OwnedFiles, D
     })
 }
 
-/// One file under `dir`, if it has the expected size and SHA-256.
+/// One file under `dir`, if it has the expected size and SHA-256. The file's type and size are
+/// checked before it is read, and at most one byte more than expected is read: a FIFO (which
+/// would block), a device such as `/dev/zero` (which would never end) or a file of the wrong
+/// size is an error without reading it.
 pub(crate) fn load_checked(dir: &Path, file: &ExternalFile) -> Result<Vec<u8>, DeviceCodeError> {
+    use std::io::Read;
     let path = dir.join(file.path);
-    let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
+    let unreadable = |reason: String| DeviceCodeError::Unreadable { path: path.clone(), reason };
+    let mismatch = |found_bytes: u64, found_sha256: String| DeviceCodeError::Mismatch {
+        path: path.clone(),
+        expected_bytes: file.bytes,
+        found_bytes,
+        expected_sha256: file.sha256,
+        found_sha256,
+    };
+    let meta = std::fs::metadata(&path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => {
             DeviceCodeError::Missing { path: path.clone(), bytes: file.bytes, sha256: file.sha256 }
         }
-        _ => DeviceCodeError::Unreadable { path: path.clone(), reason: e.to_string() },
+        _ => unreadable(e.to_string()),
     })?;
+    if !meta.is_file() {
+        return Err(unreadable(format!("not a regular file ({:?})", meta.file_type())));
+    }
+    if meta.len() != file.bytes {
+        return Err(mismatch(meta.len(), "(not read: the size differs)".into()));
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    // Opening never blocks, even if the path became a FIFO since the check above.
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let opened = options.open(&path).map_err(|e| unreadable(e.to_string()))?;
+    if !opened.metadata().map_err(|e| unreadable(e.to_string()))?.is_file() {
+        return Err(unreadable("not a regular file".into()));
+    }
+    let mut bytes = Vec::with_capacity(file.bytes as usize);
+    opened.take(file.bytes.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| unreadable(e.to_string()))?;
     let found: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
     if bytes.len() as u64 != file.bytes || found != file.sha256 {
-        return Err(DeviceCodeError::Mismatch {
-            path,
-            expected_bytes: file.bytes,
-            found_bytes: bytes.len() as u64,
-            expected_sha256: file.sha256,
-            found_sha256: found,
-        });
+        return Err(mismatch(bytes.len() as u64, found));
     }
     Ok(bytes)
 }
@@ -267,6 +293,40 @@ mod tests {
         std::fs::remove_file(dir.join("sm_90/x.ptx")).unwrap();
         std::fs::create_dir(dir.join("sm_90/x.ptx")).unwrap();
         assert!(matches!(load_checked(&dir, &hello()), Err(DeviceCodeError::Unreadable { .. })));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn fifos_devices_and_oversized_files_are_refused_without_reading_them() {
+        let dir = scratch("special");
+        let file = dir.join("sm_90/x.ptx");
+        // A FIFO with no writer: reading it would block forever.
+        let fifo = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `fifo` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let e = load_checked(&dir, &hello()).unwrap_err();
+        assert!(
+            matches!(&e, DeviceCodeError::Unreadable { reason, .. } if reason.contains("not a regular file")),
+            "{e}"
+        );
+        std::fs::remove_file(&file).unwrap();
+        // A link to /dev/zero: reading it would never end.
+        std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
+        let e = load_checked(&dir, &hello()).unwrap_err();
+        assert!(
+            matches!(&e, DeviceCodeError::Unreadable { reason, .. } if reason.contains("not a regular file")),
+            "{e}"
+        );
+        std::fs::remove_file(&file).unwrap();
+        // A 2 GiB (sparse) file is refused by its size, before anything is read.
+        std::fs::File::create(&file).unwrap().set_len(2 << 30).unwrap();
+        let e = load_checked(&dir, &hello()).unwrap_err();
+        assert!(
+            matches!(&e, DeviceCodeError::Mismatch { found_bytes, found_sha256, .. }
+            if *found_bytes == 2 << 30 && found_sha256.contains("not read")),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

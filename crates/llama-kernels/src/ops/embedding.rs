@@ -190,7 +190,7 @@ pub fn embedding_packed_on(
         block: (block as u32, 1, 1),
         smem_at_launch: 0,
     };
-    args.launch(PACKED.find(OP, "out", (table.layout().format, dtype))?, dims, &params)
+    args.launch(PACKED.find(OP, "out", (table.layout().format(), dtype))?, dims, &params)
 }
 
 /// An embedding table on the device: dense, or packed ([`embedding`] or [`embedding_packed`]).

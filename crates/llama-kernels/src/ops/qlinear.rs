@@ -234,8 +234,8 @@ impl WeightValues {
             WeightValues::Exact => w.dequantize().into_iter().map(f64::from).collect(),
             WeightValues::Rounded => w.dequantize().into_iter().map(|v| round_to(dtype, f64::from(v))).collect(),
             WeightValues::RoundedCodeBook => {
-                let code = w.code.map(|c| round_to(dtype, f64::from(c)) as f32);
-                let rounded = PackedWeight { layout: w.layout, bytes: w.bytes.clone(), code };
+                let code = w.code().map(|c| round_to(dtype, f64::from(c)) as f32);
+                let rounded = w.with_code(code);
                 rounded.dequantize().into_iter().map(f64::from).collect()
             }
         }
@@ -271,16 +271,16 @@ pub struct QWeight {
 impl QWeight {
     /// Uploads `w`'s planes.
     pub fn new(device: &Device, w: &PackedWeight) -> Result<QWeight> {
-        if w.bytes.len() != w.layout.total_bytes() {
+        if w.bytes().len() != w.layout().total_bytes() {
             return Err(Error::invalid(
                 OP,
                 "packed bytes",
-                w.bytes.len(),
-                format!("the layout needs {}", w.layout.total_bytes()),
+                w.bytes().len(),
+                format!("the layout needs {}", w.layout().total_bytes()),
             ));
         }
-        let data = Tensor::from_slice(device, &w.bytes, &[w.bytes.len()])?;
-        Ok(QWeight { layout: w.layout, code: w.code, data })
+        let data = Tensor::from_slice(device, w.bytes(), &[w.bytes().len()])?;
+        Ok(QWeight { layout: *w.layout(), code: *w.code(), data })
     }
     /// Where the planes lie.
     pub fn layout(&self) -> &QuantLayout {
@@ -288,7 +288,7 @@ impl QWeight {
     }
     /// `[out, in]`.
     pub fn shape(&self) -> [usize; 2] {
-        [self.layout.rows, self.layout.cols]
+        [self.layout.rows(), self.layout.cols()]
     }
     /// The device holding the planes.
     pub fn device(&self) -> &Device {
@@ -304,13 +304,13 @@ impl QWeight {
     }
     /// The planes back on the host.
     pub fn to_host(&self) -> Result<PackedWeight> {
-        Ok(PackedWeight { layout: self.layout, bytes: self.data.to_vec()?, code: self.code })
+        PackedWeight::new(self.layout, self.data.to_vec()?, self.code)
     }
 }
 
 /// Rows of `layout` the prefill path dequantizes per band.
 pub fn band_rows(layout: &QuantLayout) -> usize {
-    (BAND_ELEMS / layout.cols.max(1)).max(64).min(layout.rows)
+    (BAND_ELEMS / layout.cols().max(1)).max(64).min(layout.rows())
 }
 
 /// The dense band the [`QPath::DequantGemm`] path dequantizes into, planned once for a set of
@@ -325,7 +325,7 @@ pub struct QScratch {
 /// f32 elements the split products of `w` with 16-bit activations write at most (over the row
 /// counts that split).
 fn partial_elems(w: &QWeight) -> usize {
-    let [out, inp] = [w.layout.rows, w.layout.cols];
+    let [out, inp] = [w.layout.rows(), w.layout.cols()];
     let gemm = (GEMM_FROM_ROWS..=LLK_QGEMM_BLOCK_M as usize)
         .map(|rows| match gemm_splits(rows, out, inp) {
             1 => 0,
@@ -335,7 +335,7 @@ fn partial_elems(w: &QWeight) -> usize {
         .unwrap_or(0);
     let mma_gemv = match mma_gemv_splits(out, inp) {
         1 => 0,
-        k if has_mma_gemv(w.layout.format, DType::BF16) => k * MAX_MMA_GEMV_ROWS * out,
+        k if has_mma_gemv(w.layout.format(), DType::BF16) => k * MAX_MMA_GEMV_ROWS * out,
         _ => 0,
     };
     gemm.max(mma_gemv)
@@ -346,7 +346,7 @@ impl QScratch {
     /// dequantize-and-GEMM path) and, for bf16 and f16, the partial products of their split GEMMs.
     pub fn new(device: &Device, dtype: DType, weights: &[&QWeight]) -> Result<QScratch> {
         check_float(OP, "scratch", dtype)?;
-        let elems = weights.iter().map(|w| band_rows(&w.layout) * w.layout.cols).max().unwrap_or(0);
+        let elems = weights.iter().map(|w| band_rows(&w.layout) * w.layout.cols()).max().unwrap_or(0);
         let partial = if dtype == DType::F32 { 0 } else { weights.iter().map(|w| partial_elems(w)).max().unwrap_or(0) };
         Ok(QScratch {
             band: Tensor::zeros(device, dtype, &[elems.max(1)])?,
@@ -399,9 +399,9 @@ pub(crate) fn weight_params(w: &QWeight, base: u64) -> Result<QLinearParams> {
         qh: if l.qh_row_bytes() > 0 { qh } else { 0 },
         meta,
         rows: 0,
-        n: to_i64(OP, "out features", l.rows)?,
-        k: to_i64(OP, "in features", l.cols)?,
-        block: to_i64(OP, "block", l.block)?,
+        n: to_i64(OP, "out features", l.rows())?,
+        k: to_i64(OP, "in features", l.cols())?,
+        block: to_i64(OP, "block", l.block())?,
         row_first: 0,
         x_row_stride: 0,
         y_row_stride: 0,
@@ -409,11 +409,11 @@ pub(crate) fn weight_params(w: &QWeight, base: u64) -> Result<QLinearParams> {
         qh_row_bytes: to_i64(OP, "qh row bytes", l.qh_row_bytes())?,
         meta_row_bytes: to_i64(OP, "meta row bytes", l.meta_row_bytes())?,
         code: w.code,
-        format: l.format.ffi(),
+        format: l.format().ffi(),
         accumulate: 0,
         split: 1,
         // A power of two for every format (QuantLayout::new checks it).
-        block_shift: l.block.trailing_zeros() as i32,
+        block_shift: l.block().trailing_zeros() as i32,
         partial: 0,
         k_splits: 1,
         k_steps_per_split: 0,
@@ -458,7 +458,7 @@ fn run(
         return Ok(());
     }
     let aligned = xr.addr % 16 == 0 && xr.row_stride % dtype.vec16() == 0;
-    let path = QPath::choose(w.layout.format, dtype, xr.rows, aligned, [d_out, d_in]);
+    let path = QPath::choose(w.layout.format(), dtype, xr.rows, aligned, [d_out, d_in]);
     // What a path that needs a scratch reports without a usable one.
     let usable = |why: String| -> Result<&QScratch> {
         let scratch = scratch.ok_or_else(|| Error::invalid(op, "scratch", "None", why))?;
@@ -478,7 +478,7 @@ fn run(
         p.accumulate = i32::from(accumulate);
         Ok(p)
     };
-    let find = |kernel| KERNELS.find(op, "x", (kernel, w.layout.format, dtype));
+    let find = |kernel| KERNELS.find(op, "x", (kernel, w.layout.format(), dtype));
     // The f32 partials of a split product (GEMM or tensor-core GEMV), checked against its size.
     let partials = |k_splits: usize| -> Result<&QScratch> {
         let why = format!("{} rows split `in` {k_splits} ways ({path}): they need a QScratch", xr.rows);
@@ -517,7 +517,7 @@ fn run(
                 let groups = d_in.div_ceil(LLK_QMMV_GROUP as usize * LLK_QUANT_CHUNK as usize);
                 let grid = (grid_x(op, d_out.div_ceil(16))?, 1, k_splits as u32);
                 let dims = LaunchDims { grid, block: (LLK_QMMV_WARPS * 32, 1, 1), smem_at_launch: 0 };
-                (MMA_GEMV.find(op, "x", (w.layout.format, dtype))?, dims, groups)
+                (MMA_GEMV.find(op, "x", (w.layout.format(), dtype))?, dims, groups)
             } else {
                 let steps = d_in.div_ceil(LLK_QGEMM_BLOCK_K as usize);
                 (find(QKernel::Gemm)?, gemm_dims(op, xr.rows, d_out, k_splits)?, steps)
@@ -597,14 +597,14 @@ fn dequantize_band(device: &Device, w: &QWeight, band: &Tensor, first: usize, n:
     p.n = to_i64(OP, "band rows", n)?;
     p.row_first = to_i64(OP, "band start", first)?;
     p.y_row_stride = p.k;
-    let threads = n * (w.layout.cols / LLK_QUANT_CHUNK as usize);
+    let threads = n * (w.layout.cols() / LLK_QUANT_CHUNK as usize);
     let block = LLK_QDEQUANT_THREADS as usize;
     let dims = LaunchDims {
         grid: (grid_x(OP, threads.div_ceil(block))?, 1, 1),
         block: (block as u32, 1, 1),
         smem_at_launch: 0,
     };
-    args.launch(KERNELS.find(OP, "scratch", (QKernel::Dequantize, w.layout.format, dtype))?, dims, &p)
+    args.launch(KERNELS.find(OP, "scratch", (QKernel::Dequantize, w.layout.format(), dtype))?, dims, &p)
 }
 
 /// `w` dequantized on the device into a dense `[out, in]` tensor of `dtype` (the kernel the

@@ -150,17 +150,26 @@ impl std::fmt::Display for QuantFormat {
 }
 
 /// Where each plane of a packed `[rows, cols]` weight lies (byte offsets into one buffer, each
-/// 16-byte aligned; see the module docs).
+/// 16-byte aligned; see the module docs). The only way to make one is [`QuantLayout::new`], so
+/// every value has a block its format allows and whole blocks per row:
+///
+/// ```
+/// use llama_kernels::spec::quant::{QuantFormat, QuantLayout};
+/// assert!(QuantLayout::new(QuantFormat::NF4, 48, 1, 48).is_err()); // NF4 blocks are powers of two
+/// assert!(QuantLayout::new(QuantFormat::Q4_0, 32, 1, 40).is_err()); // 40 is not whole blocks
+/// assert_eq!(QuantLayout::new(QuantFormat::NF4, 64, 2, 128).map(|l| l.cols()).ok(), Some(128));
+/// ```
+///
+/// ```compile_fail
+/// use llama_kernels::spec::quant::{QuantFormat, QuantLayout};
+/// let unchecked = QuantLayout { format: QuantFormat::NF4, block: 48, rows: 1, cols: 48 };
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuantLayout {
-    /// The format.
-    pub format: QuantFormat,
-    /// Elements per block header.
-    pub block: usize,
-    /// Rows (output features).
-    pub rows: usize,
-    /// Columns (input features), a multiple of `block`.
-    pub cols: usize,
+    format: QuantFormat,
+    block: usize,
+    rows: usize,
+    cols: usize,
 }
 
 const fn pad16(n: usize) -> usize {
@@ -191,6 +200,22 @@ impl QuantLayout {
         let layout = QuantLayout { format, block, rows, cols };
         layout.total_bytes_checked().ok_or_else(|| Error::invalid("qlinear", "weight size", rows, "too large"))?;
         Ok(layout)
+    }
+    /// The format.
+    pub fn format(&self) -> QuantFormat {
+        self.format
+    }
+    /// Elements per block header.
+    pub fn block(&self) -> usize {
+        self.block
+    }
+    /// Rows (output features).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Columns (input features), a multiple of [`QuantLayout::block`].
+    pub fn cols(&self) -> usize {
+        self.cols
     }
     /// Bytes per row of the `qs` plane.
     pub fn qs_row_bytes(&self) -> usize {
@@ -223,15 +248,27 @@ impl QuantLayout {
     }
 }
 
-/// A packed weight on the host: its layout, the planes' bytes and (NF4) the code book.
+/// A packed weight on the host: its layout, the planes' bytes and (NF4) the code book. Made by
+/// [`PackedWeight::new`] or a format's constructor, so its bytes are always as long as its
+/// layout needs:
+///
+/// ```
+/// use llama_kernels::spec::quant::{NF4_CODE, PackedWeight, QuantFormat, QuantLayout};
+/// let layout = QuantLayout::new(QuantFormat::Q8_0, 32, 4, 64).unwrap();
+/// assert!(PackedWeight::new(layout, vec![0; layout.total_bytes() - 1], NF4_CODE).is_err());
+/// assert!(PackedWeight::new(layout, vec![0; layout.total_bytes()], NF4_CODE).is_ok());
+/// ```
+///
+/// ```compile_fail
+/// use llama_kernels::spec::quant::{NF4_CODE, PackedWeight, QuantFormat, QuantLayout};
+/// let layout = QuantLayout::new(QuantFormat::Q8_0, 32, 4, 64).unwrap();
+/// let short = PackedWeight { layout, bytes: vec![], code: NF4_CODE };
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct PackedWeight {
-    /// Where the planes lie in `bytes`.
-    pub layout: QuantLayout,
-    /// The planes, [`QuantLayout::total_bytes`] long.
-    pub bytes: Vec<u8>,
-    /// NF4's code book (bitsandbytes' `quant_map`); unused by the other formats.
-    pub code: [f32; 16],
+    layout: QuantLayout,
+    bytes: Vec<u8>,
+    code: [f32; 16],
 }
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -256,6 +293,40 @@ fn pack_nibbles(q: &[u8; CHUNK], out: &mut [u8]) {
 }
 
 impl PackedWeight {
+    /// A packed weight from its parts: `bytes` must be exactly [`QuantLayout::total_bytes`]
+    /// long; `code` is NF4's code book (bitsandbytes' `quant_map`; ignored by the other formats).
+    pub fn new(layout: QuantLayout, bytes: Vec<u8>, code: [f32; 16]) -> Result<PackedWeight> {
+        if bytes.len() != layout.total_bytes() {
+            return Err(Error::invalid(
+                "PackedWeight::new",
+                "bytes",
+                bytes.len(),
+                format!("the layout needs {}", layout.total_bytes()),
+            ));
+        }
+        Ok(PackedWeight { layout, bytes, code })
+    }
+    /// Where the planes lie in [`PackedWeight::bytes`].
+    pub fn layout(&self) -> &QuantLayout {
+        &self.layout
+    }
+    /// The planes, [`QuantLayout::total_bytes`] long.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+    /// NF4's code book (bitsandbytes' `quant_map`); unused by the other formats.
+    pub fn code(&self) -> &[f32; 16] {
+        &self.code
+    }
+    /// The same planes with another code book (NF4).
+    pub fn with_code(&self, code: [f32; 16]) -> PackedWeight {
+        PackedWeight { layout: self.layout, bytes: self.bytes.clone(), code }
+    }
+    /// `[rows, cols]`: `[out, in]` of the weight.
+    pub fn shape(&self) -> [usize; 2] {
+        [self.layout.rows, self.layout.cols]
+    }
+
     fn zeroed(layout: QuantLayout) -> PackedWeight {
         PackedWeight { layout, bytes: vec![0; layout.total_bytes()], code: NF4_CODE }
     }

@@ -309,10 +309,10 @@ pub fn check_shapes(spec: &LayerSpec, host: &HostLayerWeights) -> Result<()> {
     }
     for (name, p) in &host.packed {
         let dense = named.iter().find(|(n, _)| n == name).map(|(_, t)| t.shape.as_slice());
-        if dense != Some(&[p.layout.rows, p.layout.cols][..]) {
+        if dense != Some(&[p.layout().rows(), p.layout().cols()][..]) {
             return Err(Error::Checkpoint {
                 tensor: name.clone(),
-                why: format!("packed [{}, {}] has no dense tensor of that shape", p.layout.rows, p.layout.cols),
+                why: format!("packed [{}, {}] has no dense tensor of that shape", p.layout().rows(), p.layout().cols()),
             });
         }
     }

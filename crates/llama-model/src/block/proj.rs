@@ -43,9 +43,9 @@ impl Proj {
             for p in found {
                 match groups.last_mut() {
                     Some(g)
-                        if g[0].layout.format == p.layout.format
-                            && g[0].layout.block == p.layout.block
-                            && g[0].code == p.code =>
+                        if g[0].layout().format() == p.layout().format()
+                            && g[0].layout().block() == p.layout().block()
+                            && g[0].code() == p.code() =>
                     {
                         g.push(p)
                     }

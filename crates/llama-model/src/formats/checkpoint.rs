@@ -1,8 +1,10 @@
-//! Hugging Face checkpoints: `config.json` plus safetensors weights, memory-mapped.
+//! Hugging Face checkpoints: `config.json` plus safetensors weights, read with positioned reads
+//! ([`ModelFile`]: a file truncated by another process while it is read is a named error, not a
+//! `SIGBUS`).
 //!
 //! A directory holds either one or more `*.safetensors` files (their headers list the tensors),
 //! or a sharded checkpoint whose `model.safetensors.index.json` maps each tensor name to its
-//! shard. Files are mapped lazily, only when a tensor they hold is read, so a directory that
+//! shard. Files are opened lazily, only when a tensor they hold is read, so a directory that
 //! holds only some layers' tensors (or only some shards) works for those layers.
 //!
 //! Layer tensors are found under `model.layers.N.` (Llama, `Llama4ForCausalLM`),
@@ -20,18 +22,21 @@ use half::{bf16, f16};
 use safetensors::tensor::{Dtype, Metadata};
 
 use super::config::{LayerSpec, ModelConfig};
-use super::files::open_regular;
+use super::files::{MAX_CONFIG_BYTES, ModelFile, read_bounded_text};
 use crate::error::{Error, Result};
 use llama_kernels::dtype::{DType, round_to};
 use llama_kernels::spec::weights::{HostLayerWeights, HostTensor};
 
 const INDEX: &str = "model.safetensors.index.json";
 
-/// One memory-mapped safetensors file and its parsed header.
-struct Mapped {
-    map: memmap2::Mmap,
+/// Largest safetensors header read, in bytes (the `safetensors` crate's own limit).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// One safetensors file and its parsed header.
+struct Shard {
+    file: ModelFile,
     /// Where the tensor data starts (8 + header length).
-    data_start: usize,
+    data_start: u64,
     meta: Metadata,
 }
 
@@ -44,28 +49,41 @@ fn is_plain_file_name(name: &str) -> bool {
         && !name.contains(['/', '\\', '\0'])
 }
 
-impl Mapped {
-    fn open(path: &Path) -> Result<Mapped> {
-        let io = |e: std::io::Error| Error::Io { path: path.display().to_string(), why: e.to_string() };
-        let file = open_regular(path)?;
-        // SAFETY: the mapping is read-only and private to this process; it stays valid while the
-        // file exists. A checkpoint file changed by another process while it is mapped could
-        // change the bytes we read (never memory safety of this process beyond that: the header
-        // is parsed and every tensor's range is checked against the mapping's length below).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        let (header, meta) = safetensors::SafeTensors::read_metadata(&map).map_err(|e| Error::Io {
+impl Shard {
+    /// Opens `path` and reads its header: an 8-byte length (at most [`MAX_HEADER_BYTES`]), the
+    /// JSON tensor table, and data whose length the table accounts for exactly.
+    fn open(path: &Path) -> Result<Shard> {
+        let file = ModelFile::open(path)?;
+        let bad = |why: String| Error::Io {
             path: path.display().to_string(),
-            why: format!("not a valid safetensors file: {e}"),
-        })?;
-        Ok(Mapped { data_start: 8 + header, map, meta })
+            why: format!("not a valid safetensors file: {why}"),
+        };
+        if file.len() < 8 {
+            return Err(bad(format!("{} bytes, shorter than the header length", file.len())));
+        }
+        let mut n = [0u8; 8];
+        n.copy_from_slice(&file.read(0, 8)?);
+        let n = u64::from_le_bytes(n);
+        if n > MAX_HEADER_BYTES || n > file.len() - 8 {
+            return Err(bad(format!("a header of {n} bytes (at most {MAX_HEADER_BYTES}, and within the file)")));
+        }
+        let meta: Metadata = serde_json::from_slice(&file.read(8, 8 + n)?).map_err(|e| bad(e.to_string()))?;
+        let data = file.len() - 8 - n;
+        if meta.data_len() as u64 != data {
+            return Err(bad(format!("the header accounts for {} data bytes, the file holds {data}", meta.data_len())));
+        }
+        Ok(Shard { file, data_start: 8 + n, meta })
+    }
+
+    /// The bytes at `start..end` of the data section.
+    fn read(&self, start: usize, end: usize) -> Result<Vec<u8>> {
+        self.file.read(self.data_start + start as u64, self.data_start + end as u64)
     }
 }
 
 /// A tensor's bytes as stored, with its safetensors dtype and shape ([`Checkpoint::raw`]).
 pub(crate) struct RawTensor {
-    map: Arc<Mapped>,
-    /// The tensor's bytes within the mapping (checked against its length).
-    range: std::ops::Range<usize>,
+    bytes: Vec<u8>,
     /// The stored dtype.
     pub(crate) dtype: Dtype,
     /// The stored shape.
@@ -75,8 +93,7 @@ pub(crate) struct RawTensor {
 impl RawTensor {
     /// The tensor's bytes.
     pub(crate) fn bytes(&self) -> &[u8] {
-        // The range was checked against the mapping when this was made; never empty otherwise.
-        self.map.map.get(self.range.clone()).unwrap_or(&[])
+        &self.bytes
     }
 }
 
@@ -86,7 +103,7 @@ pub struct Checkpoint {
     config: ModelConfig,
     /// Tensor name -> file name (relative to `dir`).
     files_by_tensor: HashMap<String, String>,
-    mapped: Mutex<HashMap<String, Arc<Mapped>>>,
+    shards: Mutex<HashMap<String, Arc<Shard>>>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -102,12 +119,10 @@ impl Checkpoint {
         let dir = dir.as_ref().to_path_buf();
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let mut files_by_tensor = HashMap::new();
-        let mut mapped = HashMap::new();
+        let mut shards = HashMap::new();
         let index = dir.join(INDEX);
         if index.exists() {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut open_regular(&index)?, &mut text)
-                .map_err(|e| Error::Io { path: index.display().to_string(), why: e.to_string() })?;
+            let text = read_bounded_text(&index, MAX_CONFIG_BYTES)?;
             let value: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| Error::Io { path: index.display().to_string(), why: format!("not valid JSON: {e}") })?;
             let map = value
@@ -145,14 +160,14 @@ impl Checkpoint {
                 });
             }
             for file in files {
-                let m = Mapped::open(&dir.join(&file))?;
-                for name in m.meta.tensors().keys() {
+                let shard = Shard::open(&dir.join(&file))?;
+                for name in shard.meta.tensors().keys() {
                     files_by_tensor.insert(name.clone(), file.clone());
                 }
-                mapped.insert(file, Arc::new(m));
+                shards.insert(file, Arc::new(shard));
             }
         }
-        Ok(Checkpoint { dir, config, files_by_tensor, mapped: Mutex::new(mapped) })
+        Ok(Checkpoint { dir, config, files_by_tensor, shards: Mutex::new(shards) })
     }
 
     /// The parsed `config.json`.
@@ -168,13 +183,13 @@ impl Checkpoint {
         self.files_by_tensor.contains_key(name)
     }
 
-    fn file(&self, tensor: &str) -> Result<Arc<Mapped>> {
+    fn file(&self, tensor: &str) -> Result<Arc<Shard>> {
         let file = self.files_by_tensor.get(tensor).ok_or_else(|| Error::Checkpoint {
             tensor: tensor.to_string(),
             why: format!("missing (not listed in {})", self.dir.display()),
         })?;
-        let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(m) = mapped.get(file) {
+        let mut shards = self.shards.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = shards.get(file) {
             return Ok(m.clone());
         }
         let path = self.dir.join(file);
@@ -184,8 +199,8 @@ impl Checkpoint {
                 why: format!("its shard {file} is not in {}", self.dir.display()),
             });
         }
-        let m = Arc::new(Mapped::open(&path)?);
-        mapped.insert(file.clone(), m.clone());
+        let m = Arc::new(Shard::open(&path)?);
+        shards.insert(file.clone(), m.clone());
         Ok(m)
     }
 
@@ -199,9 +214,7 @@ impl Checkpoint {
             return Err(err(format!("shape {:?} disagrees with the config (expected {shape:?})", info.shape)));
         }
         let (start, end) = info.data_offsets;
-        let bytes = self
-            .slice(&m, start, end)
-            .ok_or_else(|| err(format!("data range {start}..{end} lies outside its file")))?;
+        let bytes = m.read(start, end)?;
         let n: usize = shape.iter().product();
         let width = match info.dtype {
             Dtype::F32 => 4,
@@ -234,34 +247,23 @@ impl Checkpoint {
         Ok(HostTensor { shape: shape.to_vec(), data })
     }
 
-    /// Tensor `name` as stored: its safetensors dtype, shape and bytes (borrowed from the
-    /// mapping), for formats read byte for byte (bitsandbytes' packed weights, `block::bnb`).
+    /// Tensor `name` as stored: its safetensors dtype, shape and bytes, for formats read byte for byte (bitsandbytes' packed weights, `block::bnb`).
     /// The byte range is checked against the file and against the dtype and shape.
     pub(crate) fn raw(&self, name: &str) -> Result<RawTensor> {
         let m = self.file(name)?;
         let err = |why: String| Error::Checkpoint { tensor: name.to_string(), why };
         let info = m.meta.info(name).ok_or_else(|| err("listed in the index but not in its file".into()))?;
         let (start, end) = info.data_offsets;
-        let (a, b) = (m.data_start.checked_add(start), m.data_start.checked_add(end));
-        let range = match (a, b) {
-            (Some(a), Some(b)) if a <= b && b <= m.map.len() => a..b,
-            _ => return Err(err(format!("data range {start}..{end} lies outside its file"))),
-        };
         let bits = info
             .shape
             .iter()
             .try_fold(1usize, |n, &d| n.checked_mul(d))
             .and_then(|n| n.checked_mul(info.dtype.bitsize()));
-        if bits != range.len().checked_mul(8) {
-            return Err(err(format!("{} data bytes for shape {:?} of {:?}", range.len(), info.shape, info.dtype)));
+        if end < start || bits != (end - start).checked_mul(8) {
+            return Err(err(format!("{start}..{end} data bytes for shape {:?} of {:?}", info.shape, info.dtype)));
         }
-        let (dtype, shape) = (info.dtype, info.shape.clone());
-        Ok(RawTensor { map: m, range, dtype, shape })
-    }
-
-    fn slice<'m>(&self, m: &'m Mapped, start: usize, end: usize) -> Option<&'m [u8]> {
-        let (a, b) = (m.data_start.checked_add(start)?, m.data_start.checked_add(end)?);
-        m.map.get(a..b)
+        let bytes = m.read(start, end)?;
+        Ok(RawTensor { bytes, dtype: info.dtype, shape: info.shape.clone() })
     }
 
     /// The name prefix of layer `index`'s tensors: the first of `model.layers.N.`,
@@ -306,7 +308,7 @@ impl Checkpoint {
         let mut w = HostLayerWeights::from_source(&spec, |name, shape| {
             let full = format!("{prefix}{name}");
             match self.packed(&full)? {
-                Some(p) if [p.layout.rows, p.layout.cols] == shape => {
+                Some(p) if [p.layout().rows(), p.layout().cols()] == shape => {
                     let t = HostTensor::new(shape, p.dequantize_to(dtype))?;
                     packed.insert(name.to_string(), p);
                     Ok(t)
@@ -315,7 +317,8 @@ impl Checkpoint {
                     tensor: full,
                     why: format!(
                         "NF4 shape [{}, {}] disagrees with the config ({shape:?})",
-                        p.layout.rows, p.layout.cols
+                        p.layout().rows(),
+                        p.layout().cols()
                     ),
                 }),
                 None => self.tensor(&full, shape, dtype),

@@ -479,12 +479,9 @@ impl ModelConfig {
         Self::from_value(&value)
     }
 
-    /// Reads `path` (a `config.json`).
+    /// Reads `path` (a `config.json` of at most [`MAX_CONFIG_BYTES`](super::files::MAX_CONFIG_BYTES)).
     pub fn from_file(path: &std::path::Path) -> Result<ModelConfig> {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut super::files::open_regular(path)?, &mut text)
-            .map_err(|e| Error::Io { path: path.display().to_string(), why: e.to_string() })?;
-        Self::from_json(&text)
+        Self::from_json(&super::files::read_bounded_text(path, super::files::MAX_CONFIG_BYTES)?)
     }
 
     /// From a parsed JSON object: flat (`model_type` `llama` or `llama4_text`), or a multimodal

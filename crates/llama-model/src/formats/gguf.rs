@@ -1,5 +1,6 @@
-//! GGUF files (llama.cpp's format): metadata, tensor directory and tensor data, memory-mapped
-//! and read defensively.
+//! GGUF files (llama.cpp's format): metadata, tensor directory and tensor data, read defensively
+//! with positioned reads ([`ModelFile`]: a file truncated by another process while it is read
+//! is a named error, not a `SIGBUS`).
 //!
 //! Layout (version 2 and 3, little endian): the magic `GGUF`, a `u32` version, a `u64` tensor
 //! count and a `u64` metadata count; the metadata as key (`u64` length + UTF-8) / type (`u32`) /
@@ -8,9 +9,12 @@
 //! `general.alignment` (default 32); the data section.
 //!
 //! A file is untrusted input: every count and length is checked against the bytes that remain
-//! before anything is allocated from it, ranks are at most [`MAX_RANK`], every tensor's byte range
-//! lies inside the file and starts at an aligned offset (for every type, decoded or not), and an
-//! unknown value or tensor type is a named [`Error::Io`] or [`Error::Checkpoint`], never a panic.
+//! before anything is allocated from it, ranks are at most [`MAX_RANK`], a metadata array holds at
+//! most [`MAX_ARRAY`] values and all of them together at most [`MAX_METADATA_VALUES`] (so parsed
+//! metadata costs a bounded multiple of what real vocabularies need, whatever the file's size),
+//! tensor names are unique, every tensor's byte range lies inside the file and starts at an
+//! aligned offset (for every type, decoded or not), and an unknown value or tensor type is a named
+//! [`Error::Io`] or [`Error::Checkpoint`], never a panic.
 //!
 //! Tensors are decoded to f32 by [`GgufFile::dequantize`] exactly as llama.cpp's
 //! `dequantize_row_*` do: F32, F16, BF16, Q8_0, Q4_0 and Q4_1 (block of 32 values with an f16
@@ -24,15 +28,19 @@ use std::path::Path;
 
 use half::{bf16, f16};
 
-use super::files::open_regular;
+use super::files::ModelFile;
 use crate::error::{Error, Result};
 use llama_kernels::spec::quant::{PackedWeight, QuantFormat, scale_min_k4};
 
 /// The most dimensions a GGUF tensor has (GGML_MAX_DIMS).
 pub const MAX_RANK: usize = 4;
-/// Largest metadata array or string the reader accepts, in elements (a vocabulary of 2^24
-/// tokens is far beyond any model's).
-const MAX_ARRAY: u64 = 1 << 24;
+/// Largest metadata array the reader accepts, in elements (a vocabulary of 2^24 tokens is far
+/// beyond any model's).
+pub const MAX_ARRAY: u64 = 1 << 24;
+/// Most metadata values (array elements included) one file may hold: 2^25, 32 bytes each when
+/// parsed (1 GiB at most, plus string bytes no more than the file's). A 256k vocabulary with its
+/// scores, types and merges needs about 2^20.
+pub const MAX_METADATA_VALUES: u64 = 1 << 25;
 
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -170,10 +178,10 @@ pub struct GgufTensor {
     range: (usize, usize),
 }
 
-/// A GGUF file: metadata and tensor directory parsed and checked, data memory-mapped.
+/// A GGUF file: metadata and tensor directory parsed and checked; tensor data read on demand.
 pub struct GgufFile {
     path: String,
-    map: memmap2::Mmap,
+    file: ModelFile,
     version: u32,
     metadata: BTreeMap<String, GgufValue>,
     tensors: Vec<GgufTensor>,
@@ -185,22 +193,35 @@ impl std::fmt::Debug for GgufFile {
     }
 }
 
-/// A cursor over the file's bytes whose every read is bounds-checked.
+/// A cursor over the file's header whose every read is bounds-checked against the file's length.
+/// The header is read into `buf` as the cursor reaches it, in doubling chunks, so it costs at most
+/// twice its own size and never more than the file holds.
 struct Reader<'a> {
-    bytes: &'a [u8],
+    file: &'a ModelFile,
+    buf: Vec<u8>,
     at: usize,
     path: &'a str,
+    /// Metadata values parsed so far (see [`MAX_METADATA_VALUES`]).
+    values: u64,
 }
 
 impl<'a> Reader<'a> {
     fn err(&self, why: impl Into<String>) -> Error {
         Error::Io { path: self.path.to_string(), why: format!("malformed GGUF at byte {}: {}", self.at, why.into()) }
     }
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| self.err("truncated"))?;
-        let s = &self.bytes[self.at..end];
+    fn len(&self) -> usize {
+        usize::try_from(self.file.len()).unwrap_or(usize::MAX)
+    }
+    fn take(&mut self, n: usize) -> Result<&[u8]> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.len()).ok_or_else(|| self.err("truncated"))?;
+        if end > self.buf.len() {
+            let want = end.max(self.buf.len().saturating_mul(2)).max(1 << 16).min(self.len());
+            let more = self.file.read(self.buf.len() as u64, want as u64)?;
+            self.buf.extend_from_slice(&more);
+        }
+        let start = self.at;
         self.at = end;
-        Ok(s)
+        Ok(&self.buf[start..end])
     }
     fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
         let mut out = [0u8; N];
@@ -214,7 +235,7 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.array()?))
     }
     fn remaining(&self) -> usize {
-        self.bytes.len() - self.at
+        self.len() - self.at
     }
     /// A count of items of at least `min_bytes` each: never more than the bytes left could hold.
     fn count(&mut self, what: &str, min_bytes: usize) -> Result<usize> {
@@ -226,10 +247,18 @@ impl<'a> Reader<'a> {
     }
     fn string(&mut self) -> Result<String> {
         let n = self.count("string byte", 1)?;
-        let bytes = self.take(n)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| self.err("a string is not UTF-8"))
+        let at = self.at;
+        let bytes = self.take(n)?.to_vec();
+        String::from_utf8(bytes).map_err(|_| {
+            self.at = at;
+            self.err("a string is not UTF-8")
+        })
     }
     fn value(&mut self, ty: u32, depth: u32) -> Result<GgufValue> {
+        self.values += 1;
+        if self.values > MAX_METADATA_VALUES {
+            return Err(self.err(format!("more than {MAX_METADATA_VALUES} metadata values")));
+        }
         Ok(match ty {
             0 => GgufValue::U64(u64::from(self.array::<1>()?[0])),
             1 => GgufValue::I64(i64::from(self.array::<1>()?[0] as i8)),
@@ -256,6 +285,9 @@ impl<'a> Reader<'a> {
                 if n as u64 > MAX_ARRAY {
                     return Err(self.err(format!("array of {n} elements exceeds {MAX_ARRAY}")));
                 }
+                if self.values.saturating_add(n as u64) > MAX_METADATA_VALUES {
+                    return Err(self.err(format!("more than {MAX_METADATA_VALUES} metadata values")));
+                }
                 let mut v = Vec::with_capacity(n);
                 for _ in 0..n {
                     v.push(self.value(elem, depth + 1)?);
@@ -273,21 +305,15 @@ impl<'a> Reader<'a> {
 impl GgufFile {
     /// Opens and checks `path` (a regular file): header, metadata and tensor directory.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
-        let path = path.as_ref();
-        let name = path.display().to_string();
-        let file = open_regular(path)?;
-        // SAFETY: a read-only private mapping; a file changed by another process while mapped
-        // could change the bytes read, never this process's memory safety beyond that: every
-        // read below is bounds-checked against the mapping's length.
-        let map =
-            unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::Io { path: name.clone(), why: e.to_string() })?;
-        let (version, metadata, tensors) = Self::parse(&map, &name)?;
-        Ok(GgufFile { path: name, map, version, metadata, tensors })
+        let file = ModelFile::open(path.as_ref())?;
+        let name = file.path().to_string();
+        let (version, metadata, tensors) = Self::parse(&file, &name)?;
+        Ok(GgufFile { path: name, file, version, metadata, tensors })
     }
 
     #[allow(clippy::type_complexity)]
-    fn parse(bytes: &[u8], path: &str) -> Result<(u32, BTreeMap<String, GgufValue>, Vec<GgufTensor>)> {
-        let mut r = Reader { bytes, at: 0, path };
+    fn parse(file: &ModelFile, path: &str) -> Result<(u32, BTreeMap<String, GgufValue>, Vec<GgufTensor>)> {
+        let mut r = Reader { file, buf: Vec::new(), at: 0, path, values: 0 };
         if r.take(4).ok() != Some(&b"GGUF"[..]) {
             return Err(r.err("not a GGUF file (no GGUF magic)"));
         }
@@ -309,8 +335,12 @@ impl GgufFile {
             }
         }
         let mut entries = Vec::with_capacity(n_tensors);
+        let mut names = std::collections::HashSet::with_capacity(n_tensors);
         for _ in 0..n_tensors {
             let name = r.string()?;
+            if !names.insert(name.clone()) {
+                return Err(r.err(format!("tensor `{name}` appears twice in the directory")));
+            }
             let rank = r.u32()? as usize;
             if rank == 0 || rank > MAX_RANK {
                 return Err(r.err(format!("tensor `{name}` has rank {rank} (1..={MAX_RANK})")));
@@ -352,7 +382,7 @@ impl GgufFile {
             let start = data.checked_add(offset);
             let end = (numel / per_block).checked_mul(block_bytes).and_then(|n| start?.checked_add(n));
             let range = match (start, end) {
-                (Some(s), Some(e)) if e <= bytes.len() => (s, e),
+                (Some(s), Some(e)) if e <= r.len() => (s, e),
                 _ => return Err(bad(format!("data at offset {offset} runs past the end of the file"))),
             };
             tensors.push(GgufTensor { name, shape, dtype, range });
@@ -391,13 +421,18 @@ impl GgufFile {
         })?;
         let cols = t.shape.last().copied().unwrap_or(0);
         let rows = t.shape.iter().rev().skip(1).product::<usize>();
-        let (start, end) = t.range;
-        let bytes = self
-            .map
-            .get(start..end)
-            .ok_or_else(|| Error::Checkpoint { tensor: name.to_string(), why: "data range outside the file".into() })?;
-        PackedWeight::from_gguf_blocks(format, rows, cols, bytes)
+        let bytes = self.data(t)?;
+        PackedWeight::from_gguf_blocks(format, rows, cols, &bytes)
             .map_err(|e| Error::Checkpoint { tensor: name.to_string(), why: e.to_string() })
+    }
+
+    /// The stored bytes of tensor `t` (a named error if the file was truncated since it was
+    /// opened).
+    fn data(&self, t: &GgufTensor) -> Result<Vec<u8>> {
+        let (start, end) = t.range;
+        self.file
+            .read(start as u64, end as u64)
+            .map_err(|e| Error::Checkpoint { tensor: t.name.clone(), why: e.to_string() })
     }
 
     /// Tensor `name` decoded to f32, row-major in [`GgufTensor::shape`] order.
@@ -410,8 +445,10 @@ impl GgufFile {
                 t.dtype
             ),
         };
-        let (start, end) = t.range;
-        let bytes = self.map.get(start..end).ok_or_else(unsupported)?;
+        if let GgmlType::Undecoded(_) = t.dtype {
+            return Err(unsupported());
+        }
+        let bytes = self.data(t)?;
         Ok(match t.dtype {
             GgmlType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
             GgmlType::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),

@@ -4,12 +4,13 @@
 //!
 //! * [`config`]: a Hugging Face `config.json` (flat `LlamaConfig`, flat or nested
 //!   `Llama4TextConfig`) → a [`LayerSpec`](config::LayerSpec) per layer.
-//! * [`checkpoint`]: safetensors weights by Hugging Face name, memory-mapped, one file or
+//! * [`checkpoint`]: safetensors weights by Hugging Face name, read by positioned reads, one file or
 //!   sharded, converted once to the run dtype.
 //! * [`bnb`]: bitsandbytes NF4 weights in those checkpoints, kept packed
 //!   ([`Checkpoint::packed`]).
 //! * [`gguf`]: llama.cpp's GGUF files: metadata, tensor directory, data.
-//! * [`files`]: opening files inside a checkpoint.
+//! * [`files`]: opening and reading files inside a checkpoint: regular files only, JSON read up
+//!   to a cap, weights by positioned reads.
 
 pub mod bnb;
 pub mod checkpoint;

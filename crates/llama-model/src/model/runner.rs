@@ -73,9 +73,11 @@ pub struct Model {
 }
 
 impl Model {
-    /// Uploads `host` in `dtype` and plans the cache and workspaces for `plan`.
+    /// Checks `host` ([`HostModel::validate`]), uploads it in `dtype` and plans the cache and
+    /// workspaces for `plan`.
     pub fn new(device: &Device, host: &HostModel, dtype: DType, plan: ModelPlan) -> Result<Model> {
         const OP: &str = "Model::new";
+        host.validate()?;
         if plan.slots == 0 || plan.max_len == 0 || plan.max_tokens == 0 {
             return Err(Error::invalid(OP, "plan", format!("{plan:?}"), "every size must be > 0"));
         }

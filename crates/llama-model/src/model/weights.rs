@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use crate::error::{Error, Result};
 use crate::formats::Checkpoint;
 use crate::formats::config::{LayerSpec, ModelConfig, ModelKind};
-use crate::formats::files::open_regular;
+use crate::formats::files::{MAX_CONFIG_BYTES, read_bounded_text};
 use crate::formats::gguf::{GgufFile, GgufValue};
 use llama_kernels::dtype::{DType, round_to};
 use llama_kernels::spec::quant::PackedWeight;
@@ -105,38 +105,71 @@ impl HostModel {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
-    /// Checks the shapes of the embedding, norm and LM head against the layers.
-    fn checked(self) -> Result<HostModel> {
-        let hidden = self.layers.first().map(|(s, _)| s.hidden).ok_or_else(|| Error::Checkpoint {
-            tensor: "model.layers.0".into(),
-            why: "the model has no layers".into(),
-        })?;
-        let vocab = self.embed.shape.first().copied().unwrap_or(0);
-        if self.embed.shape != [vocab, hidden] || vocab == 0 || vocab > MAX_VOCAB {
-            return Err(Error::Checkpoint {
-                tensor: "embed_tokens".into(),
-                why: format!("shape {:?}, expected [vocab 1..={MAX_VOCAB}, {hidden}]", self.embed.shape),
+    /// Checks every part against the config and the others: one layer per configured layer,
+    /// each with the config's spec and the same hidden size; the embedding `[vocab, hidden]`
+    /// (vocab 1..=[`MAX_VOCAB`]); the norm `[hidden]`; the LM head, dense or packed,
+    /// `[vocab, hidden]`; every tensor's data as long as its shape; a positive finite `eps`.
+    /// The loaders return checked models and [`Model::new`](super::Model::new) checks again, so
+    /// a hand-built `HostModel` is refused by name instead of leaving logits unwritten.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |tensor: &str, why: String| Err(Error::Checkpoint { tensor: tensor.into(), why });
+        let hidden = match self.layers.first() {
+            Some((s, _)) => s.hidden,
+            None => return bad("model.layers.0", "the model has no layers".into()),
+        };
+        if self.layers.len() != self.config.num_layers() {
+            return Err(Error::Config {
+                field: "num_hidden_layers".into(),
+                why: format!("{} layers given, the config has {}", self.layers.len(), self.config.num_layers()),
             });
         }
+        for (i, (spec, _)) in self.layers.iter().enumerate() {
+            if *spec != self.config.layer(i)? {
+                return bad(&format!("model.layers.{i}"), "its spec differs from the config's".into());
+            }
+        }
+        let vocab = self.embed.shape.first().copied().unwrap_or(0);
+        if self.embed.shape != [vocab, hidden] || vocab == 0 || vocab > MAX_VOCAB {
+            return bad(
+                "embed_tokens",
+                format!("shape {:?}, expected [vocab 1..={MAX_VOCAB}, {hidden}]", self.embed.shape),
+            );
+        }
         if self.norm.shape != [hidden] {
-            return Err(Error::Checkpoint { tensor: "norm".into(), why: format!("shape {:?}", self.norm.shape) });
+            return bad("norm", format!("shape {:?}, expected [{hidden}]", self.norm.shape));
         }
         if let Some(p) = &self.lm_head_packed {
-            if [p.layout.rows, p.layout.cols] != [vocab, hidden] {
-                return Err(Error::Checkpoint {
-                    tensor: "lm_head".into(),
-                    why: format!("packed [{}, {}], expected [{vocab}, {hidden}]", p.layout.rows, p.layout.cols),
-                });
+            if p.shape() != [vocab, hidden] {
+                return bad("lm_head", format!("packed {:?}, expected [{vocab}, {hidden}]", p.shape()));
             }
         }
         if let Some(h) = &self.lm_head {
             if h.shape != [vocab, hidden] {
-                return Err(Error::Checkpoint {
-                    tensor: "lm_head".into(),
-                    why: format!("shape {:?}, expected [{vocab}, {hidden}]", h.shape),
-                });
+                return bad("lm_head", format!("shape {:?}, expected [{vocab}, {hidden}]", h.shape));
             }
         }
+        let tensors =
+            [("embed_tokens", Some(&self.embed)), ("norm", Some(&self.norm)), ("lm_head", self.lm_head.as_ref())];
+        for (name, t) in tensors {
+            if let Some(t) = t {
+                let numel = t.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+                if numel != Some(t.data.len()) {
+                    return bad(name, format!("{} values for shape {:?}", t.data.len(), t.shape));
+                }
+            }
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return Err(Error::Config {
+                field: "rms_norm_eps".into(),
+                why: format!("{} is not positive and finite", self.eps),
+            });
+        }
+        Ok(())
+    }
+
+    /// `self`, [validated](HostModel::validate).
+    fn checked(self) -> Result<HostModel> {
+        self.validate()?;
         Ok(self)
     }
 
@@ -268,9 +301,7 @@ impl HostModel {
 }
 
 fn read_json(path: &Path) -> Result<Value> {
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut open_regular(path)?, &mut text)
-        .map_err(|e| Error::Io { path: path.display().to_string(), why: e.to_string() })?;
+    let text = read_bounded_text(path, MAX_CONFIG_BYTES)?;
     serde_json::from_str(&text)
         .map_err(|e| Error::Io { path: path.display().to_string(), why: format!("not JSON: {e}") })
 }
@@ -318,17 +349,59 @@ fn permute_rows(t: &HostTensor, order: &[usize]) -> Result<HostTensor> {
     Ok(HostTensor::new(&t.shape, data)?)
 }
 
-/// The `config.json` equivalent of a GGUF file's `llama.*` metadata.
+/// What a metadata value is, for an error message (never the whole value: a string or array
+/// may be as long as the file).
+fn describe(v: &GgufValue) -> String {
+    match v {
+        GgufValue::U64(x) => format!("the integer {x}"),
+        GgufValue::I64(x) => format!("the integer {x}"),
+        GgufValue::F64(x) => format!("the float {x}"),
+        GgufValue::Bool(b) => format!("the boolean {b}"),
+        GgufValue::Str(s) => format!("a string of {} bytes", s.len()),
+        GgufValue::Array(a) => format!("an array of {} values", a.len()),
+    }
+}
+
+/// The `config.json` equivalent of a GGUF file's `llama.*` metadata. An absent key takes
+/// transformers' default (`head_count_kv`: `head_count`; `layer_norm_rms_epsilon`: 1e-5;
+/// `rope.freq_base`: 10000); a key that is present but of the wrong type, or a float that is not
+/// positive and finite, is an [`Error::Config`] naming the key.
 fn gguf_config(file: &GgufFile) -> Result<Value> {
     let m = file.metadata();
-    let arch = m.get("general.architecture").and_then(GgufValue::as_str).unwrap_or("");
+    let arch = match m.get("general.architecture") {
+        Some(GgufValue::Str(s)) => s.as_str(),
+        Some(v) => {
+            return Err(Error::Config {
+                field: "general.architecture".into(),
+                why: format!("expected a string, found {}", describe(v)),
+            });
+        }
+        None => "",
+    };
     if arch != "llama" {
         return Err(Error::Unsupported { what: format!("GGUF architecture `{arch}` (supported: llama)") });
     }
-    let int = |key: &str| m.get(&format!("llama.{key}")).and_then(GgufValue::as_u64);
-    let num = |key: &str| m.get(&format!("llama.{key}")).and_then(GgufValue::as_f64);
-    let need =
-        |key: &str| int(key).ok_or_else(|| Error::Config { field: format!("llama.{key}"), why: "missing".into() });
+    let key = |k: &str| format!("llama.{k}");
+    let wrong = |k: &str, want: &str, v: &GgufValue| Error::Config {
+        field: key(k),
+        why: format!("expected {want}, found {}", describe(v)),
+    };
+    let int = |k: &str| -> Result<Option<u64>> {
+        match m.get(&key(k)) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| wrong(k, "a non-negative integer", v)),
+        }
+    };
+    let num = |k: &str| -> Result<Option<f64>> {
+        match m.get(&key(k)) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
+                _ => Err(wrong(k, "a positive finite number", v)),
+            },
+        }
+    };
+    let need = |k: &str| int(k)?.ok_or_else(|| Error::Config { field: key(k), why: "missing".into() });
     let heads = need("attention.head_count")?;
     let mut c = json!({
         "model_type": "llama",
@@ -336,20 +409,23 @@ fn gguf_config(file: &GgufFile) -> Result<Value> {
         "num_hidden_layers": need("block_count")?,
         "intermediate_size": need("feed_forward_length")?,
         "num_attention_heads": heads,
-        "num_key_value_heads": int("attention.head_count_kv").unwrap_or(heads),
-        "rms_norm_eps": num("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
-        "rope_theta": num("rope.freq_base").unwrap_or(10_000.0),
+        "num_key_value_heads": int("attention.head_count_kv")?.unwrap_or(heads),
+        "rms_norm_eps": num("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
+        "rope_theta": num("rope.freq_base")?.unwrap_or(10_000.0),
     });
-    if let Some(d) = int("attention.key_length") {
+    if let Some(d) = int("attention.key_length")? {
         c["head_dim"] = json!(d);
     }
-    if let Some(kind) = m.get("llama.rope.scaling.type").and_then(GgufValue::as_str) {
-        if kind != "none" {
+    match m.get(&key("rope.scaling.type")) {
+        None => {}
+        Some(GgufValue::Str(kind)) if kind == "none" => {}
+        Some(GgufValue::Str(kind)) => {
             return Err(Error::Unsupported { what: format!("GGUF rope scaling `{kind}`") });
         }
+        Some(v) => return Err(wrong("rope.scaling.type", "a string", v)),
     }
-    if let (Some(rot), Some(hidden)) = (int("rope.dimension_count"), int("embedding_length")) {
-        let head_dim = int("attention.key_length").unwrap_or(hidden / heads.max(1));
+    if let (Some(rot), Some(hidden)) = (int("rope.dimension_count")?, int("embedding_length")?) {
+        let head_dim = int("attention.key_length")?.unwrap_or(hidden / heads.max(1));
         if rot != head_dim {
             return Err(Error::Unsupported { what: format!("GGUF partial rotary ({rot} of {head_dim} dims)") });
         }

@@ -6,12 +6,17 @@
 //! `raise_exception(message)` (fails the render with that message) and `strftime_now(format)`
 //! (the current time, UTC, formatted as Python's `strftime` does for `%Y %m %d %e %H %M %S %I %p
 //! %y %b %B %a %A %j %%`), and Python's string, list and dict methods (`.strip()`,
-//! `.startswith()`, `.items()`, ...) through `minijinja-contrib`'s `pycompat`. Mistral.rs and
-//! TGI render templates the same way.
+//! `.startswith()`, `.items()`, ...) through `minijinja-contrib`'s `pycompat`, and `tojson` as
+//! transformers redefines it (`json.dumps(x, ensure_ascii=False)`, see [`super::jinja`]). Maps
+//! keep their insertion order, as Python's dicts do.
 //!
 //! A template is untrusted input: it is at most [`MAX_TEMPLATE_BYTES`], and a render runs on a
-//! fuel budget ([`RENDER_FUEL`] instructions), so a template that loops without end fails by
-//! name instead of hanging.
+//! fuel budget ([`RENDER_FUEL`]) that pays for every instruction and for every 64 bytes the
+//! render creates (output, strings, list slots), so a template that loops without end fails by
+//! name instead of hanging, and one render creates at most 64 × [`RENDER_FUEL`] bytes (256 MiB)
+//! in all. Sizes known before an allocation are checked before it: minijinja's for `*`
+//! repetition, `range` (100,000 items) and its filters, [`super::jinja::method`]'s for
+//! `str.format` widths.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -25,8 +30,8 @@ use crate::formats::gguf::{GgufFile, GgufValue};
 
 /// Longest chat template accepted, in bytes (real ones are a few KB).
 pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
-/// Instructions one render may execute (also charged for the bytes it creates).
-pub const RENDER_FUEL: u64 = 20_000_000;
+/// Fuel of one render: one unit per instruction and per 64 bytes created.
+pub const RENDER_FUEL: u64 = 4_000_000;
 
 const NAME: &str = "chat_template";
 
@@ -103,7 +108,8 @@ impl ChatTemplate {
                 .build()
                 .map_err(template_error)?,
         );
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(super::jinja::method);
+        env.add_filter("tojson", super::jinja::tojson);
         env.set_fuel(Some(RENDER_FUEL));
         env.add_function("raise_exception", |message: String| -> std::result::Result<String, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))

@@ -5,6 +5,7 @@
 
 pub mod chat;
 mod gguf_vocab;
+pub mod jinja;
 mod pretokenizer;
 pub mod spm;
 pub mod stop;

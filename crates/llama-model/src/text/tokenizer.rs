@@ -38,7 +38,6 @@
 //! character split across tokens until its last byte arrives.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
 use std::path::Path;
 
 use tokenizers::models::bpe::{BPE, Vocab};
@@ -51,7 +50,6 @@ use super::gguf_vocab::{
     MERGES, Parts, check_added_ids, config, hf_err, meta_bool, meta_id, meta_str, read_merges, read_vocab, token_type,
 };
 use crate::error::{Error, Result};
-use crate::formats::files::open_regular;
 use crate::formats::gguf::{GgufFile, GgufValue};
 
 pub use super::gguf_vocab::{MAX_MERGES, MAX_TOKEN_BYTES, MAX_VOCAB};
@@ -94,9 +92,8 @@ fn inverse_byte_chars() -> HashMap<char, u8> {
     byte_chars().iter().enumerate().map(|(b, &c)| (c, b as u8)).collect()
 }
 
-/// Largest JSON configuration file read (`tokenizer_config.json`, `generation_config.json`,
-/// `config.json`), in bytes.
-pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+pub use crate::formats::files::MAX_CONFIG_BYTES;
+pub(crate) use crate::formats::files::read_bounded;
 
 /// The text of a special token named by `key` in a `tokenizer_config.json`: a string, or an
 /// added-token object with `content`; `None` when absent or null.
@@ -112,18 +109,6 @@ pub(crate) fn token_text(config: &serde_json::Value, key: &str) -> Result<Option
             }),
         },
     }
-}
-
-/// Reads at most `max` bytes of the regular file `path`, failing by name when it is longer.
-pub(crate) fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
-    let io = |why: String| Error::Io { path: path.display().to_string(), why };
-    let file = open_regular(path)?;
-    let mut bytes = Vec::new();
-    file.take(max + 1).read_to_end(&mut bytes).map_err(|e| io(e.to_string()))?;
-    if bytes.len() as u64 > max {
-        return Err(io(format!("larger than the {max} bytes accepted")));
-    }
-    Ok(bytes)
 }
 
 /// A tokenizer with byte-exact decoding (byte-level BPE, or SentencePiece BPE from GGUF).

@@ -335,3 +335,96 @@ fn k_quants_decode_like_the_gguf_package() {
     }
     let _ = std::fs::remove_file(path);
 }
+
+#[test]
+fn duplicate_tensor_names_are_refused() {
+    let dup = Writer::default().tensor("t", &[8], 0, vec![0; 32]).tensor("t", &[8], 0, vec![0; 32]);
+    refused("duplicate-tensor", dup.bytes(), "`t` appears twice");
+}
+
+#[test]
+fn metadata_values_are_bounded_in_total() {
+    use llama_model::formats::gguf::{MAX_ARRAY, MAX_METADATA_VALUES};
+    // Byte arrays of the largest accepted length until the total passes the cap: each value
+    // would cost 32 bytes parsed, 1 GiB for a 32 MiB file.
+    let arrays = MAX_METADATA_VALUES / MAX_ARRAY + 1;
+    let mut w = Writer::default();
+    for i in 0..arrays {
+        let mut v = 0u32.to_le_bytes().to_vec();
+        v.extend(MAX_ARRAY.to_le_bytes());
+        v.resize(v.len() + MAX_ARRAY as usize, 7);
+        w = w.kv(&format!("a{i}"), 9, v);
+    }
+    refused("metadata-total", w.bytes(), "metadata values");
+}
+
+#[test]
+fn a_file_truncated_while_open_is_a_named_error() {
+    let (w, _) = sample();
+    let bytes = w.bytes();
+    let path = write("truncated", &bytes);
+    let file = GgufFile::open(&path).unwrap();
+    assert!(file.dequantize("q4_1").is_ok());
+    // Another process truncates the file: a mapped read would raise SIGBUS here.
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(bytes.len() as u64 - 100).unwrap();
+    match file.dequantize("q4_1") {
+        Err(Error::Checkpoint { tensor, why }) => assert!(tensor == "q4_1" && why.contains("truncated"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+/// A llama GGUF with the required hyper-parameters and `extra` metadata (no tensors: the
+/// hyper-parameters are read first).
+fn llama_meta(extra: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
+    let mut w = Writer::default()
+        .kv("general.architecture", 8, gguf_str("llama"))
+        .kv("llama.embedding_length", 4, 256u32.to_le_bytes().to_vec())
+        .kv("llama.block_count", 4, 1u32.to_le_bytes().to_vec())
+        .kv("llama.feed_forward_length", 4, 128u32.to_le_bytes().to_vec());
+    let has_heads = extra.iter().any(|(k, ..)| *k == "llama.attention.head_count");
+    if !has_heads {
+        w = w.kv("llama.attention.head_count", 4, 4u32.to_le_bytes().to_vec());
+    }
+    for (k, ty, v) in extra {
+        w = w.kv(k, *ty, v.clone());
+    }
+    w.bytes()
+}
+
+#[test]
+fn present_but_invalid_hyper_parameters_are_named_errors() {
+    use llama_kernels::DType;
+    use llama_model::model::HostModel;
+    let f32v = |x: f32| x.to_le_bytes().to_vec();
+    let cases: Vec<(&str, u32, Vec<u8>, &str)> = vec![
+        ("llama.rope.freq_base", 6, f32v(f32::NAN), "positive finite"),
+        ("llama.rope.freq_base", 6, f32v(f32::INFINITY), "positive finite"),
+        ("llama.rope.freq_base", 6, f32v(-1.0), "positive finite"),
+        ("llama.rope.freq_base", 8, gguf_str("500000"), "a string"),
+        ("llama.attention.layer_norm_rms_epsilon", 6, f32v(f32::NAN), "positive finite"),
+        ("llama.attention.layer_norm_rms_epsilon", 6, f32v(f32::NEG_INFINITY), "positive finite"),
+        ("llama.attention.head_count", 6, f32v(4.0), "integer"),
+        ("llama.attention.head_count_kv", 8, gguf_str("2"), "integer"),
+        ("llama.attention.key_length", 6, f32v(16.0), "integer"),
+        ("llama.rope.scaling.type", 4, 1u32.to_le_bytes().to_vec(), "a string"),
+    ];
+    for (key, ty, value, needle) in cases {
+        let path = write("hparams", &llama_meta(&[(key, ty, value)]));
+        match HostModel::from_gguf(&path, DType::F32) {
+            Err(Error::Config { field, why }) => {
+                assert_eq!(field, key);
+                assert!(why.contains(needle), "{key}: {why}");
+            }
+            other => panic!("{key}: {:?}", other.err()),
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    // Absent keys take their documented defaults: the load goes on to the (missing) tensors.
+    let path = write("hparams-defaults", &llama_meta(&[]));
+    match HostModel::from_gguf(&path, DType::F32) {
+        Err(Error::Checkpoint { tensor, .. }) => assert!(tensor.starts_with("blk.0."), "{tensor}"),
+        other => panic!("{:?}", other.err()),
+    }
+    let _ = std::fs::remove_file(path);
+}

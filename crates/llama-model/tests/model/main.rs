@@ -8,6 +8,7 @@ mod common;
 mod gguf;
 mod gguf_hf;
 mod hf_fixtures;
+mod hostile;
 mod model;
 mod nf4;
 mod tokenizer;

@@ -182,8 +182,8 @@ impl StepReferences {
 /// The values of `p` the device multiplies by in a product of `tokens` rows of `dtype` (the
 /// model's activations are 16-byte aligned).
 pub(crate) fn step_values(p: &PackedWeight, dtype: DType, tokens: usize) -> WeightValues {
-    let [n, k] = [p.layout.rows, p.layout.cols];
-    QPath::choose(p.layout.format, dtype, tokens, true, [n, k]).weight_values(p.layout.format)
+    let [n, k] = [p.layout().rows(), p.layout().cols()];
+    QPath::choose(p.layout().format(), dtype, tokens, true, [n, k]).weight_values(p.layout().format())
 }
 
 /// Runs one layer through the schedule on `device` and compares every stage. `seed` picks the
