@@ -34,13 +34,15 @@ use llama_kernels::spec::quant::{PackedWeight, QuantFormat, scale_min_k4};
 
 /// The most dimensions a GGUF tensor has (GGML_MAX_DIMS).
 pub const MAX_RANK: usize = 4;
-/// Largest metadata array the reader accepts, in elements (a vocabulary of 2^24 tokens is far
-/// beyond any model's).
-pub const MAX_ARRAY: u64 = 1 << 24;
-/// Most metadata values (array elements included) one file may hold: 2^25, 32 bytes each when
-/// parsed (1 GiB at most, plus string bytes no more than the file's). A 256k vocabulary with its
-/// scores, types and merges needs about 2^20.
-pub const MAX_METADATA_VALUES: u64 = 1 << 25;
+/// Largest metadata array the reader accepts, in elements: the longest merge list the tokenizer
+/// accepts (the tokenizer's `MAX_MERGES`); real vocabularies hold at most
+/// a few hundred thousand entries.
+pub const MAX_ARRAY: u64 = 1 << 22;
+/// Most metadata values (array elements included) one file may hold: enough for the largest
+/// vocabulary (tokens, scores, types) and merge list the tokenizer accepts. Each parsed value
+/// takes 32 bytes (a string 24 more, plus its bytes, which the file holds), so parsed metadata
+/// costs at most about 900 MiB beyond the file's own string bytes, whatever the file claims.
+pub const MAX_METADATA_VALUES: u64 = 1 << 24;
 
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
