@@ -18,6 +18,12 @@
 #                                                          every staged bench, by name); torch
 #                                                          then compares only their sections
 # e.g. run(command="LLK_GPU_STEPS='benches torch' LLK_GPU_BENCHES='qlinear model' bash target/gpu-stage/gpu-run.sh", ...)
+#
+# The Hopper prefill kernel runs only with LLK_ATTENTION_SM90=1 (CUDA picks mma.sync otherwise):
+# every section that touches attention runs a second time with it set, as a "hopper step" under
+# its own time limit (LLK_HOPPER_STEP_LIMIT_S, default 300 s; timeout -s KILL), so that a
+# barrier deadlock, which would spin until the device call ends, fails that step by name and the
+# rest still runs. A dry run lists each hopper step with its variable and limit.
 # Each bench's wall time is printed after it. benches/model.rs times the real SmolLM2 GGUF when
 # LLK_MODEL names it or it lies in .cache/models/ (it is 98 MB, over what one device call
 # carries), else SmolLM2's shapes with random weights.
@@ -38,6 +44,26 @@ step_skip() { skipped=$((skipped + 1)); echo "skipped: $1"; }
 summary() {
   echo
   echo "gpu-run: $ran steps run, $skipped skipped, $failed failed$1"
+}
+hopper_limit="${LLK_HOPPER_STEP_LIMIT_S:-300}"
+# hopper_step NAME COMMAND...: COMMAND with LLK_ATTENTION_SM90=1 under the step's time limit; a
+# kill (exit 137) is reported as a hang. Without a GPU the step is listed, not run.
+hopper_step() {
+  local name=$1; shift
+  if [[ $gpu == 0 ]]; then
+    step_skip "hopper step '$name' (needs a GPU): LLK_ATTENTION_SM90=1 timeout -s KILL ${hopper_limit}s $*"
+    return
+  fi
+  echo "-- hopper step '$name': LLK_ATTENTION_SM90=1, at most ${hopper_limit} s"
+  LLK_ATTENTION_SM90=1 timeout -s KILL "$hopper_limit" "$@"
+  local rc=$?
+  if [[ $rc == 0 ]]; then
+    step_ok
+  elif [[ $rc == 137 ]]; then
+    step_failed "hopper step '$name': killed after ${hopper_limit} s (a hang: an mbarrier or named-barrier deadlock?)"
+  else
+    step_failed "hopper step '$name' (exit $rc)"
+  fi
 }
 
 echo "== stage"
@@ -103,11 +129,11 @@ else
     echo "-- $(basename "$t")"
     if "$t" "${threads[@]}"; then step_ok; else step_failed "$(basename "$t")"; fi
   done
-  # The Hopper prefill kernel: CUDA chooses it only with LLK_ATTENTION_SM90=1 until it has passed
-  # on hardware; here it runs against the reference (and the mma.sync kernel above).
-  if [[ $gpu == 1 && -x "$stage/bin/test-kernels" ]]; then
-    echo "-- test-kernels attention::, LLK_ATTENTION_SM90=1"
-    if LLK_ATTENTION_SM90=1 "$stage/bin/test-kernels" attention:: "${threads[@]}"; then step_ok; else step_failed "test-kernels attention:: (Hopper kernel)"; fi
+  # The Hopper prefill kernel against the reference: every attention test again, among them the
+  # cases that wrap its K/V ring at head_dim 256 and 128 (listed here).
+  if [[ -x "$stage/bin/test-kernels" ]]; then
+    echo "Hopper hardware cases: $("$stage/bin/test-kernels" --list attention:: 2>/dev/null | grep -o 'attention::[a-z0-9_]*hopper[a-z0-9_]*' | tr '\n' ' ')"
+    hopper_step "test-kernels attention::" "$stage/bin/test-kernels" attention:: "${threads[@]}"
   fi
 fi
 
@@ -117,6 +143,10 @@ if ! want sanitizer; then
   step_skip "compute-sanitizer: not in LLK_GPU_STEPS"
 elif [[ $gpu == 0 ]]; then
   step_skip "compute-sanitizer: needs a GPU"
+  for tool in memcheck racecheck synccheck; do
+    hopper_step "compute-sanitizer $tool" compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 20 \
+      --log-file "$out/sanitizer-$tool-sm90.txt" "$stage/bin/llama-kernels" verify --target cuda --quick
+  done
 elif [[ -z "$san_whl" ]]; then
   step_skip "compute-sanitizer: not available (the stage has no sanitizer wheel)"
 else
@@ -132,6 +162,8 @@ else
       echo "compute-sanitizer $tool: FAILED (exit $?), see sanitizer-$tool.txt:"; tail -n 20 "$out/sanitizer-$tool.txt"
       step_failed "compute-sanitizer $tool"
     fi
+    hopper_step "compute-sanitizer $tool" "$san" --tool "$tool" --error-exitcode 3 --print-limit 20 \
+      --log-file "$out/sanitizer-$tool-sm90.txt" "$stage/bin/llama-kernels" verify --target cuda --quick
   done
 fi
 
@@ -144,7 +176,9 @@ else
   if "$stage/bin/llama-kernels" info --perf; then step_ok; else step_failed "llama-kernels info --perf"; fi
   if [[ $gpu == 1 ]]; then
     if "$stage/bin/llama-kernels" verify --target cuda --full; then step_ok; else step_failed "verify --target cuda --full"; fi
+    hopper_step "verify --target cuda --full" "$stage/bin/llama-kernels" verify --target cuda --full
   else
+    hopper_step "verify --target cuda --full" "$stage/bin/llama-kernels" verify --target cuda --full
     echo "no GPU: verify --target emulated --quick instead of verify --target cuda --full"
     if "$stage/bin/llama-kernels" verify --target emulated --quick; then step_ok; else step_failed "verify --target emulated"; fi
   fi
@@ -175,9 +209,9 @@ for b in "${benches[@]}"; do
   # Without a GPU each bench says that it has nothing to measure.
   if "$b" --bench --noplot 2>&1 | tee "$out/$(basename "$b").txt"; then step_ok; else step_failed "$(basename "$b")"; fi
   echo "-- $(basename "$b"): $((SECONDS - t0)) s"
-  if [[ $gpu == 1 && $(basename "$b") == bench-attention ]]; then
-    echo "-- bench-attention, LLK_ATTENTION_SM90=1 (the Hopper kernel)"
-    if LLK_ATTENTION_SM90=1 "$b" --bench --noplot 2>&1 | tee "$out/bench-attention-sm90.txt"; then step_ok; else step_failed "bench-attention (Hopper kernel)"; fi
+  if [[ $(basename "$b") == bench-attention ]]; then
+    # The bench checks each shape's output against the reference before it times it.
+    hopper_step "bench-attention" bash -c 'set -o pipefail; "$1" --bench --noplot 2>&1 | tee "$2"' _ "$b" "$out/bench-attention-sm90.txt"
   fi
 done
 

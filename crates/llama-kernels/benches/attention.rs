@@ -2,6 +2,11 @@
 //! not, batch x seq = 16k tokens at seq 512 .. 16k; head_dim 64; a Llama 4 chunked case; and the
 //! GQA packing lever (pack 1 vs the whole group). CUDA-event time and TFLOP/s.
 //!
+//! Inputs are random (uniform, standard deviation 1, rounded to bf16), and before a shape is
+//! timed its output is checked against the f64 reference on 48 sampled rows
+//! (`dev::verify::SampledAttention`); a wrong output stops the bench before any speed is
+//! reported. `LLK_ATTENTION_SM90=1` selects the Hopper kernel on sm_90.
+//!
 //! FLOPs, as FlashAttention counts them: 4 * seq^2 * heads * head_dim per sequence (two matmuls),
 //! halved for causal; chunked causal counts only the in-chunk causal blocks.
 //! Without a GPU this prints why and exits 0.
@@ -9,9 +14,19 @@
 mod common;
 
 use criterion::{BenchmarkId, Throughput};
+use llama_kernels::dev::verify::SampledAttention;
 use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionWorkspace};
 use llama_kernels::ops::attention::{AttentionTensors, KvTensors, Offsets};
-use llama_kernels::{DType, Tensor};
+use llama_kernels::{DType, Device, Tensor};
+
+/// Random bf16 values (as f32, exactly representable) and their device tensor.
+fn random_bf16(device: &Device, shape: &[usize], seed: u64) -> (Vec<f32>, Tensor) {
+    let mut host = vec![0f32; shape.iter().product()];
+    common::par_uniform(&mut host, 1.0, seed);
+    let bf: Vec<half::bf16> = host.iter().map(|&x| half::bf16::from_f32(x)).collect();
+    let host = bf.iter().map(|x| x.to_f32()).collect();
+    (host, Tensor::from_slice(device, &bf, shape).expect("upload"))
+}
 
 struct Shape {
     name: String,
@@ -95,10 +110,10 @@ fn main() {
     let mut ws = AttentionWorkspace::plan(&device, 64).expect("workspace");
     for s in &shapes {
         let tokens = s.seq * s.batch;
-        let q = Tensor::zeros(&device, DType::BF16, &[tokens, s.q_heads, s.head_dim]).expect("alloc");
-        let k = Tensor::zeros(&device, DType::BF16, &[tokens, s.kv_heads, s.head_dim]).expect("alloc");
-        let v = Tensor::zeros(&device, DType::BF16, &[tokens, s.kv_heads, s.head_dim]).expect("alloc");
-        let out = Tensor::zeros(&device, DType::BF16, &[tokens, s.q_heads, s.head_dim]).expect("alloc");
+        let (hq, q) = random_bf16(&device, &[tokens, s.q_heads, s.head_dim], 1);
+        let (hk, k) = random_bf16(&device, &[tokens, s.kv_heads, s.head_dim], 2);
+        let (hv, v) = random_bf16(&device, &[tokens, s.kv_heads, s.head_dim], 3);
+        let out = Tensor::poisoned(&device, DType::BF16, &[tokens, s.q_heads, s.head_dim]).expect("alloc");
         let cu: Vec<i32> = (0..=s.batch).map(|b| (b * s.seq) as i32).collect();
         let opts = AttentionOptions { mask: s.mask, gqa_pack: s.pack, ..Default::default() };
         let mut run = || {
@@ -113,6 +128,25 @@ fn main() {
                 &opts,
             )
         };
+        // The output, checked before the shape is timed.
+        run().expect("attention");
+        let got: Vec<f32> = out.to_vec::<half::bf16>().expect("download").into_iter().map(f32::from).collect();
+        let sample = SampledAttention {
+            q: &hq,
+            k: &hk,
+            v: &hv,
+            out: &got,
+            batch: s.batch,
+            seq: s.seq,
+            q_heads: s.q_heads,
+            kv_heads: s.kv_heads,
+            head_dim: s.head_dim,
+            mask: s.mask,
+        };
+        let check = sample.check(48, DType::BF16, 7);
+        let summary = check.describe(&[48, s.head_dim]);
+        assert!(check.pass, "{}: the output disagrees with the reference: {summary}", s.name);
+        println!("{}: output checked on 48 rows against the reference ({summary})", s.name);
         let f = flops(s);
         group.throughput(Throughput::Elements(f as u64));
         group.bench_function(BenchmarkId::from_parameter(&s.name), |b| {

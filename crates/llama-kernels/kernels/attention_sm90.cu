@@ -51,7 +51,9 @@
 //
 // Scope: bf16 and f16, head_dim 64, 128 and 256, contiguous K/V. K/V read in place from the paged
 // cache, f32, and head_dim 32 and 96 stay on attention.cu's kernels. Not yet: a TMA store of the
-// output. ptxas must not serialize the wgmma (its C7518 note): every issue and wait sits on a
+// output. The producer prefetches the three tensor maps before its first copy; every register
+// operand of a wgmma is fenced against compiler reordering at the fence, commit and wait
+// (wgmma.cuh). ptxas must not serialize the wgmma (its C7518 note): every issue and wait sits on a
 // path all threads of the warpgroup take, the first and last tiles peeled out of the loop.
 #include "common/llk.cuh"
 #include "common/mbarrier.cuh"
@@ -74,6 +76,11 @@ inline constexpr int kKeysOf = D <= 128 ? LLK_ATTN_SM90_KEYS : LLK_ATTN_SM90_KEY
 constexpr int kStages = LLK_ATTN_SM90_STAGES;
 constexpr int kPanel = LLK_ATTN_SM90_PANEL;   // head dims per 128-byte row of a panel
 static_assert(kThreads == 3 * 128 && kRows == 2 * 64, "one producer and two consumer warpgroups of 64 rows");
+constexpr int kRegsProducer = LLK_ATTN_SM90_REGS_PRODUCER, kRegsConsumer = LLK_ATTN_SM90_REGS_CONSUMER;
+// The split moves registers within the pool the block launched with (params.h).
+static_assert(LLK_ATTN_SM90_REGS == 65536 / kThreads / 8 * 8, "the per-thread count __launch_bounds__(kThreads, 1) gives");
+static_assert(128 * kRegsProducer + 256 * kRegsConsumer == kThreads * LLK_ATTN_SM90_REGS,
+              "the producer's registers given back are exactly the consumers' raise");
 
 // Byte offsets of the shared-memory layout (from the 1024-aligned base).
 template <int D>
@@ -153,8 +160,11 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
 
   // ------------------------------------------------------------------ producer warpgroup
   if (wg == 0) {
-    llk::setmaxnreg<24, false>();
+    llk::setmaxnreg<kRegsProducer, false>();
     if (tid >= 32 || !llk::elect_one_sync()) return;
+    llk::prefetch_tensormap(P.q_map);
+    llk::prefetch_tensormap(P.k_map);
+    llk::prefetch_tensormap(P.v_map);
     const int32_t q_token = int32_t(s.q_start + rows.first_token), first_head = int32_t(rows.first_head);
     // The Q box is pack heads x tokens_per_block tokens: the used rows (128 when pack divides 128).
     llk::mbarrier_arrive_expect_tx(full_q, uint32_t(L::kPanels * kPanel * 2 * rows.used));
@@ -179,7 +189,7 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
   }
 
   // ------------------------------------------------------------------ consumer warpgroups
-  llk::setmaxnreg<240, true>();
+  llk::setmaxnreg<kRegsConsumer, true>();
   const int c = wg - 1;                                   // consumer 0 or 1: block rows 64 c ..
   const int t = tid % 128, w = t / 32, g = (t % 32) / 4, qd = t % 4;
   // This thread's two rows (wgmma's accumulator layout): h = 0, 1 -> row 64 c + 16 w + g + 8 h.
@@ -212,17 +222,17 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
   auto issue_pv = [&](int i) {
     const int st = i % kStages;
     llk::mbarrier_wait(&full_v[st], uint32_t(i / kStages) & 1);
-    llk::wgmma_fence();
+    llk::wgmma_fence(o, pa);
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
       llk::wgmma_rs<T, D, true>(o, pa[kk], llk::wgmma_desc_advance(v_desc, st * L::kTileBytes + kk * 2048), true);
-    llk::wgmma_commit();
+    llk::wgmma_commit(o, pa);
   };
   // S = Q K^T of tile i (one commit group).
   auto issue_s = [&](int i) {
     const int st = i % kStages;
     llk::mbarrier_wait(&full_k[st], uint32_t(i / kStages) & 1);
-    llk::wgmma_fence();
+    llk::wgmma_fence(sc);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int panel = kk / 4, at = (kk % 4) * 32;
@@ -230,7 +240,7 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
           sc, llk::wgmma_desc_advance(q_desc, panel * L::kPanelQ + at),
           llk::wgmma_desc_advance(k_desc, st * L::kTileBytes + panel * L::kPanelKV + at), kk > 0);
     }
-    llk::wgmma_commit();
+    llk::wgmma_commit(sc);
   };
   // Tile i's scores: mask (only tiles that cross a mask or sequence boundary), the online
   // softmax's row maxima (in base 2 as attention.cu) and the exponentials, in place in `sc`; l
@@ -299,7 +309,7 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
     llk::mbarrier_arrive(&empty_k[0]);
     bool moved = softmax(0);
     for (int i = 1; i < tiles; ++i) {
-      llk::wgmma_wait<0>(o);  // P V of tile i - 2: O and the P registers are free
+      llk::wgmma_wait<0>(o, pa);  // P V of tile i - 2: O and the P registers are free
       if (i >= 2) llk::mbarrier_arrive(&empty_v[(i - 2) % kStages]);
       to_p();
       llk::named_barrier_sync(my_turn, 256);
@@ -311,12 +321,12 @@ __device__ void attention_sm90_body(const AttentionSm90Params& P) {
       llk::mbarrier_arrive(&empty_k[i % kStages]);
       moved = softmax(i);
     }
-    llk::wgmma_wait<0>(o);
+    llk::wgmma_wait<0>(o, pa);
     if (tiles >= 2) llk::mbarrier_arrive(&empty_v[(tiles - 2) % kStages]);
     to_p();
     rescale_o(moved);
     issue_pv(tiles - 1);
-    llk::wgmma_wait<0>(o);
+    llk::wgmma_wait<0>(o, pa);
     llk::mbarrier_arrive(&empty_v[(tiles - 1) % kStages]);
   }
 

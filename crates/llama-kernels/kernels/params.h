@@ -230,6 +230,15 @@ typedef struct AttentionParams {
 // dynamic shared memory (Q, the K and V stages, the mbarriers, alignment) is declared with the
 // kernels, from their layout (attention_sm90.cu).
 #define LLK_ATTN_SM90_THREADS 384
+// The register split (setmaxnreg): the producer warpgroup drops to LLK_ATTN_SM90_REGS_PRODUCER
+// registers per thread, the two consumers rise to LLK_ATTN_SM90_REGS_CONSUMER. The raise waits
+// until the block's pool holds them, and the pool is what the kernel was launched with:
+// LLK_ATTN_SM90_REGS per thread (ptxas's count at __launch_bounds__(384, 1), 65536 / 384 rounded
+// down to a multiple of 8). 128 x 24 + 256 x 240 = 384 x 168; if ptxas ever reported fewer, the
+// consumers would wait for ever (a static check compares the count ptxas reports).
+#define LLK_ATTN_SM90_REGS 168
+#define LLK_ATTN_SM90_REGS_PRODUCER 24
+#define LLK_ATTN_SM90_REGS_CONSUMER 240
 #define LLK_ATTN_SM90_KEYS 128
 #define LLK_ATTN_SM90_STAGES 2
 #define LLK_ATTN_SM90_PANEL 64

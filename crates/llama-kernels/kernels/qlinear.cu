@@ -136,7 +136,11 @@ constexpr int kRowChunks = kBK / kChunk;                        // chunks per we
 constexpr int kThreadChunks = kBN * kRowChunks / kGemmThreads;  // weight chunks per thread and step
 constexpr int kWarpRows = kBM / 2, kWarpCols = kBN / 2;         // warps 2 x 2
 constexpr int kMTiles = kWarpRows / 16, kNTiles = kWarpCols / 8;
-constexpr int kOutPitch = kBN + 4;  // f32 output tile: 16-byte rows, conflict-free 8-byte writes
+// f32 output tile, rows 16-byte aligned. The accumulators go in as 8-byte writes, a half-warp at a
+// time: 4 rows (g) x 4 column pairs (qd). A pitch of 8 mod 32 words puts the 4 rows on disjoint
+// 8-bank groups (conflict-free); kBN + 4 (4 mod 32) would overlap them pairwise (2-way conflicts).
+constexpr int kOutPitch = kBN + 8;
+static_assert(kOutPitch % 32 == 8, "conflict-free 8-byte accumulator writes");
 static_assert(kGemmThreads == 128 && kThreadChunks * kGemmThreads == kBN * kRowChunks, "warps 2 x 2");
 // Dynamic shared memory (the kernels' declaration): kStages activation tiles and two weight
 // tiles of 16-bit values; the f32 output tile reuses it at the end.

@@ -26,7 +26,11 @@
 //   1. max pass: the largest key and its lowest index (greedy stops here).
 //   2. top-k: radix select on the 32-bit order-preserving key of the value, 8 bits per pass
 //      (4 passes), counting each 256-bin histogram with shared-memory atomics; with top-p on the
-//      same passes also histogram the mass, which gives Z_k.
+//      same passes also histogram the mass, which gives Z_k. A count is a 32-bit increment (the
+//      SASS combines a warp's lanes: ATOMS.POPC.INC); a 64-bit mass is added as two native 32-bit
+//      adds with the carry passed on by the lane whose add wrapped (add_mass), because a 64-bit
+//      shared-memory add is a compare-and-swap loop that a row's few crowded bins keep retrying.
+//      The totals are the same integers either way.
 //   3. top-p: the same radix search by mass, over keys >= the top-k boundary (4 passes), to the
 //      key whose group holds the crossing, then how many of its ties are kept.
 //   4. Z pass: the mass of what is kept. 5. draw pass: index order, LLK_SAMPLE_DRAW_PER_THREAD
@@ -58,7 +62,9 @@ constexpr unsigned kFull = 0xffffffffu;
 
 struct Shared {
   uint32_t count[kBins];
-  u64 mass[kBins];
+  // Each bin's 64-bit mass as two 32-bit words (add_mass, bin_mass).
+  uint32_t mass_lo[kBins];
+  uint32_t mass_hi[kBins];
   u64 warp_u64[kMaxWarps];
   uint32_t warp_key[kMaxWarps];
   int64_t warp_idx[kMaxWarps];
@@ -171,13 +177,27 @@ struct Boundary {
 
 // Warp 0 picks the bin of a histogram level where the running total (from the top bin down)
 // first reaches `need` (>= 1): the sum over bins above it is < need <= that sum plus the bin.
+// A bin's mass.
+__device__ __forceinline__ u64 bin_mass(const Shared& s, int b) { return u64(s.mass_hi[b]) << 32 | s.mass_lo[b]; }
+
+// Adds w to bin b's mass with two 32-bit atomics (native shared-memory adds on every
+// architecture, where a 64-bit shared add is a compare-and-swap loop). Exact: the low words sum
+// modulo 2^32, and the low word wraps exactly once per 2^32 of the low parts' total, each time in
+// the one add that crossed it, whose lane adds the carry to the high word.
+__device__ __forceinline__ void add_mass(Shared& s, int b, u64 w) {
+  const uint32_t lo = uint32_t(w);
+  const uint32_t old = atomicAdd(&s.mass_lo[b], lo);
+  const uint32_t hi = uint32_t(w >> 32) + (old + lo < old ? 1u : 0u);
+  if (hi != 0) atomicAdd(&s.mass_hi[b], hi);
+}
+
 // By count (top-k) or by mass (top-p). Writes s.sel_*.
 __device__ void select_bin(Shared& s, bool by_mass, u64 need) {
   const int lane = lane_id();
   uint32_t c = 0;
   u64 m = 0;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) c += s.count[255 - 8 * lane - j], m += s.mass[255 - 8 * lane - j];
+  for (int j = 0; j < 8; ++j) c += s.count[255 - 8 * lane - j], m += bin_mass(s, 255 - 8 * lane - j);
   uint32_t ci = c;
   u64 mi = m;
 #pragma unroll
@@ -197,18 +217,18 @@ __device__ void select_bin(Shared& s, bool by_mass, u64 need) {
     int bin = 255 - 8 * f - 7;
     for (int j = 0; j < 8; ++j) {
       const int b = 255 - 8 * f - j;
-      const u64 a = by_mass ? s.mass[b] : u64(s.count[b]);
+      const u64 a = by_mass ? bin_mass(s, b) : u64(s.count[b]);
       if ((by_mass ? ma : u64(ca)) + a >= need) {
         bin = b;
         break;
       }
-      if (j < 7) ca += s.count[b], ma += s.mass[b];
+      if (j < 7) ca += s.count[b], ma += bin_mass(s, b);
     }
     s.sel_bin = uint32_t(bin);
     s.sel_count_above = ca;
     s.sel_mass_above = ma;
     s.sel_count_eq = s.count[bin];
-    s.sel_mass_eq = s.mass[bin];
+    s.sel_mass_eq = bin_mass(s, bin);
   }
 }
 
@@ -222,7 +242,7 @@ __device__ Boundary radix_search(const T* row, int64_t vocab, const Weigher& wt,
   u64 mass_above = 0;
   Boundary r{};
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < kBins; b += blockDim.x) s.count[b] = 0, s.mass[b] = 0;
+    for (int b = threadIdx.x; b < kBins; b += blockDim.x) s.count[b] = 0, s.mass_lo[b] = 0, s.mass_hi[b] = 0;
     __syncthreads();
     for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
       const float x = load_clean(row, i);
@@ -232,7 +252,7 @@ __device__ Boundary radix_search(const T* row, int64_t vocab, const Weigher& wt,
       atomicAdd(&s.count[bin], 1u);
       if (with_mass) {
         const u64 w = wt.fixed(wt.w(x));
-        if (w != 0) atomicAdd(&s.mass[bin], w);
+        if (w != 0) add_mass(s, bin, w);
       }
     }
     __syncthreads();

@@ -619,3 +619,45 @@ fn the_hopper_attention_kernel_runs_on_wgmma_fed_by_tma_in_warp_specialized_warp
         assert!(overlapped >= keys / 2, "{name}: {overlapped} exponentials run beside the P V, not {}", keys / 2);
     }
 }
+
+#[test]
+fn sampling_histograms_add_without_a_compare_and_swap_loop() {
+    // A 64-bit shared-memory add compiles to a compare-and-swap loop (ATOMS.CAS / ATOMS.CAST.SPIN
+    // and a retry branch), which a row's few crowded bins keep retrying; sampling.cu adds the
+    // mass as two native 32-bit adds. Every listed sampling kernel, none with a CAS.
+    let funcs = per_function(&sass("sampling"));
+    assert_listed("sampling", &funcs, |_| true);
+    let mut native = 0;
+    for (name, ops) in &funcs {
+        let cas: Vec<_> = ops.iter().filter(|o| o.starts_with("ATOMS.CAS")).collect();
+        assert!(cas.is_empty(), "{name}: a compare-and-swap loop on shared memory: {cas:?}");
+        native += ops.iter().filter(|o| o.starts_with("ATOMS.ADD")).count();
+    }
+    assert!(native > 0, "no native shared-memory add in the sampling kernels");
+}
+
+#[test]
+fn the_hopper_register_split_is_exactly_the_launch_pool() {
+    // setmaxnreg moves registers within the pool the block launched with: the consumers' raise
+    // waits until the producer's release covers it. ptxas's count must be the one the split
+    // (params.h) was sized for, for every Hopper prefill kernel.
+    use llama_kernels::dev::geometry::params::{
+        LLK_ATTN_SM90_REGS, LLK_ATTN_SM90_REGS_CONSUMER, LLK_ATTN_SM90_REGS_PRODUCER, LLK_ATTN_SM90_THREADS,
+    };
+    assert_eq!(
+        128 * LLK_ATTN_SM90_REGS_PRODUCER + 256 * LLK_ATTN_SM90_REGS_CONSUMER,
+        LLK_ATTN_SM90_THREADS * LLK_ATTN_SM90_REGS
+    );
+    let m = kernel_modules().expect("the device code").find(|m| m.name == "attention_sm90").expect("attention_sm90");
+    let kernels = parse_ptxas(m.ptxas_sm90);
+    let want = listed("attention_sm90", |_| true);
+    let found: BTreeSet<String> = kernels.iter().map(|k| k.name.clone()).collect();
+    assert_eq!(found, want, "the ptxas report's kernels are the listed ones");
+    for k in &kernels {
+        assert_eq!(
+            k.registers, LLK_ATTN_SM90_REGS,
+            "{}: ptxas uses {} registers, the split needs {}",
+            k.name, k.registers, LLK_ATTN_SM90_REGS
+        );
+    }
+}

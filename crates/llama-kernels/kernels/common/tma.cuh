@@ -19,6 +19,17 @@
 
 namespace llk {
 
+// prefetch.tensormap: starts fetching a tensor map (generic address of the __grid_constant__
+// params' copy) into the cache ahead of its first copy. sm_90 and later; nothing elsewhere (the
+// emulator's copies read the map directly).
+__device__ __forceinline__ void prefetch_tensormap(const LlkTensorMap& map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
+#else
+  (void)map;
+#endif
+}
+
 template <int Rank>
 __device__ __forceinline__ void tensor_copy_to_shared(void* dst, const LlkTensorMap& map, const int32_t (&c)[Rank],
                                                       uint64_t* bar LLK_CALL_SITE) {

@@ -40,7 +40,35 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t lbo, u
 // field never carries into the bits above it.
 __device__ __forceinline__ uint64_t wgmma_desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 
-__device__ __forceinline__ void wgmma_fence() {
+// Keeps the compiler from moving accesses of a register operand across a wgmma fence, commit or
+// wait (CUDA; CUTLASS's warpgroup_fence_operand): the register is "read and written" by an empty
+// asm. Arrays, nested or not, element by element. Nothing on the host, whose emulated wgmma runs
+// in program order.
+__device__ __forceinline__ void wgmma_fence_operand(float& r) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("" : "+f"(r)::"memory");
+#else
+  (void)r;
+#endif
+}
+__device__ __forceinline__ void wgmma_fence_operand(uint32_t& r) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("" : "+r"(r)::"memory");
+#else
+  (void)r;
+#endif
+}
+template <class R, int K>
+__device__ __forceinline__ void wgmma_fence_operand(R (&d)[K]) {
+#pragma unroll
+  for (int i = 0; i < K; ++i) wgmma_fence_operand(d[i]);
+}
+
+// wgmma.fence, after the register operands passed (the accumulators and the A fragments the next
+// wgmmas read) are fenced: their last writes stay before it.
+template <class... Regs>
+__device__ __forceinline__ void wgmma_fence(Regs&... regs) {
+  (wgmma_fence_operand(regs), ...);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #elif defined(__CUDA_ARCH__)
@@ -50,7 +78,10 @@ __device__ __forceinline__ void wgmma_fence() {
 #endif
 }
 
-__device__ __forceinline__ void wgmma_commit() {
+// wgmma.commit_group; the register operands passed are fenced after it (no access of them moves
+// above the issue).
+template <class... Regs>
+__device__ __forceinline__ void wgmma_commit(Regs&... regs) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #elif defined(__CUDA_ARCH__)
@@ -58,18 +89,11 @@ __device__ __forceinline__ void wgmma_commit() {
 #elif !defined(__CUDACC__)
   llk_emu::wgmma_commit();
 #endif
+  (wgmma_fence_operand(regs), ...);
 }
 
-// Keeps the compiler from moving accesses of `d` across a wgmma wait (CUDA); nothing on the host.
-template <int K>
-__device__ __forceinline__ void wgmma_fence_operand(float (&d)[K]) {
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-  for (int i = 0; i < K; ++i) asm volatile("" : "+f"(d[i])::"memory");
-#endif
-}
-
-// wgmma.wait_group N; the accumulators passed are fenced against compiler reordering.
+// wgmma.wait_group N; the register operands passed are fenced after it (no access of them moves
+// above the wait).
 template <int N, class... Acc>
 __device__ __forceinline__ void wgmma_wait(Acc&... acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

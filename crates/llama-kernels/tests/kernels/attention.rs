@@ -335,3 +335,85 @@ fn every_validation_error_is_named() {
     let e = AttentionWorkspace::new(&Device::emulated()).forward(call, &opts).unwrap_err();
     assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
 }
+
+#[test]
+fn a_sampled_check_passes_the_kernels_output_and_fails_a_corrupted_one() {
+    // What the benches run before they time a shape: the kernel's output on random inputs
+    // against the f64 reference on sampled rows. It must pass the real output and catch one
+    // wrong row.
+    use llama_kernels::dev::testing::Rng;
+    use llama_kernels::dev::verify::SampledAttention;
+    let d = Device::emulated();
+    let (batch, seq, q_heads, kv_heads, head_dim) = (2, 70, 4, 2, 64);
+    let mut rng = Rng::new(11);
+    let mut values = |heads: usize| -> Vec<f32> {
+        rng.normal_vec(batch * seq * heads * head_dim, 1.0, DType::BF16).into_iter().map(|x| x as f32).collect()
+    };
+    let (q, k, v) = (values(q_heads), values(kv_heads), values(kv_heads));
+    let up = |x: &[f32], heads: usize| {
+        let b: Vec<half::bf16> = x.iter().map(|&f| half::bf16::from_f32(f)).collect();
+        Tensor::from_slice(&d, &b, &[batch * seq, heads, head_dim]).unwrap()
+    };
+    let (tq, tk, tv) = (up(&q, q_heads), up(&k, kv_heads), up(&v, kv_heads));
+    let out = Tensor::poisoned(&d, DType::BF16, &[batch * seq, q_heads, head_dim]).unwrap();
+    let cu: Vec<i32> = (0..=batch).map(|b| (b * seq) as i32).collect();
+    for mask in MASKS {
+        let opts = AttentionOptions { mask, ..Default::default() };
+        let mut ws = AttentionWorkspace::plan(&d, 4).unwrap();
+        let call = AttentionTensors {
+            q: &tq,
+            kv: KvTensors::Contiguous { k: &tk, v: &tv },
+            cu_seqlens: Offsets::Host { q: &cu, k: &cu },
+            out: &out,
+            lse: None,
+        };
+        ws.forward(call, &opts).unwrap();
+        let mut got: Vec<f32> = out.to_vec::<half::bf16>().unwrap().into_iter().map(f32::from).collect();
+        let sample = |out: &[f32]| {
+            SampledAttention { q: &q, k: &k, v: &v, out, batch, seq, q_heads, kv_heads, head_dim, mask }.check(
+                24,
+                DType::BF16,
+                5,
+            )
+        };
+        let ok = sample(&got);
+        assert!(ok.pass && ok.count == 24 * head_dim, "{mask:?}: {}", ok.describe(&[24, head_dim]));
+        // Every token's first head, off by 0.1 in one element: the sample (first and last
+        // tokens of each sequence among its rows) must see it.
+        for t in 0..batch * seq {
+            for h in 0..q_heads {
+                got[(t * q_heads + h) * head_dim] += 0.1;
+            }
+        }
+        assert!(!sample(&got).pass, "{mask:?}: a corrupted output passed");
+    }
+}
+
+#[test]
+fn hopper_rings_wrap_at_head_dim_256_and_128_on_every_device() {
+    // The cases the prepared GPU run needs: the K/V ring's later rounds (mbarrier parity 1 and
+    // back to 0) and head_dim 256 on hardware. head_dim 256 with 330 keys (64-key tiles: 6 tiles
+    // through 2 stages) and head_dim 128 with 650 keys (128-key tiles: 6 tiles); causal, full and
+    // chunked; varlen with a short sequence; GQA with packing. Each runs on the emulator (sm_90:
+    // the Hopper kernel) and on CUDA when present (the Hopper kernel with LLK_ATTENTION_SM90=1,
+    // the mma.sync kernel without), against the f64 reference: hardware and emulator agree to
+    // within twice the tolerance.
+    use llama_kernels::ops::attention::{PrefillKernel, prefill_kernel};
+    let mut cases = Vec::new();
+    for (i, mask) in MASKS.into_iter().enumerate() {
+        let dtype = if i % 2 == 0 { DType::BF16 } else { DType::F16 };
+        cases.push(AttentionCase::new(dtype, &[(33, 330), (70, 70)], 4, 2, 256, mask));
+        let mut gqa = AttentionCase::new(dtype, &[(20, 650), (5, 5)], 8, 2, 128, mask);
+        gqa.opts.gqa_pack = Some(4);
+        cases.push(gqa);
+    }
+    let emulated = Device::emulated();
+    for case in &cases {
+        assert_eq!(prefill_kernel(&emulated, case.dtype, case.head_dim, false), PrefillKernel::Hopper);
+    }
+    for device in common::devices() {
+        for case in &cases {
+            assert_pass(&device, case);
+        }
+    }
+}

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use super::common::*;
 use crate::backend::Device;
-use crate::dev::testing::{Rng, Tolerance, compare};
+use crate::dev::testing::{Comparison, Rng, Tolerance, compare};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::attention::{
@@ -79,6 +79,83 @@ pub fn attention_tolerance(dtype: DType) -> Tolerance {
     match dtype {
         DType::F32 => Tolerance { atol: 1e-5, rtol: 1e-5 },
         _ => Tolerance { atol: 4.0 * dtype.unit_roundoff(), rtol: 2.0 * dtype.unit_roundoff() },
+    }
+}
+
+/// A batch of equal sequences (`batch` x `seq` tokens, q_len = k_len) checked on a sample:
+/// the kernel's output `out` against the f64 reference on `rows` (token, head) rows, for shapes
+/// whose whole reference would take too long (the benches check their output with it before they
+/// report a speed). `q`, `k`, `v` are the inputs' values (`[batch * seq, heads, head_dim]`), as
+/// the kernel read them; the scale is 1/sqrt(head_dim), no temperature.
+#[derive(Clone, Copy, Debug)]
+pub struct SampledAttention<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub out: &'a [f32],
+    pub batch: usize,
+    pub seq: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub mask: AttentionMask,
+}
+
+impl SampledAttention<'_> {
+    /// Compares `rows` sampled rows (each sequence's first and last token among them) with the
+    /// reference at [`attention_tolerance`] of `dtype`; the comparison's shape is `[rows, head_dim]`.
+    /// Inputs whose lengths disagree with the shape fail the comparison (nothing compared).
+    pub fn check(&self, rows: usize, dtype: DType, seed: u64) -> Comparison {
+        let (d, seq) = (self.head_dim, self.seq);
+        let tokens = self.batch * seq;
+        let consistent = d > 0
+            && seq > 0
+            && self.kv_heads > 0
+            && self.q_heads % self.kv_heads == 0
+            && self.q.len() == tokens * self.q_heads * d
+            && self.out.len() == self.q.len()
+            && self.k.len() == tokens * self.kv_heads * d
+            && self.v.len() == self.k.len();
+        if !consistent {
+            return compare(&[], &[0.0], attention_tolerance(dtype));
+        }
+        let group = (self.q_heads / self.kv_heads.max(1)).max(1);
+        let scale = 1.0 / (d as f64).sqrt();
+        let mut rng = Rng::new(seed);
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        for i in 0..rows {
+            let b = i % self.batch.max(1);
+            let t = match i % 3 {
+                0 => 0,
+                1 => seq - 1,
+                _ => rng.below(seq as u64) as usize,
+            };
+            let h = rng.below(self.q_heads as u64) as usize;
+            let kv = h / group;
+            let row = (b * seq + t) * self.q_heads + h;
+            let qrow = &self.q[row * d..(row + 1) * d];
+            let mut scores = Vec::new();
+            for j in 0..seq {
+                if reference::attention::allowed(self.mask, t as i64, j as i64, seq as i64) {
+                    let kr = &self.k[((b * seq + j) * self.kv_heads + kv) * d..][..d];
+                    let dot: f64 = qrow.iter().zip(kr).map(|(&a, &c)| f64::from(a) * f64::from(c)).sum();
+                    scores.push((j, dot * scale));
+                }
+            }
+            let m = scores.iter().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = scores.iter().map(|s| (s.1 - m).exp()).sum();
+            let mut o = vec![0f64; d];
+            for &(j, sc) in &scores {
+                let p = (sc - m).exp() / z;
+                let vr = &self.v[((b * seq + j) * self.kv_heads + kv) * d..][..d];
+                for (acc, &x) in o.iter_mut().zip(vr) {
+                    *acc += p * f64::from(x);
+                }
+            }
+            want.extend(o);
+            got.extend(self.out[row * d..(row + 1) * d].iter().map(|&x| f64::from(x)));
+        }
+        compare(&got, &want, attention_tolerance(dtype))
     }
 }
 
