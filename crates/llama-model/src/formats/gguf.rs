@@ -20,8 +20,11 @@
 //! `dequantize_row_*` do: F32, F16, BF16, Q8_0, Q4_0 and Q4_1 (block of 32 values with an f16
 //! scale, plus an f16 minimum for Q4_1; 4-bit values `q` of byte `j` are element `j` (low
 //! nibble) and `j + 16` (high nibble), `x = d * (q - 8)` for Q4_0 and `x = d * q + m` for Q4_1),
-//! and the K-quants Q4_K, Q5_K and Q6_K (super-blocks of 256 with per-sub-block scales). Q5_0,
-//! Q5_1, Q2_K and Q3_K have their byte ranges checked but are a named error to decode.
+//! Q5_0 and Q5_1 (a fifth bit per value), the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K
+//! (super-blocks of 256 with per-sub-block scales), and IQ4_NL and IQ4_XS (a fixed non-linear
+//! code book), each bit for bit as the `gguf` package decodes it. The other types llama.cpp
+//! writes (Q8_1, Q8_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, TQ1_0, TQ2_0, and
+//! the integer and F64 types) have their byte ranges checked and are a named error to decode.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -104,6 +107,16 @@ pub enum GgmlType {
     Q4_0,
     /// Blocks of 32: an f16 scale, an f16 minimum and 16 bytes of 4-bit values.
     Q4_1,
+    /// Blocks of 32: an f16 scale, 32 fifth bits and 16 bytes of 4-bit values; `d (q - 16)`.
+    Q5_0,
+    /// Blocks of 32: an f16 scale and minimum, 32 fifth bits, 16 bytes of 4-bit values; `d q + m`.
+    Q5_1,
+    /// Super-blocks of 256: sixteen 4-bit scale / 4-bit minimum pairs, 2-bit values, f16 scale
+    /// and minimum.
+    Q2_K,
+    /// Super-blocks of 256: a high-bit mask, 2-bit low values, sixteen 6-bit signed scales, an
+    /// f16 scale.
+    Q3_K,
     /// Super-blocks of 256: f16 scale and minimum, eight 6-bit sub-block scales and minimums,
     /// 4-bit values.
     Q4_K,
@@ -112,10 +125,35 @@ pub enum GgmlType {
     /// Super-blocks of 256: 4 low and 2 high bits per value, sixteen i8 sub-block scales, an f16
     /// scale.
     Q6_K,
+    /// Blocks of 32: an f16 scale and 4-bit indices into a fixed non-linear code book.
+    IQ4_NL,
+    /// Super-blocks of 256: IQ4_NL's code book with eight 6-bit signed sub-block scales.
+    IQ4_XS,
     /// A type whose block size this reader knows (so its byte range is checked) but which it
-    /// does not decode: Q5_0, Q5_1, Q2_K and Q3_K. Holds the ggml type id.
+    /// does not decode ([`GgmlType::name`] names it). Holds the ggml type id.
     Undecoded(u32),
 }
+
+/// The ggml types this reader checks but does not decode: (id, name, elements per block, bytes
+/// per block), as llama.cpp's `ggml_type_traits` (and the `gguf` package's `GGML_QUANT_SIZES`).
+const UNDECODED: [(u32, &str, usize, usize); 16] = [
+    (9, "Q8_1", 32, 36),
+    (15, "Q8_K", 256, 292),
+    (16, "IQ2_XXS", 256, 66),
+    (17, "IQ2_XS", 256, 74),
+    (18, "IQ3_XXS", 256, 98),
+    (19, "IQ1_S", 256, 50),
+    (21, "IQ3_S", 256, 110),
+    (22, "IQ2_S", 256, 82),
+    (24, "I8", 1, 1),
+    (25, "I16", 1, 2),
+    (26, "I32", 1, 4),
+    (27, "I64", 1, 8),
+    (28, "F64", 1, 8),
+    (29, "IQ1_M", 256, 56),
+    (34, "TQ1_0", 256, 54),
+    (35, "TQ2_0", 256, 66),
+];
 
 impl GgmlType {
     /// The type of ggml id `id`, or `None` for an id this reader does not know.
@@ -125,14 +163,41 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
-            30 => GgmlType::BF16,
+            10 => GgmlType::Q2_K,
+            11 => GgmlType::Q3_K,
             12 => GgmlType::Q4_K,
             13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
-            6 | 7 | 10 | 11 => GgmlType::Undecoded(id),
+            20 => GgmlType::IQ4_NL,
+            23 => GgmlType::IQ4_XS,
+            30 => GgmlType::BF16,
+            _ if UNDECODED.iter().any(|u| u.0 == id) => GgmlType::Undecoded(id),
             _ => return None,
         })
+    }
+    /// ggml's name of the type (`Q4_K`, `IQ2_XXS`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlType::F32 => "F32",
+            GgmlType::F16 => "F16",
+            GgmlType::BF16 => "BF16",
+            GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
+            GgmlType::Q2_K => "Q2_K",
+            GgmlType::Q3_K => "Q3_K",
+            GgmlType::Q4_K => "Q4_K",
+            GgmlType::Q5_K => "Q5_K",
+            GgmlType::Q6_K => "Q6_K",
+            GgmlType::IQ4_NL => "IQ4_NL",
+            GgmlType::IQ4_XS => "IQ4_XS",
+            GgmlType::Undecoded(id) => UNDECODED.iter().find(|u| u.0 == id).map_or("?", |u| u.1),
+        }
     }
     /// The packed format the kernels read this type in, if any.
     pub fn quant_format(self) -> Option<QuantFormat> {
@@ -153,15 +218,17 @@ impl GgmlType {
             GgmlType::Q8_0 => (32, 34),
             GgmlType::Q4_0 => (32, 18),
             GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q5_0 => (32, 22),
+            GgmlType::Q5_1 => (32, 24),
+            GgmlType::Q2_K => (256, 84),
+            GgmlType::Q3_K => (256, 110),
             GgmlType::Q4_K => (256, 144),
             GgmlType::Q5_K => (256, 176),
             GgmlType::Q6_K => (256, 210),
-            GgmlType::Undecoded(id) => match id {
-                6 => (32, 22),   // Q5_0
-                7 => (32, 24),   // Q5_1
-                10 => (256, 84), // Q2_K
-                _ => (256, 110), // Q3_K (11; from_id admits no other id)
-            },
+            GgmlType::IQ4_NL => (32, 18),
+            GgmlType::IQ4_XS => (256, 136),
+            // from_id admits only the table's ids.
+            GgmlType::Undecoded(id) => UNDECODED.iter().find(|u| u.0 == id).map_or((1, 1), |u| (u.2, u.3)),
         }
     }
 }
@@ -419,7 +486,7 @@ impl GgufFile {
         let t = self.tensor(name)?;
         let format = t.dtype.quant_format().ok_or_else(|| Error::Checkpoint {
             tensor: name.to_string(),
-            why: format!("type {:?} is not kept packed (packed: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)", t.dtype),
+            why: format!("type {} is not kept packed (packed: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)", t.dtype.name()),
         })?;
         let cols = t.shape.last().copied().unwrap_or(0);
         let rows = t.shape.iter().rev().skip(1).product::<usize>();
@@ -443,8 +510,9 @@ impl GgufFile {
         let unsupported = || Error::Checkpoint {
             tensor: name.to_string(),
             why: format!(
-                "type {:?} is not decoded (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)",
-                t.dtype
+                "type {} is not decoded (decoded: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, \
+                 Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)",
+                t.dtype.name()
             ),
         };
         if let GgmlType::Undecoded(_) = t.dtype {
@@ -455,7 +523,13 @@ impl GgufFile {
             GgmlType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
             GgmlType::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
             GgmlType::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            GgmlType::Q5_0 => bytes.chunks_exact(22).flat_map(q5_0).collect(),
+            GgmlType::Q5_1 => bytes.chunks_exact(24).flat_map(q5_1).collect(),
+            GgmlType::Q2_K => bytes.chunks_exact(84).flat_map(q2_k).collect(),
+            GgmlType::Q3_K => bytes.chunks_exact(110).flat_map(q3_k).collect(),
             GgmlType::Q5_K => bytes.chunks_exact(176).flat_map(q5_k).collect(),
+            GgmlType::IQ4_NL => bytes.chunks_exact(18).flat_map(iq4_nl).collect(),
+            GgmlType::IQ4_XS => bytes.chunks_exact(136).flat_map(iq4_xs).collect(),
             GgmlType::Undecoded(_) => return Err(unsupported()),
             _ => self.packed(name)?.dequantize(),
         })
@@ -480,4 +554,94 @@ fn q5_k(b: &[u8]) -> [f32; 256] {
         }
     }
     out
+}
+
+// The decoders below compute each value with the f32 operations, in the order, of the `gguf`
+// package's numpy `dequantize_blocks` (llama.cpp's `dequantize_row_*`), so that they agree bit
+// for bit; element `e` of a block is the value the package writes at that position.
+
+fn f16_le(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// A 32-value block's 4-bit code of element `e`: the low nibbles of `qs` are elements 0..16,
+/// the high nibbles 16..32.
+fn nibble(qs: &[u8], e: usize) -> u8 {
+    if e < 16 { qs[e] & 0x0f } else { qs[e - 16] >> 4 }
+}
+
+/// One Q5_0 block: `d * (q - 16)`, q the nibble with bit `e` of `qh` as its fifth bit.
+fn q5_0(b: &[u8]) -> [f32; 32] {
+    let (d, qh, qs) = (f16_le(b, 0), u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &b[6..22]);
+    std::array::from_fn(|e| {
+        let q = nibble(qs, e) | ((((qh >> e) & 1) as u8) << 4);
+        d * f32::from(q as i8 - 16)
+    })
+}
+
+/// One Q5_1 block: `d * q + m`.
+fn q5_1(b: &[u8]) -> [f32; 32] {
+    let (d, m, qh, qs) = (f16_le(b, 0), f16_le(b, 2), u32::from_le_bytes([b[4], b[5], b[6], b[7]]), &b[8..24]);
+    std::array::from_fn(|e| {
+        let q = nibble(qs, e) | ((((qh >> e) & 1) as u8) << 4);
+        d * f32::from(q) + m
+    })
+}
+
+/// Element `e` of a 256-value super-block's 2-bit plane `qs` (64 bytes): two halves of 128
+/// values, each four shifts of the half's 32 bytes.
+fn two_bits(qs: &[u8], e: usize) -> u8 {
+    let (half, shift, byte) = (e / 128, (e % 128) / 32, e % 32);
+    (qs[half * 32 + byte] >> (2 * shift)) & 3
+}
+
+/// One Q2_K super-block: `(d * sc) * q - dmin * m` per 16-value sub-block (sc, m the low and
+/// high nibbles of its scale byte).
+fn q2_k(b: &[u8]) -> [f32; 256] {
+    let (scales, qs, d, dmin) = (&b[0..16], &b[16..80], f16_le(b, 80), f16_le(b, 82));
+    std::array::from_fn(|e| {
+        let sc = scales[e / 16];
+        let (dl, ml) = (d * f32::from(sc & 0x0f), dmin * f32::from(sc >> 4));
+        dl * f32::from(two_bits(qs, e)) - ml
+    })
+}
+
+/// One Q3_K super-block: `(d * s) * (q - 4 [high bit clear])` per 16-value sub-block, s a 6-bit
+/// scale minus 32 (low 4 bits from bytes 0..8, high 2 from bytes 8..12 of the scales).
+fn q3_k(b: &[u8]) -> [f32; 256] {
+    let (hmask, qs, sc, d) = (&b[0..32], &b[32..96], &b[96..108], f16_le(b, 108));
+    let scale = |i: usize| -> f32 {
+        let low = if i < 8 { sc[i] & 0x0f } else { sc[i - 8] >> 4 };
+        let high = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+        f32::from((low | (high << 4)) as i8 - 32)
+    };
+    std::array::from_fn(|e| {
+        let high_clear = ((hmask[e % 32] >> (e / 32)) & 1) ^ 1;
+        let q = two_bits(qs, e) as i8 - (high_clear << 2) as i8;
+        (d * scale(e / 16)) * f32::from(q)
+    })
+}
+
+/// IQ4_NL's (and IQ4_XS's) code book.
+const IQ4_CODE: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// One IQ4_NL block: `d * code[q]`.
+fn iq4_nl(b: &[u8]) -> [f32; 32] {
+    let (d, qs) = (f16_le(b, 0), &b[2..18]);
+    std::array::from_fn(|e| d * f32::from(IQ4_CODE[usize::from(nibble(qs, e))]))
+}
+
+/// One IQ4_XS super-block: `(d * s) * code[q]` per 32-value sub-block, s a 6-bit scale minus
+/// 32 (low 4 bits from `scales_l`, high 2 from the u16 `scales_h`), q as IQ4_NL's within it.
+fn iq4_xs(b: &[u8]) -> [f32; 256] {
+    let (d, scales_h, scales_l, qs) = (f16_le(b, 0), u16::from_le_bytes([b[2], b[3]]), &b[4..8], &b[8..136]);
+    let scale = |j: usize| -> f32 {
+        let low = (scales_l[j / 2] >> (4 * (j % 2))) & 0x0f;
+        let high = ((scales_h >> (2 * j)) & 3) as u8;
+        f32::from((low | (high << 4)) as i8 - 32)
+    };
+    std::array::from_fn(|e| {
+        let (j, t) = (e / 32, e % 32);
+        (d * scale(j)) * f32::from(IQ4_CODE[usize::from(nibble(&qs[j * 16..], t))])
+    })
 }

@@ -133,7 +133,7 @@ fn sample() -> (Writer, Vec<(&'static str, Vec<f32>)>) {
         .tensor("q8_0", &[64, 1], 8, q8_bytes)
         .tensor("q4_0", &[32], 2, q4_0_bytes)
         .tensor("q4_1", &[32, 2], 3, q4_1_bytes)
-        .tensor("q5_0", &[32, 1], 6, vec![0; 22]);
+        .tensor("iq2_xxs", &[256, 1], 16, vec![0; 66]);
     let expected = vec![
         ("f32", f32s),
         ("f16", halves.clone()),
@@ -175,8 +175,10 @@ fn metadata_and_tensors_round_trip_exactly() {
         assert!(same, "{name}: {got:?} != {want:?}");
     }
     // A known type this reader does not decode is a named error.
-    match g.dequantize("q5_0") {
-        Err(Error::Checkpoint { tensor, why }) => assert!(tensor == "q5_0" && why.contains("not decoded"), "{why}"),
+    match g.dequantize("iq2_xxs") {
+        Err(Error::Checkpoint { tensor, why }) => {
+            assert!(tensor == "iq2_xxs" && why.contains("IQ2_XXS is not decoded"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
     assert!(matches!(g.dequantize("absent"), Err(Error::Checkpoint { .. })));
@@ -306,17 +308,28 @@ fn a_real_model_decodes_like_llama_cpps_reader() {
 }
 
 #[test]
-fn k_quants_decode_like_the_gguf_package() {
-    // Random Q4_K, Q5_K and Q6_K super-blocks and their decoding by llama.cpp's Python reader
-    // (scripts/make_kquant_fixtures.py), as tensors of 4 x 256 values.
+fn quantized_types_decode_like_the_gguf_package() {
+    // Random blocks of every decoded quantized type and their decoding by llama.cpp's Python
+    // reader (scripts/make_quant_fixtures.py), as tensors of 4 x 256 values, bit for bit.
     let fixture: serde_json::Value =
-        serde_json::from_str(include_str!("../fixtures/gguf/kquants.json")).expect("the fixture is JSON");
+        serde_json::from_str(include_str!("../fixtures/gguf/quants.json")).expect("the fixture is JSON");
     let hex = |s: &str| -> Vec<u8> {
         (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
     };
     let mut w = Writer::default();
     let mut expected = Vec::new();
-    for (name, id) in [("Q4_K", 12), ("Q5_K", 13), ("Q6_K", 14)] {
+    let types = [
+        ("Q4_K", 12),
+        ("Q5_K", 13),
+        ("Q6_K", 14),
+        ("Q5_0", 6),
+        ("Q5_1", 7),
+        ("Q2_K", 10),
+        ("Q3_K", 11),
+        ("IQ4_NL", 20),
+        ("IQ4_XS", 23),
+    ];
+    for (name, id) in types {
         let blocks = hex(fixture[name]["blocks"].as_str().unwrap());
         let values: Vec<f32> = hex(fixture[name]["values"].as_str().unwrap())
             .chunks_exact(4)
@@ -325,10 +338,11 @@ fn k_quants_decode_like_the_gguf_package() {
         w = w.tensor(name, &[256, 4], id, blocks);
         expected.push((name, values));
     }
-    let path = write("kquants", &w.bytes());
+    let path = write("quants", &w.bytes());
     let g = GgufFile::open(&path).unwrap();
     for (name, want) in expected {
         assert_eq!(g.tensor(name).unwrap().shape, vec![4, 256]);
+        assert_eq!(g.tensor(name).unwrap().dtype.name(), name);
         let got = g.dequantize(name).unwrap();
         let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         assert_eq!((got.len(), differ), (1024, 0), "{name}: {differ} values differ from the gguf package");
