@@ -54,7 +54,7 @@ pub const WGMMA_FLOPS_PER_CLK: f64 = 4096.0;
 /// The part of a consumer warpgroup's chain (its softmax issue slots or its MUFU time) that the
 /// ping-pong and the in-warpgroup overlap do not hide, net of the latencies the counts leave out.
 /// Fitted: the minimax value over FlashAttention-3's three non-causal 16k figures
-/// (`perf::wgmma_calibration`, asserted in `tests/perf_report.rs`).
+/// (`perf::wgmma_calibration`, asserted in `tests/inspect/perf_report/`).
 pub const WGMMA_EXPOSED_CHAIN: f64 = 0.85;
 
 /// Blocks per SM from registers, threads and shared memory (sm_90 allocation rules: registers

@@ -14,7 +14,7 @@ use super::{all_resources, kernel_code};
 use llama_kernels::dev::geometry::params::{LLK_ATTN_ROWS_MMA, LLK_ATTN_SM90_KEYS, LLK_ATTN_SM90_KEYS_HD256};
 
 /// FlashAttention-3's bf16 forward kernels at head dims 64, 128 and 256: their wgmma main loops
-/// read from their sm_90a SASS with this crate's code (`tests/perf_report.rs`,
+/// read from their sm_90a SASS with this crate's code (`tests/inspect/perf_report/`,
 /// `regenerate_wgmma_peer_counts`), their tiles, and the published H100 figures.
 pub const FA3_FIXTURE: &str = include_str!("../tests/fixtures/perf/fa3_bf16_fwd_sm90.json");
 

@@ -158,7 +158,7 @@ pub fn memory_text(p: &MemoryPrediction) -> String {
     )
 }
 
-/// What the report reads from a memory-bound peer's kernel (`tests/perf_report.rs`,
+/// What the report reads from a memory-bound peer's kernel (`tests/inspect/perf_report/`,
 /// `regenerate_memory_peer_counts`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PeerMemoryCounts {

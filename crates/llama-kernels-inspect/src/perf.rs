@@ -4,7 +4,7 @@
 //! and the `ptxas -v` reports, and for each kernel of interest prints its resources, the
 //! occupancy they allow, the instruction mix of its hot region, and the bound that mix predicts
 //! against an H200 resource model (the constants below, good to about 15%). Tests assert the
-//! thresholds the kernels were tuned to (`tests/perf_report.rs`), so a change that loses a lever
+//! thresholds the kernels were tuned to (`tests/inspect/perf_report/`), so a change that loses a lever
 //! fails CI on a machine without a GPU.
 //!
 //! Regions. Memory-bound kernels: the main loop (the body of the last backward branch) when the
@@ -230,7 +230,7 @@ pub struct Calibration {
 }
 
 /// The FA2 hd128 forward peer: its main-loop counts and resources, read from its sm_90 SASS with
-/// this module's code (`tests/perf_report.rs`, `regenerate_peer_counts`), and its published
+/// this module's code (`tests/inspect/perf_report/`, `regenerate_peer_counts`), and its published
 /// figures.
 pub const FA2_FIXTURE: &str = include_str!("../tests/fixtures/perf/fa2_hd128_bf16_fwd_sm90.json");
 
