@@ -3,9 +3,11 @@
 # of the block composer and of the GGUF loader): installs the pinned PyTorch, transformers, gguf
 # and accelerate from PyPI into a project-local folder (never globally), then runs, on the CPU,
 #
-#   scripts/make_hf_fixtures.sh              # make_hf_fixtures.py -> tests/fixtures/hf/{llama3,llama4}
-#   scripts/make_hf_fixtures.sh --gguf       # make_gguf_hf_fixture.py -> tests/fixtures/hf/smollm2_gguf
+#   scripts/make_hf_fixtures.sh              # make_hf_fixtures.py -> crates/llama-model/tests/fixtures/hf/{llama3,llama4}
+#   scripts/make_hf_fixtures.sh --gguf       # make_gguf_hf_fixture.py -> crates/llama-model/tests/fixtures/hf/smollm2_gguf
 #                                            # (needs the test model: scripts/setup.sh)
+#   scripts/make_hf_fixtures.sh --arch       # make_gguf_arch_fixtures.py -> crates/llama-model/tests/fixtures/gguf_arch
+#                                            # (llama 3.1 and llama4 GGUF files and their references)
 #   HF_ENV=/tmp/hf-python scripts/make_hf_fixtures.sh   # env elsewhere (default .toolchain/hf-python, git-ignored)
 #
 # The PyPI torch wheel pulls its CUDA libraries (several GB); nothing here needs a GPU.
@@ -25,11 +27,15 @@ fi
 cd "$root"
 if [[ "${1:-}" == "--gguf" ]]; then
   shift
-  out=tests/fixtures/hf/smollm2_gguf
+  out=crates/llama-model/tests/fixtures/hf/smollm2_gguf
   PYTHONPATH="$env_dir" python3 scripts/make_gguf_hf_fixture.py \
     --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf --out "$out" "$@"
+elif [[ "${1:-}" == "--arch" ]]; then
+  shift
+  out=crates/llama-model/tests/fixtures/gguf_arch
+  PYTHONPATH="$env_dir" python3 scripts/make_gguf_arch_fixtures.py --out "$out" "$@"
 else
-  out=tests/fixtures/hf
+  out=crates/llama-model/tests/fixtures/hf
   PYTHONPATH="$env_dir" python3 scripts/make_hf_fixtures.py --out "$out" "$@"
 fi
 du -sh "$out"

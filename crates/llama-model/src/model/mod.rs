@@ -21,6 +21,7 @@
 
 pub mod batch;
 pub mod generate;
+pub mod gguf;
 pub mod runner;
 pub mod text_model;
 pub mod weights;

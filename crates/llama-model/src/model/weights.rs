@@ -4,24 +4,27 @@
 //! [`HostTensor`]s are everywhere in this crate, so the device upload and the f64 reference see
 //! the same numbers.
 //!
-//! GGUF files (llama.cpp's `llama` architecture) are mapped to the same layout: `token_embd`,
-//! `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up,
-//! ffn_down}`, `output_norm` and `output` (absent: tied to the embedding). llama.cpp's converter
-//! reorders the rows of each q and k head for its interleaved RoPE (`permute`: Hugging Face row
-//! `a * head_dim / 2 + b` becomes row `2 b + a`); the loader restores Hugging Face's order, so a
-//! GGUF model is the same half-split model its safetensors original is (`tests/gguf_hf.rs` checks
-//! rows and logits against Hugging Face transformers loading the same GGUF). The configuration
-//! comes from the `llama.*` metadata, checked by the same code as a `config.json`.
+//! GGUF files (llama.cpp's `llama` and `llama4` architectures) are mapped to the same layout
+//! by [`super::gguf`]: the metadata becomes the `config.json` it stands for (checked by the same
+//! code), `rope_freqs.weight` becomes Llama 3.1 scaling, and each Hugging Face tensor is read
+//! from its GGUF counterpart (`llama`'s q/k rows unpermuted, `llama4`'s split and transposed
+//! expert tensors reassembled), so a GGUF model is the same model its safetensors original is
+//! (`tests/model/gguf_hf.rs` and `tests/model/gguf_arch.rs` check this against Hugging Face
+//! transformers).
 
 use std::path::Path;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use super::gguf::{
+    self, GgufArch,
+    tensors::{self, Source},
+};
 use crate::error::{Error, Result};
 use crate::formats::Checkpoint;
 use crate::formats::config::{LayerSpec, ModelConfig, ModelKind};
 use crate::formats::files::{MAX_CONFIG_BYTES, read_bounded_text};
-use crate::formats::gguf::{GgufFile, GgufValue};
+use crate::formats::gguf::GgufFile;
 use llama_kernels::dtype::{DType, round_to};
 use llama_kernels::spec::quant::PackedWeight;
 use llama_kernels::spec::weights::{HostLayerWeights, HostTensor};
@@ -210,20 +213,21 @@ impl HostModel {
         HostModel { config, layers, embed, norm, lm_head, eps, lm_head_packed: None }.checked()
     }
 
-    /// A GGUF file of llama.cpp's `llama` architecture, dequantized and converted to `dtype`
-    /// (see the module docs).
+    /// A GGUF file of llama.cpp's `llama` or `llama4` architecture, converted to `dtype`: its
+    /// quantized projections kept packed, every other tensor dequantized (see the module docs
+    /// and [`super::gguf`]).
     pub fn from_gguf(path: impl AsRef<Path>, dtype: DType) -> Result<HostModel> {
         let file = GgufFile::open(path)?;
-        let config = ModelConfig::from_value(&gguf_config(&file)?)?;
-        if config.kind() != ModelKind::Llama {
-            return Err(Error::Unsupported { what: "GGUF models other than llama".into() });
+        let (arch, raw) = gguf::config(&file)?;
+        let config = ModelConfig::from_value(&raw)?;
+        let expected_kind = match arch {
+            GgufArch::Llama => ModelKind::Llama,
+            GgufArch::Llama4 => ModelKind::Llama4,
+        };
+        if config.kind() != expected_kind {
+            return Err(Error::Unsupported { what: format!("GGUF {} read as {:?}", arch.name(), config.kind()) });
         }
-        if file.tensor("rope_freqs.weight").is_ok() {
-            return Err(Error::Unsupported {
-                what: "GGUF rope_freqs (Llama 3.1 frequency factors); load the safetensors checkpoint instead".into(),
-            });
-        }
-        let fetch = |name: &str, shape: &[usize]| -> Result<HostTensor> {
+        let dense = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
             let t = file.tensor(name)?;
             if t.shape != shape {
                 return Err(Error::Checkpoint {
@@ -231,9 +235,10 @@ impl HostModel {
                     why: format!("shape {:?} disagrees with the metadata (expected {shape:?})", t.shape),
                 });
             }
-            let data = file.dequantize(name)?.into_iter().map(|v| round_to(dtype, f64::from(v)) as f32).collect();
-            Ok(HostTensor::new(shape, data)?)
+            Ok(file.dequantize(name)?.into_iter().map(|v| round_to(dtype, f64::from(v)) as f32).collect())
         };
+        let fetch =
+            |name: &str, shape: &[usize]| -> Result<HostTensor> { Ok(HostTensor::new(shape, dense(name, shape)?)?) };
         // A projection stored in a packed type stays packed; its dense tensor holds the
         // dequantized values rounded to `dtype` (what the packed kernels multiply by).
         let fetch_packed = |name: &str, shape: &[usize]| -> Result<Option<PackedWeight>> {
@@ -248,37 +253,49 @@ impl HostModel {
                 let spec = config.layer(i)?;
                 let mut packed = std::collections::BTreeMap::new();
                 let mut w = HostLayerWeights::from_source(&spec, |name, shape| {
-                    let gguf = gguf_layer_name(name)
+                    let source = tensors::source(arch, i, name, spec.q_heads, spec.kv_heads)
                         .ok_or_else(|| Error::Checkpoint { tensor: name.into(), why: "has no GGUF name".into() })?;
-                    let gguf = format!("blk.{i}.{gguf}");
-                    let order = match name {
-                        "self_attn.q_proj.weight" | "self_attn.q_proj.bias" => {
-                            Some(unpermute_order(shape[0], spec.q_heads))
-                        }
-                        "self_attn.k_proj.weight" | "self_attn.k_proj.bias" => {
-                            Some(unpermute_order(shape[0], spec.kv_heads))
-                        }
-                        _ => None,
+                    let assembled = |data: Option<Vec<f32>>, from: &str| {
+                        let data = data.ok_or_else(|| Error::Checkpoint {
+                            tensor: from.to_string(),
+                            why: format!("does not make {name} {shape:?}"),
+                        })?;
+                        Ok::<_, Error>(HostTensor::new(shape, data)?)
                     };
-                    let p = if shape.len() == 2 { fetch_packed(&gguf, shape)? } else { None };
-                    let t = match p {
-                        Some(mut p) => {
-                            if let Some(order) = &order {
-                                p = p.permute_rows(order)?;
-                            }
-                            let t = HostTensor::new(shape, p.dequantize_to(dtype))?;
-                            packed.insert(name.to_string(), p);
-                            t
+                    match (source, shape) {
+                        (Source::ExpertsGateUp { gate, up }, &[e, h, two_i]) => {
+                            let inter = two_i / 2;
+                            let (g, u) = (dense(&gate, &[e, inter, h])?, dense(&up, &[e, inter, h])?);
+                            assembled(tensors::experts_gate_up(&g, &u, e, inter, h), &gate)
                         }
-                        None => {
-                            let t = fetch(&gguf, shape)?;
-                            match &order {
-                                Some(order) => permute_rows(&t, order)?,
-                                None => t,
+                        (Source::ExpertsDown { name: down }, &[e, inter, h]) => {
+                            assembled(tensors::experts_down(&dense(&down, &[e, h, inter])?, e, inter, h), &down)
+                        }
+                        (Source::Tensor { name: gguf, unpermute_heads }, _) => {
+                            let order = unpermute_heads.map(|heads| tensors::unpermute_order(shape[0], heads));
+                            let p = if shape.len() == 2 { fetch_packed(&gguf, shape)? } else { None };
+                            match p {
+                                Some(mut p) => {
+                                    if let Some(order) = &order {
+                                        p = p.permute_rows(order)?;
+                                    }
+                                    let t = HostTensor::new(shape, p.dequantize_to(dtype))?;
+                                    packed.insert(name.to_string(), p);
+                                    Ok(t)
+                                }
+                                None => {
+                                    let t = fetch(&gguf, shape)?;
+                                    match &order {
+                                        Some(order) => permute_rows(&t, order),
+                                        None => Ok(t),
+                                    }
+                                }
                             }
                         }
-                    };
-                    Ok::<_, Error>(t)
+                        (_, _) => {
+                            Err(Error::Checkpoint { tensor: name.into(), why: format!("unexpected shape {shape:?}") })
+                        }
+                    }
                 })?;
                 w.packed = packed;
                 Ok((spec, w))
@@ -306,129 +323,10 @@ fn read_json(path: &Path) -> Result<Value> {
         .map_err(|e| Error::Io { path: path.display().to_string(), why: format!("not JSON: {e}") })
 }
 
-/// The GGUF name of a layer tensor, from its Hugging Face name.
-fn gguf_layer_name(hf: &str) -> Option<String> {
-    let (module, kind) = hf.rsplit_once('.')?;
-    let base = match module {
-        "input_layernorm" => "attn_norm",
-        "self_attn.q_proj" => "attn_q",
-        "self_attn.k_proj" => "attn_k",
-        "self_attn.v_proj" => "attn_v",
-        "self_attn.o_proj" => "attn_output",
-        "post_attention_layernorm" => "ffn_norm",
-        "mlp.gate_proj" => "ffn_gate",
-        "mlp.up_proj" => "ffn_up",
-        "mlp.down_proj" => "ffn_down",
-        _ => return None,
-    };
-    Some(format!("{base}.{kind}"))
-}
-
-/// The row order that restores Hugging Face's layout in each of `heads` heads of a q or k
-/// projection of `rows` rows: row `a * head_dim / 2 + b` of a head comes from row `2 b + a`
-/// (result row `i` is source row `order[i]`).
-fn unpermute_order(rows: usize, heads: usize) -> Vec<usize> {
-    let head_dim = rows / heads.max(1);
-    let half = head_dim / 2;
-    let mut order: Vec<usize> = (0..rows).collect();
-    for h in 0..heads {
-        for a in 0..2 {
-            for b in 0..half {
-                order[h * head_dim + a * half + b] = h * head_dim + 2 * b + a;
-            }
-        }
-    }
-    order
-}
-
 /// `t` (a weight `[rows, in]` or a bias `[rows]`) with its rows reordered: row `i` is row
 /// `order[i]` of `t`.
 fn permute_rows(t: &HostTensor, order: &[usize]) -> Result<HostTensor> {
     let cols: usize = t.shape.iter().skip(1).product();
     let data = order.iter().flat_map(|&r| t.data[r * cols..(r + 1) * cols].iter().copied()).collect();
     Ok(HostTensor::new(&t.shape, data)?)
-}
-
-/// What a metadata value is, for an error message (never the whole value: a string or array
-/// may be as long as the file).
-fn describe(v: &GgufValue) -> String {
-    match v {
-        GgufValue::U64(x) => format!("the integer {x}"),
-        GgufValue::I64(x) => format!("the integer {x}"),
-        GgufValue::F64(x) => format!("the float {x}"),
-        GgufValue::Bool(b) => format!("the boolean {b}"),
-        GgufValue::Str(s) => format!("a string of {} bytes", s.len()),
-        GgufValue::Array(a) => format!("an array of {} values", a.len()),
-    }
-}
-
-/// The `config.json` equivalent of a GGUF file's `llama.*` metadata. An absent key takes
-/// transformers' default (`head_count_kv`: `head_count`; `layer_norm_rms_epsilon`: 1e-5;
-/// `rope.freq_base`: 10000); a key that is present but of the wrong type, or a float that is not
-/// positive and finite, is an [`Error::Config`] naming the key.
-fn gguf_config(file: &GgufFile) -> Result<Value> {
-    let m = file.metadata();
-    let arch = match m.get("general.architecture") {
-        Some(GgufValue::Str(s)) => s.as_str(),
-        Some(v) => {
-            return Err(Error::Config {
-                field: "general.architecture".into(),
-                why: format!("expected a string, found {}", describe(v)),
-            });
-        }
-        None => "",
-    };
-    if arch != "llama" {
-        return Err(Error::Unsupported { what: format!("GGUF architecture `{arch}` (supported: llama)") });
-    }
-    let key = |k: &str| format!("llama.{k}");
-    let wrong = |k: &str, want: &str, v: &GgufValue| Error::Config {
-        field: key(k),
-        why: format!("expected {want}, found {}", describe(v)),
-    };
-    let int = |k: &str| -> Result<Option<u64>> {
-        match m.get(&key(k)) {
-            None => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| wrong(k, "a non-negative integer", v)),
-        }
-    };
-    let num = |k: &str| -> Result<Option<f64>> {
-        match m.get(&key(k)) {
-            None => Ok(None),
-            Some(v) => match v.as_f64() {
-                Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
-                _ => Err(wrong(k, "a positive finite number", v)),
-            },
-        }
-    };
-    let need = |k: &str| int(k)?.ok_or_else(|| Error::Config { field: key(k), why: "missing".into() });
-    let heads = need("attention.head_count")?;
-    let mut c = json!({
-        "model_type": "llama",
-        "hidden_size": need("embedding_length")?,
-        "num_hidden_layers": need("block_count")?,
-        "intermediate_size": need("feed_forward_length")?,
-        "num_attention_heads": heads,
-        "num_key_value_heads": int("attention.head_count_kv")?.unwrap_or(heads),
-        "rms_norm_eps": num("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
-        "rope_theta": num("rope.freq_base")?.unwrap_or(10_000.0),
-    });
-    if let Some(d) = int("attention.key_length")? {
-        c["head_dim"] = json!(d);
-    }
-    match m.get(&key("rope.scaling.type")) {
-        None => {}
-        Some(GgufValue::Str(kind)) if kind == "none" => {}
-        Some(GgufValue::Str(kind)) => {
-            return Err(Error::Unsupported { what: format!("GGUF rope scaling `{kind}`") });
-        }
-        Some(v) => return Err(wrong("rope.scaling.type", "a string", v)),
-    }
-    if let (Some(rot), Some(hidden)) = (int("rope.dimension_count")?, int("embedding_length")?) {
-        let head_dim = int("attention.key_length")?.unwrap_or(hidden / heads.max(1));
-        if rot != head_dim {
-            return Err(Error::Unsupported { what: format!("GGUF partial rotary ({rot} of {head_dim} dims)") });
-        }
-    }
-    Ok(c)
 }

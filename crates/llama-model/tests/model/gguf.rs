@@ -13,27 +13,27 @@ use llama_model::formats::gguf::{GgmlType, GgufFile, GgufValue};
 /// A GGUF v3 writer for tests: metadata as (key, type id, encoded value), tensors as
 /// (name, GGUF-order dims, type id, data bytes).
 #[derive(Default)]
-struct Writer {
+pub(crate) struct Writer {
     kv: Vec<(String, u32, Vec<u8>)>,
     tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
 }
 
-fn gguf_str(s: &str) -> Vec<u8> {
+pub(crate) fn gguf_str(s: &str) -> Vec<u8> {
     let mut v = (s.len() as u64).to_le_bytes().to_vec();
     v.extend_from_slice(s.as_bytes());
     v
 }
 
 impl Writer {
-    fn kv(mut self, key: &str, ty: u32, value: Vec<u8>) -> Self {
+    pub(crate) fn kv(mut self, key: &str, ty: u32, value: Vec<u8>) -> Self {
         self.kv.push((key.into(), ty, value));
         self
     }
-    fn tensor(mut self, name: &str, dims: &[u64], ty: u32, data: Vec<u8>) -> Self {
+    pub(crate) fn tensor(mut self, name: &str, dims: &[u64], ty: u32, data: Vec<u8>) -> Self {
         self.tensors.push((name.into(), dims.to_vec(), ty, data));
         self
     }
-    fn bytes(&self) -> Vec<u8> {
+    pub(crate) fn bytes(&self) -> Vec<u8> {
         let mut out = b"GGUF".to_vec();
         out.extend_from_slice(&3u32.to_le_bytes());
         out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
@@ -66,7 +66,7 @@ impl Writer {
     }
 }
 
-fn write(name: &str, bytes: &[u8]) -> PathBuf {
+pub(crate) fn write(name: &str, bytes: &[u8]) -> PathBuf {
     let path = std::env::temp_dir().join(format!("llk-gguf-{name}-{}.gguf", std::process::id()));
     std::fs::write(&path, bytes).unwrap();
     path

@@ -51,7 +51,7 @@ fn model_path(fx: &Value, what: &str) -> Option<PathBuf> {
 }
 
 /// Standard base64 (with padding), as Python's `base64.b64encode` writes it.
-fn base64(text: &str) -> Vec<u8> {
+pub(crate) fn base64(text: &str) -> Vec<u8> {
     let value = |c: u8| match c {
         b'A'..=b'Z' => c - b'A',
         b'a'..=b'z' => c - b'a' + 26,
@@ -69,7 +69,7 @@ fn base64(text: &str) -> Vec<u8> {
     out
 }
 
-fn f32s(text: &str) -> Vec<f32> {
+pub(crate) fn f32s(text: &str) -> Vec<f32> {
     base64(text).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
@@ -153,7 +153,7 @@ fn the_prompt_ids_are_what_our_tokenizer_gives() {
 }
 
 /// KL(p || q) of the distributions of two logit vectors, in f64 from their log-softmax.
-fn kl(p_logits: &[f64], q_logits: &[f64]) -> f64 {
+pub(crate) fn kl(p_logits: &[f64], q_logits: &[f64]) -> f64 {
     let log_softmax = |x: &[f64]| {
         let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let lse = m + x.iter().map(|v| (v - m).exp()).sum::<f64>().ln();

@@ -6,6 +6,7 @@ mod block;
 #[path = "../../../llama-kernels/tests/kernels/common.rs"]
 mod common;
 mod gguf;
+mod gguf_arch;
 mod gguf_hf;
 mod hf_fixtures;
 mod hostile;
