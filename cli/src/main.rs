@@ -13,7 +13,8 @@
 //!   reply to stdout; stderr gets the prompt and generated token counts, the time to first
 //!   token and the decode speed.
 //! * `info` prints the target, the device, the PTX architecture, where the device code came
-//!   from and each kernel's registers and spills; `info --perf` the static performance report (a
+//!   from and each kernel's registers and spills; `info --model FILE` a GGUF file's
+//!   architecture, configuration, tensor types and how each runs (packed or dequantized); `info --perf` the static performance report (a
 //!   model of the sm_90 SASS on an H200: predictions, not measurements), `--json` the same as
 //!   one JSON document. A build with external device code (`LLK_DEVICE_CODE_LOCATION=external`)
 //!   reads it from `$LLK_DEVICE_CODE_DIR`; `info` names that folder and fails, saying why, when
@@ -176,6 +177,10 @@ struct GenerateArgs {
 
 #[derive(Args)]
 struct InfoArgs {
+    /// A GGUF file: print its architecture, configuration, the tensor types it holds and how
+    /// each runs (packed on the device or dequantized at load), without loading it.
+    #[arg(long, value_name = "FILE", conflicts_with = "perf")]
+    model: Option<PathBuf>,
     /// The static performance report (predictions of a model of the sm_90 SASS on an H200).
     #[arg(long)]
     perf: bool,
@@ -339,6 +344,13 @@ fn run_generate(args: &GenerateArgs) -> Result<(), String> {
 
 /// `info`: the device, the device code and each kernel's resources, or the performance report.
 fn run_info(args: &InfoArgs) -> Result<(), String> {
+    if let Some(path) = &args.model {
+        let file = llama_model::formats::gguf::GgufFile::open(path).map_err(|e| e.to_string())?;
+        let report = llama_model::model::gguf::plan::FileReport::of(&file).map_err(|e| e.to_string())?;
+        println!("model: {}", path.display());
+        print!("{report}");
+        return Ok(());
+    }
     if args.json {
         println!("{}", inspect::perf_json::report_json_text());
         return Ok(());

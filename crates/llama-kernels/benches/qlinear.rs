@@ -62,12 +62,15 @@ fn header(format: QuantFormat, rng: &mut Rng, scale: f64, h: &mut [u8]) {
     match format {
         QuantFormat::Q8_0 => h.copy_from_slice(&f16(rng, scale / 8.0)),
         QuantFormat::Q4_0 => h.copy_from_slice(&f16(rng, scale)),
-        QuantFormat::Q4_1 => {
-            h[..2].copy_from_slice(&f16(rng, scale));
+        QuantFormat::Q5_0 => h.copy_from_slice(&f16(rng, scale / 2.0)),
+        QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
+            let s = if format == QuantFormat::Q4_1 { scale } else { scale / 2.0 };
+            h[..2].copy_from_slice(&f16(rng, s));
             h[2..4].copy_from_slice(&(-half::f16::from_f64(8.0 * scale * rng.uniform())).to_le_bytes());
         }
-        QuantFormat::Q4_K => {
-            h[..2].copy_from_slice(&f16(rng, scale / 32.0));
+        QuantFormat::Q4_K | QuantFormat::Q5_K => {
+            let s = if format == QuantFormat::Q4_K { scale } else { scale / 2.0 };
+            h[..2].copy_from_slice(&f16(rng, s / 32.0));
             h[2..4].copy_from_slice(&f16(rng, scale / 4.0));
             common::random_bytes(rng, &mut h[4..16]);
         }

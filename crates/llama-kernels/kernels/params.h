@@ -565,8 +565,9 @@ typedef struct SampleParams {
 // LLK_QUANT_CHUNK consecutive elements of a row; a chunk's values sit in the `qs` plane
 // (4-bit formats: 16 bytes, byte i = element i in the low nibble and element i + 16 in the high
 // nibble; Q8_0: 32 signed bytes), Q6_K's top two bits in the `qh` plane (8 bytes per chunk, byte i
-// = elements i, i + 8, i + 16, i + 24 in bits 0-1, 2-3, 4-5, 6-7), and each block's header (its
-// scales, as the format stores them) in the `meta` plane.
+// = elements i, i + 8, i + 16, i + 24 in bits 0-1, 2-3, 4-5, 6-7), the 5-bit formats' fifth bits
+// in the `qh` plane too (4 bytes per chunk, a little-endian word whose bit i is element i's), and
+// each block's header (its scales, as the format stores them) in the `meta` plane.
 typedef enum LlkQuantFormat {
   LLK_QUANT_Q8_0 = 0,  // blocks of 32: meta f16 d; w = q * d
   LLK_QUANT_Q4_0 = 1,  // blocks of 32: meta f16 d; w = (q - 8) * d
@@ -574,6 +575,9 @@ typedef enum LlkQuantFormat {
   LLK_QUANT_Q4_K = 3,  // super-blocks of 256: meta f16 d, f16 dmin, 12 bytes of 6-bit scales/mins
   LLK_QUANT_Q6_K = 4,  // super-blocks of 256: meta 16 i8 scales, f16 d; w = (d * sc) * (q - 32)
   LLK_QUANT_NF4 = 5,   // blocks of `block` (a power of two >= 32): meta f32 absmax; w = code[q] * absmax
+  LLK_QUANT_Q5_0 = 6,  // blocks of 32: meta f16 d; w = (q - 16) * d, q's fifth bit in qh
+  LLK_QUANT_Q5_1 = 7,  // blocks of 32: meta f16 d, f16 m; w = q * d + m, q's fifth bit in qh
+  LLK_QUANT_Q5_K = 8,  // super-blocks of 256: meta as Q4_K; w = (d * sc) * q - (dmin * mn), fifth bit in qh
 } LlkQuantFormat;
 
 #define LLK_QUANT_CHUNK 32

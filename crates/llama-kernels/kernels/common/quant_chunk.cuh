@@ -4,9 +4,10 @@
 // issue the loads of its next chunks before the math of this one.
 //
 // Formats (params.h LlkQuantFormat; the layout and the f32 reference are src/spec/quant.rs):
-// GGUF's Q8_0, Q4_0, Q4_1, Q4_K and Q6_K, and bitsandbytes' NF4. Each is read in chunks of 32
-// consecutive elements of one weight row. The quantized values of a chunk are one or two 16-byte
-// vectors of the `qs` plane (Q6_K adds 8 bytes of the `qh` plane); its block header (scales,
+// GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K, and bitsandbytes' NF4. Each is read in
+// chunks of 32 consecutive elements of one weight row. The quantized values of a chunk are one or
+// two 16-byte vectors of the `qs` plane (Q6_K adds 8 bytes of the `qh` plane, the 5-bit formats 4
+// bytes of fifth bits); its block header (scales,
 // minimums, absmax) is an entry of the `meta` plane, as the format stores it. Dequantization is
 // the reference formula with each product and sum rounded as written (__fmul_rn / __fadd_rn: no
 // contraction into an fma, except the two fmas of Q4_0 and Q4_1 whose product is exact, see
@@ -34,7 +35,18 @@
   M(X, q4_1, LLK_QUANT_Q4_1)                                                                \
   M(X, q4_k, LLK_QUANT_Q4_K)                                                                \
   M(X, q6_k, LLK_QUANT_Q6_K)                                                                \
-  M(X, nf4, LLK_QUANT_NF4)
+  M(X, nf4, LLK_QUANT_NF4)                                                                  \
+  M(X, q5_0, LLK_QUANT_Q5_0)                                                                \
+  M(X, q5_1, LLK_QUANT_Q5_1)                                                                \
+  M(X, q5_k, LLK_QUANT_Q5_K)
+
+// The 5-bit formats: the 4-bit formats' values plus a fifth bit per element in the qh plane.
+template <LlkQuantFormat F>
+constexpr bool kFifthBit = F == LLK_QUANT_Q5_0 || F == LLK_QUANT_Q5_1 || F == LLK_QUANT_Q5_K;
+// The formats whose header is Q4_K's (d, dmin, 12 bytes of 6-bit scales and minimums) and whose
+// blocks are super-blocks of 256.
+template <LlkQuantFormat F>
+constexpr bool kQ4KHeader = F == LLK_QUANT_Q4_K || F == LLK_QUANT_Q5_K;
 
 namespace llk::quant {
 
@@ -45,11 +57,11 @@ constexpr int kChunk = LLK_QUANT_CHUNK;
 // Registers, so every field is a full word (narrower fields would cost byte inserts).
 struct RawChunk {
   uint4 q[2];
-  uint2 qh;
-  uint32_t h0, h1;      // f16 bits: Q8_0, Q4_0, Q6_K: d; Q4_1: d, m; Q4_K: d, dmin
-  uint32_t b0, b1, b2;  // Q4_K: scale bytes s[j], s[j + 4], s[j - 4] of sub-block j; Q6_K: the
-                        // scales of the chunk's two 16-element groups
-  int sub;              // Q4_K: the sub-block j (from the chunk's position, not from memory)
+  uint2 qh;             // Q6_K: the top bits; the 5-bit formats: their fifth bits in qh.x
+  uint32_t h0, h1;      // f16 bits: Q8_0, Q4_0, Q5_0, Q6_K: d; Q4_1, Q5_1: d, m; Q4_K, Q5_K: d, dmin
+  uint32_t b0, b1, b2;  // Q4_K, Q5_K: scale bytes s[j], s[j + 4], s[j - 4] of sub-block j; Q6_K:
+                        // the scales of the chunk's two 16-element groups
+  int sub;              // Q4_K, Q5_K: the sub-block j (from the chunk's position, not from memory)
   float absmax;         // NF4
 };
 
@@ -80,17 +92,18 @@ __device__ __forceinline__ void load_chunk(const QLinearParams& p, const RowPlan
   const uint8_t* meta = r.meta;
   const int64_t first = chunk * kChunk;  // the chunk's first element within the row
   // Every format's block but NF4's is fixed (32 or 256, QuantLayout::new checks it).
-  constexpr int kShift = F == LLK_QUANT_Q4_K || F == LLK_QUANT_Q6_K ? 8 : F == LLK_QUANT_NF4 ? -1 : 5;
+  constexpr int kShift = kQ4KHeader<F> || F == LLK_QUANT_Q6_K ? 8 : F == LLK_QUANT_NF4 ? -1 : 5;
   const int64_t blk = first >> (kShift >= 0 ? kShift : p.block_shift);
   constexpr int kQsBytes = F == LLK_QUANT_Q8_0 ? 32 : 16;
   const uint8_t* qs = r.qs + chunk * kQsBytes;
   c.q[0] = __ldg(reinterpret_cast<const uint4*>(qs));
   if constexpr (F == LLK_QUANT_Q8_0) c.q[1] = __ldg(reinterpret_cast<const uint4*>(qs + 16));
-  if constexpr (F == LLK_QUANT_Q8_0 || F == LLK_QUANT_Q4_0) {
+  if constexpr (kFifthBit<F>) c.qh.x = __ldg(reinterpret_cast<const uint32_t*>(r.qh + chunk * 4));
+  if constexpr (F == LLK_QUANT_Q8_0 || F == LLK_QUANT_Q4_0 || F == LLK_QUANT_Q5_0) {
     c.h0 = ld_u16(meta + blk * 2);
-  } else if constexpr (F == LLK_QUANT_Q4_1) {
+  } else if constexpr (F == LLK_QUANT_Q4_1 || F == LLK_QUANT_Q5_1) {
     c.h0 = ld_u16(meta + blk * 4), c.h1 = ld_u16(meta + blk * 4 + 2);
-  } else if constexpr (F == LLK_QUANT_Q4_K) {
+  } else if constexpr (kQ4KHeader<F>) {
     // The 16-byte header in one load (rows are 16-byte aligned): d, dmin, then scales[12] in
     // words y, z, w. Sub-block j uses bytes j and j + 4 of the scales, and for j >= 4 also j - 4:
     // byte j % 4 of words (y, z), or (z, w) and y.
@@ -117,14 +130,22 @@ __device__ __forceinline__ void load_chunk(const QLinearParams& p, int64_t row, 
   load_chunk<F>(p, row_planes(p, row), chunk, c);
 }
 
+// Bits 0-3 of `x` moved to bit 4 of bytes 0-3 (the fifth bits of four 5-bit values, one per
+// byte): x * 0x00204081 puts bit b at b, b + 7, b + 14 and b + 21, all distinct positions, so no
+// carries; bit 8b holds bit b, masked out and shifted up by 4. One multiply, two logic ops.
+__device__ __forceinline__ uint32_t fifth_bits(uint32_t x) { return ((x & 0xfu) * 0x00204081u & 0x01010101u) << 4; }
+
 // Element i of a 4-bit chunk is the low nibble of byte i, element i + 16 the high one, as V (int
 // or float). Each word is masked once per half (0x0f0f0f0f), so a value costs one byte extract.
-template <class V>
-__device__ __forceinline__ void nibbles(const uint4 raw, V (&q)[kChunk]) {
+// FIFTH: the 5-bit formats, whose element i has its fifth bit in bit i of `qh`, merged into the
+// bytes four at a time before the extracts.
+template <bool FIFTH = false, class V>
+__device__ __forceinline__ void nibbles(const uint4 raw, V (&q)[kChunk], uint32_t qh = 0) {
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint32_t lo = words[j] & 0x0f0f0f0fu, hi = (words[j] >> 4) & 0x0f0f0f0fu;
+    uint32_t lo = words[j] & 0x0f0f0f0fu, hi = (words[j] >> 4) & 0x0f0f0f0fu;
+    if constexpr (FIFTH) lo |= fifth_bits(qh >> (4 * j)), hi |= fifth_bits(qh >> (16 + 4 * j));
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       q[4 * j + b] = V((lo >> (8 * b)) & 0xffu);
@@ -204,22 +225,24 @@ __device__ __forceinline__ void decode_chunk(const float* code, const RawChunk& 
       }
     }
   } else {
-    // The nibble formats: Q4_0, Q4_1, Q4_K multiply the value as f32; NF4 looks it up.
+    // The nibble formats: Q4_0, Q4_1, Q4_K and the 5-bit ones multiply the value as f32; NF4
+    // looks it up.
     using V = std::conditional_t<F == LLK_QUANT_NF4, int, float>;
     V q[kChunk];
-    nibbles(c.q[0], q);
-    // Q4_0 and Q4_1 in one fma each, with the reference's rounding: q * d is exact in f32 (a 4-bit
-    // integer times an f16), and so is 8 d, so fma(q, d, -8 d) rounds (q - 8) d once, as
-    // (q - 8) * d does, and fma(q, d, m) rounds q d + m once, as q * d + m does.
-    if constexpr (F == LLK_QUANT_Q4_0) {
-      const float d = f16_bits(c.h0), off = -8.f * d;
+    nibbles<kFifthBit<F>>(c.q[0], q, c.qh.x);
+    // Q4_0, Q5_0, Q4_1 and Q5_1 in one fma each, with the reference's rounding: q * d is exact in
+    // f32 (a 4- or 5-bit integer times an f16), and so is 8 d or 16 d, so fma(q, d, -8 d) rounds
+    // (q - 8) d once, as (q - 8) * d does (exact, in fact), and fma(q, d, m) rounds q d + m once,
+    // as q * d + m does.
+    if constexpr (F == LLK_QUANT_Q4_0 || F == LLK_QUANT_Q5_0) {
+      const float d = f16_bits(c.h0), off = (F == LLK_QUANT_Q4_0 ? -8.f : -16.f) * d;
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) w[i] = fmaf(q[i], d, off);
-    } else if constexpr (F == LLK_QUANT_Q4_1) {
+    } else if constexpr (F == LLK_QUANT_Q4_1 || F == LLK_QUANT_Q5_1) {
       const float d = f16_bits(c.h0), m = f16_bits(c.h1);
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) w[i] = fmaf(q[i], d, m);
-    } else if constexpr (F == LLK_QUANT_Q4_K) {
+    } else if constexpr (kQ4KHeader<F>) {
       float d1, m1;
       q4k_scale_min(c, d1, m1);
 #pragma unroll

@@ -30,7 +30,7 @@ macro_rules! packed {
 /// The lookups from a packed table, by (format, output dtype).
 pub static PACKED: KernelTable<(QuantFormat, DType)> = KernelTable {
     module: "embedding",
-    entries: packed!(Q8_0 "q8_0", Q4_0 "q4_0", Q4_1 "q4_1", Q4_K "q4_k", Q6_K "q6_k", NF4 "nf4"),
+    entries: packed!(Q8_0 "q8_0", Q4_0 "q4_0", Q4_1 "q4_1", Q4_K "q4_k", Q6_K "q6_k", NF4 "nf4", Q5_0 "q5_0", Q5_1 "q5_1", Q5_K "q5_k"),
 };
 
 /// The symbols of this family, for static checks.

@@ -33,7 +33,7 @@ macro_rules! rows {
 /// Every kernel, by (kernel, format, activation dtype).
 pub static KERNELS: KernelTable<(QKernel, QuantFormat, DType)> = KernelTable {
     module: "qlinear",
-    entries: rows!(Q8_0 "q8_0", Q4_0 "q4_0", Q4_1 "q4_1", Q4_K "q4_k", Q6_K "q6_k", NF4 "nf4"),
+    entries: rows!(Q8_0 "q8_0", Q4_0 "q4_0", Q4_1 "q4_1", Q4_K "q4_k", Q6_K "q6_k", NF4 "nf4", Q5_0 "q5_0", Q5_1 "q5_1", Q5_K "q5_k"),
 };
 
 /// The tensor-core GEMV of decode, by (format, activation dtype): the 4- and 6-bit formats; bf16

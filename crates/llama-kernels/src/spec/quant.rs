@@ -1,4 +1,5 @@
-//! Packed weight formats: GGUF's Q8_0, Q4_0, Q4_1, Q4_K and Q6_K, and bitsandbytes' NF4, in the
+//! Packed weight formats: GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K, and
+//! bitsandbytes' NF4, in the
 //! one layout the kernels read ([`QuantLayout`]), with the f32 dequantization that defines them
 //! ([`PackedWeight::dequantize`]).
 //!
@@ -8,25 +9,30 @@
 //! `LLK_QUANT_CHUNK` (32) consecutive elements of a row. Three planes, each row-major with
 //! rows padded to 16 bytes, one after the other in one buffer:
 //!
-//! - `qs`: the values. 4-bit formats: 16 bytes per chunk, byte `i` holding element `i` in its low
-//!   nibble and element `i + 16` in its high nibble (GGUF's Q4_0 order; Q4_K, Q6_K and NF4 are
-//!   reordered into it at packing). Q8_0: 32 signed bytes per chunk.
-//! - `qh` (Q6_K only): the top two bits of each 6-bit value, 8 bytes per chunk, byte `i` holding
-//!   elements `i`, `i + 8`, `i + 16` and `i + 24` in bits 0-1, 2-3, 4-5 and 6-7.
+//! - `qs`: the values. 4-, 5- and 6-bit formats: 16 bytes per chunk, byte `i` holding the low 4
+//!   bits of element `i` in its low nibble and of element `i + 16` in its high nibble (GGUF's
+//!   Q4_0 order; Q4_K, Q5_K, Q6_K and NF4 are reordered into it at packing). Q8_0: 32 signed
+//!   bytes per chunk.
+//! - `qh`: Q6_K's top two bits of each 6-bit value, 8 bytes per chunk, byte `i` holding
+//!   elements `i`, `i + 8`, `i + 16` and `i + 24` in bits 0-1, 2-3, 4-5 and 6-7; the 5-bit
+//!   formats' fifth bits, 4 bytes per chunk, a little-endian word whose bit `i` is element `i`'s
+//!   (GGUF's Q5_0 `qh` word as stored; Q5_K's reordered into it).
 //! - `meta`: one header per block, the bytes the format stores: Q8_0 and Q4_0 an f16 scale `d`;
-//!   Q4_1 `d` and the minimum `m` (f16); Q4_K `d`, `dmin` (f16) and 12 bytes of 6-bit sub-block
-//!   scales and minimums; Q6_K 16 signed sub-block scales and `d` (f16); NF4 the block's absmax
-//!   (f32).
+//!   Q4_1 `d` and the minimum `m` (f16); Q5_0 as Q4_0, Q5_1 as Q4_1; Q4_K and Q5_K `d`, `dmin`
+//!   (f16) and 12 bytes of 6-bit sub-block scales and minimums; Q6_K 16 signed sub-block scales
+//!   and `d` (f16); NF4 the block's absmax (f32).
 //!
-//! So the bytes are the format's own (4.5 bits per weight for Q4_0, 4.5 for Q4_K, 6.5625 for Q6_K,
-//! 8.5 for Q8_0, 4.5 for NF4 with f32 absmax and blocks of 64), plus row padding.
+//! So the bytes are the format's own (4.5 bits per weight for Q4_0, 5.5 for Q5_0, 6 for Q5_1,
+//! 4.5 for Q4_K, 5.5 for Q5_K, 6.5625 for Q6_K, 8.5 for Q8_0, 4.5 for NF4 with f32 absmax and
+//! blocks of 64), plus row padding.
 //!
 //! # Dequantization
 //!
 //! Each formula is evaluated in f32 with every product and sum rounded as written, the order
 //! llama.cpp's `dequantize_row_*` (and the `gguf` package) and bitsandbytes' `dequantize_4bit`
-//! use, so the values are theirs bit for bit: Q8_0 `q * d`; Q4_0 `(q - 8) * d`; Q4_1
-//! `q * d + m`; Q4_K `(d * sc) * q - (dmin * mn)` per 32-element sub-block; Q6_K
+//! use, so the values are theirs bit for bit: Q8_0 `q * d`; Q4_0 `(q - 8) * d`; Q5_0
+//! `(q - 16) * d`; Q4_1 and Q5_1 `q * d + m`; Q4_K and Q5_K `(d * sc) * q - (dmin * mn)` per
+//! 32-element sub-block; Q6_K
 //! `(d * sc) * (q - 32)` per 16-element group; NF4 `code[q] * absmax`. A double-quantized NF4
 //! absmax (bitsandbytes' `nested_absmax`) is resolved to its f32 value at packing, with the same
 //! operations bitsandbytes uses ([`resolve_nested_absmax`](super::quant_nf4::resolve_nested_absmax)).
@@ -73,17 +79,26 @@ pub enum QuantFormat {
     Q6_K,
     /// bitsandbytes NF4: blocks (64 by default) of 4-bit codes and an absmax.
     NF4,
+    /// GGUF Q5_0: blocks of 32 5-bit values offset by 16 and an f16 scale.
+    Q5_0,
+    /// GGUF Q5_1: blocks of 32 5-bit values, an f16 scale and an f16 minimum.
+    Q5_1,
+    /// GGUF Q5_K: super-blocks of 256 5-bit values with 6-bit scales and minimums per 32.
+    Q5_K,
 }
 
 impl QuantFormat {
     /// Every format.
-    pub const ALL: [QuantFormat; 6] = [
+    pub const ALL: [QuantFormat; 9] = [
         QuantFormat::Q8_0,
         QuantFormat::Q4_0,
         QuantFormat::Q4_1,
         QuantFormat::Q4_K,
         QuantFormat::Q6_K,
         QuantFormat::NF4,
+        QuantFormat::Q5_0,
+        QuantFormat::Q5_1,
+        QuantFormat::Q5_K,
     ];
     /// The short name used in kernel symbols (`qgemv_q4_k_bf16`).
     pub const fn name(self) -> &'static str {
@@ -94,13 +109,16 @@ impl QuantFormat {
             QuantFormat::Q4_K => "q4_k",
             QuantFormat::Q6_K => "q6_k",
             QuantFormat::NF4 => "nf4",
+            QuantFormat::Q5_0 => "q5_0",
+            QuantFormat::Q5_1 => "q5_1",
+            QuantFormat::Q5_K => "q5_k",
         }
     }
     /// The block size of the GGUF formats (elements per header); NF4's is chosen per weight
     /// (64 by default, see [`QuantLayout::new`]).
     pub const fn default_block(self) -> usize {
         match self {
-            QuantFormat::Q4_K | QuantFormat::Q6_K => 256,
+            QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => 256,
             QuantFormat::NF4 => 64,
             _ => 32,
         }
@@ -108,9 +126,9 @@ impl QuantFormat {
     /// Bytes of one block header in the `meta` plane.
     pub const fn meta_bytes(self) -> usize {
         match self {
-            QuantFormat::Q8_0 | QuantFormat::Q4_0 => 2,
-            QuantFormat::Q4_1 | QuantFormat::NF4 => 4,
-            QuantFormat::Q4_K => 16,
+            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => 2,
+            QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::NF4 => 4,
+            QuantFormat::Q4_K | QuantFormat::Q5_K => 16,
             QuantFormat::Q6_K => 18,
         }
     }
@@ -123,12 +141,23 @@ impl QuantFormat {
             QuantFormat::Q4_1 => Some(20),
             QuantFormat::Q4_K => Some(144),
             QuantFormat::Q6_K => Some(210),
+            QuantFormat::Q5_0 => Some(22),
+            QuantFormat::Q5_1 => Some(24),
+            QuantFormat::Q5_K => Some(176),
             QuantFormat::NF4 => None,
         }
     }
     /// Bytes of one chunk in the `qs` plane.
     const fn qs_chunk_bytes(self) -> usize {
         if matches!(self, QuantFormat::Q8_0) { CHUNK } else { CHUNK / 2 }
+    }
+    /// Bytes of one chunk in the `qh` plane: Q6_K's top two bits, the 5-bit formats' fifth.
+    const fn qh_chunk_bytes(self) -> usize {
+        match self {
+            QuantFormat::Q6_K => 8,
+            QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q5_K => 4,
+            _ => 0,
+        }
     }
     /// The params enum.
     pub(crate) const fn ffi(self) -> LlkQuantFormat {
@@ -139,6 +168,9 @@ impl QuantFormat {
             QuantFormat::Q4_K => LlkQuantFormat::LLK_QUANT_Q4_K,
             QuantFormat::Q6_K => LlkQuantFormat::LLK_QUANT_Q6_K,
             QuantFormat::NF4 => LlkQuantFormat::LLK_QUANT_NF4,
+            QuantFormat::Q5_0 => LlkQuantFormat::LLK_QUANT_Q5_0,
+            QuantFormat::Q5_1 => LlkQuantFormat::LLK_QUANT_Q5_1,
+            QuantFormat::Q5_K => LlkQuantFormat::LLK_QUANT_Q5_K,
         }
     }
 }
@@ -221,9 +253,9 @@ impl QuantLayout {
     pub fn qs_row_bytes(&self) -> usize {
         pad16(self.cols / CHUNK * self.format.qs_chunk_bytes())
     }
-    /// Bytes per row of the `qh` plane (0 unless Q6_K).
+    /// Bytes per row of the `qh` plane (0 unless Q6_K or a 5-bit format).
     pub fn qh_row_bytes(&self) -> usize {
-        if self.format == QuantFormat::Q6_K { pad16(self.cols / CHUNK * 8) } else { 0 }
+        pad16(self.cols / CHUNK * self.format.qh_chunk_bytes())
     }
     /// Bytes per row of the `meta` plane.
     pub fn meta_row_bytes(&self) -> usize {
@@ -367,6 +399,29 @@ impl PackedWeight {
                         meta.copy_from_slice(&b[..mb]);
                         w.bytes[qs0 + r * qsr + first * 16..][..16].copy_from_slice(&b[mb..mb + 16]);
                     }
+                    QuantFormat::Q5_0 | QuantFormat::Q5_1 => {
+                        // d (and m), then qh (u32: bit i = element i's fifth bit), then qs.
+                        meta.copy_from_slice(&b[..mb]);
+                        w.bytes[qh0 + r * qhr + first * 4..][..4].copy_from_slice(&b[mb..mb + 4]);
+                        w.bytes[qs0 + r * qsr + first * 16..][..16].copy_from_slice(&b[mb + 4..mb + 20]);
+                    }
+                    QuantFormat::Q5_K => {
+                        // d, dmin, scales[12], qh[32], qs[128]: sub-block j's element l has its
+                        // low bits in qs[(j / 2) * 32 + l] (low nibble for even j) and its fifth
+                        // in bit j of qh[l].
+                        meta.copy_from_slice(&b[..16]);
+                        for j in 0..8 {
+                            let mut q = [0u8; CHUNK];
+                            let mut fifth = 0u32;
+                            for (l, v) in q.iter_mut().enumerate() {
+                                let byte = b[48 + (j / 2) * 32 + l];
+                                *v = if j % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+                                fifth |= u32::from((b[16 + l] >> j) & 1) << l;
+                            }
+                            pack_nibbles(&q, &mut w.bytes[qs0 + r * qsr + (first + j) * 16..][..16]);
+                            w.bytes[qh0 + r * qhr + (first + j) * 4..][..4].copy_from_slice(&fifth.to_le_bytes());
+                        }
+                    }
                     QuantFormat::Q4_K => {
                         meta.copy_from_slice(&b[..16]);
                         // qs[(j / 2) * 32 + l]: sub-block j's element l, low nibble for even j.
@@ -379,8 +434,9 @@ impl PackedWeight {
                             pack_nibbles(&q, &mut w.bytes[qs0 + r * qsr + (first + j) * 16..][..16]);
                         }
                     }
-                    _ => {
-                        // Q6_K: ql[128], qh[64], scales[16], d; element e = 128 h + 32 c + l.
+                    QuantFormat::Q6_K | QuantFormat::NF4 => {
+                        // Q6_K (NF4 has no GGUF blocks: refused above): ql[128], qh[64],
+                        // scales[16], d; element e = 128 h + 32 c + l.
                         meta[..16].copy_from_slice(&b[192..208]);
                         meta[16..].copy_from_slice(&b[208..210]);
                         for chunk in 0..8 {
@@ -490,17 +546,31 @@ impl PackedWeight {
             return w;
         }
         let qs = &self.bytes[qs0 + r * l.qs_row_bytes() + c * 16..][..16];
-        let q = |i: usize| if i < 16 { qs[i] & 0x0f } else { qs[i - 16] >> 4 };
+        let fifth = match l.format {
+            QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q5_K => {
+                let h = &self.bytes[qh0 + r * l.qh_row_bytes() + c * 4..][..4];
+                u32::from_le_bytes([h[0], h[1], h[2], h[3]])
+            }
+            _ => 0,
+        };
+        let q = |i: usize| {
+            let low = if i < 16 { qs[i] & 0x0f } else { qs[i - 16] >> 4 };
+            low | (((fifth >> i) & 1) as u8) << 4
+        };
         match l.format {
+            QuantFormat::Q5_0 => {
+                let d = f16_at(meta, blk * 2);
+                w.iter_mut().enumerate().for_each(|(i, v)| *v = (i32::from(q(i)) - 16) as f32 * d);
+            }
+            QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
+                let (d, m) = (f16_at(meta, blk * 4), f16_at(meta, blk * 4 + 2));
+                w.iter_mut().enumerate().for_each(|(i, v)| *v = f32::from(q(i)) * d + m);
+            }
             QuantFormat::Q4_0 => {
                 let d = f16_at(meta, blk * 2);
                 w.iter_mut().enumerate().for_each(|(i, v)| *v = (f32::from(q(i)) - 8.0) * d);
             }
-            QuantFormat::Q4_1 => {
-                let (d, m) = (f16_at(meta, blk * 4), f16_at(meta, blk * 4 + 2));
-                w.iter_mut().enumerate().for_each(|(i, v)| *v = f32::from(q(i)) * d + m);
-            }
-            QuantFormat::Q4_K => {
+            QuantFormat::Q4_K | QuantFormat::Q5_K => {
                 let e = &meta[blk * 16..][..16];
                 let (sc, mn) = scale_min_k4((first % 256) / CHUNK, &e[4..]);
                 let (d1, m1) = (f16_at(e, 0) * f32::from(sc), f16_at(e, 2) * f32::from(mn));

@@ -183,22 +183,15 @@ impl HostLayerWeights {
         Ok(())
     }
 
-    /// The linear projections a packed format may hold (q, k, v, o and, for a dense
-    /// feed-forward, gate, up and down), by Hugging Face name, writable.
+    /// The linear projections a packed format may hold ([`packable_projections`]), by Hugging
+    /// Face name, writable.
     pub fn projections_mut(&mut self, spec: &LayerSpec) -> Vec<(String, &mut HostTensor)> {
-        let mut v: Vec<(String, &mut HostTensor)> = vec![
-            ("self_attn.q_proj.weight".into(), &mut self.q_proj),
-            ("self_attn.k_proj.weight".into(), &mut self.k_proj),
-            ("self_attn.v_proj.weight".into(), &mut self.v_proj),
-            ("self_attn.o_proj.weight".into(), &mut self.o_proj),
-        ];
-        let mlp = ffn_prefix(spec);
+        let mut tensors: Vec<&mut HostTensor> =
+            vec![&mut self.q_proj, &mut self.k_proj, &mut self.v_proj, &mut self.o_proj];
         if let HostFfn::Dense { gate, up, down, .. } = &mut self.ffn {
-            v.push((format!("{mlp}.gate_proj.weight"), gate));
-            v.push((format!("{mlp}.up_proj.weight"), up));
-            v.push((format!("{mlp}.down_proj.weight"), down));
+            tensors.extend([gate, up, down]);
         }
-        v
+        packable_projections(spec).into_iter().zip(tensors).collect()
     }
 
     /// Every tensor under its Hugging Face name, relative to the layer prefix
@@ -248,6 +241,18 @@ pub fn ffn_prefix(spec: &LayerSpec) -> &'static str {
         ModelKind::Llama => "mlp",
         ModelKind::Llama4 => "feed_forward",
     }
+}
+
+/// The projections of a layer of `spec` that the device runs from a packed weight when one is
+/// given ([`HostLayerWeights::packed`]): q, k, v, o and, for a dense feed-forward, gate, up and
+/// down, by Hugging Face name. The MoE feed-forward (router, experts, shared expert) runs dense.
+pub fn packable_projections(spec: &LayerSpec) -> Vec<String> {
+    let mut v: Vec<String> = ["q", "k", "v", "o"].iter().map(|p| format!("self_attn.{p}_proj.weight")).collect();
+    if let FfnSpec::Dense { .. } = spec.ffn {
+        let mlp = ffn_prefix(spec);
+        v.extend(["gate", "up", "down"].iter().map(|p| format!("{mlp}.{p}_proj.weight")));
+    }
+    v
 }
 
 /// The shape every weight of `spec` must have, by Hugging Face name (relative to the layer).

@@ -205,7 +205,10 @@ impl GgmlType {
             GgmlType::Q8_0 => QuantFormat::Q8_0,
             GgmlType::Q4_0 => QuantFormat::Q4_0,
             GgmlType::Q4_1 => QuantFormat::Q4_1,
+            GgmlType::Q5_0 => QuantFormat::Q5_0,
+            GgmlType::Q5_1 => QuantFormat::Q5_1,
             GgmlType::Q4_K => QuantFormat::Q4_K,
+            GgmlType::Q5_K => QuantFormat::Q5_K,
             GgmlType::Q6_K => QuantFormat::Q6_K,
             _ => return None,
         })
@@ -486,7 +489,10 @@ impl GgufFile {
         let t = self.tensor(name)?;
         let format = t.dtype.quant_format().ok_or_else(|| Error::Checkpoint {
             tensor: name.to_string(),
-            why: format!("type {} is not kept packed (packed: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)", t.dtype.name()),
+            why: format!(
+                "type {} is not kept packed (packed: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
+                t.dtype.name()
+            ),
         })?;
         let cols = t.shape.last().copied().unwrap_or(0);
         let rows = t.shape.iter().rev().skip(1).product::<usize>();

@@ -27,7 +27,7 @@ use crate::formats::files::{MAX_CONFIG_BYTES, read_bounded_text};
 use crate::formats::gguf::GgufFile;
 use llama_kernels::dtype::{DType, round_to};
 use llama_kernels::spec::quant::PackedWeight;
-use llama_kernels::spec::weights::{HostLayerWeights, HostTensor};
+use llama_kernels::spec::weights::{HostLayerWeights, HostTensor, packable_projections};
 
 /// Largest vocabulary a model may have (token ids are i32; Llama 3 has 128 256, Gemma 262 144).
 pub const MAX_VOCAB: usize = 1 << 20;
@@ -251,6 +251,7 @@ impl HostModel {
         let layers = (0..config.num_layers())
             .map(|i| {
                 let spec = config.layer(i)?;
+                let packable = packable_projections(&spec);
                 let mut packed = std::collections::BTreeMap::new();
                 let mut w = HostLayerWeights::from_source(&spec, |name, shape| {
                     let source = tensors::source(arch, i, name, spec.q_heads, spec.kv_heads)
@@ -273,7 +274,7 @@ impl HostModel {
                         }
                         (Source::Tensor { name: gguf, unpermute_heads }, _) => {
                             let order = unpermute_heads.map(|heads| tensors::unpermute_order(shape[0], heads));
-                            let p = if shape.len() == 2 { fetch_packed(&gguf, shape)? } else { None };
+                            let p = if packable.iter().any(|p| p == name) { fetch_packed(&gguf, shape)? } else { None };
                             match p {
                                 Some(mut p) => {
                                     if let Some(order) = &order {

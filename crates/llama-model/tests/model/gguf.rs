@@ -340,13 +340,23 @@ fn quantized_types_decode_like_the_gguf_package() {
     }
     let path = write("quants", &w.bytes());
     let g = GgufFile::open(&path).unwrap();
+    let mut packed_types = 0;
     for (name, want) in expected {
         assert_eq!(g.tensor(name).unwrap().shape, vec![4, 256]);
         assert_eq!(g.tensor(name).unwrap().dtype.name(), name);
         let got = g.dequantize(name).unwrap();
         let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         assert_eq!((got.len(), differ), (1024, 0), "{name}: {differ} values differ from the gguf package");
+        // The types kept packed: repacked into the kernels' layout, the specification the
+        // kernels are checked against dequantizes to the same values.
+        if g.tensor(name).unwrap().dtype.quant_format().is_some() {
+            let packed = g.packed(name).unwrap().dequantize();
+            let differ = packed.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!((packed.len(), differ), (1024, 0), "{name} packed: {differ} values differ");
+            packed_types += 1;
+        }
     }
+    assert_eq!(packed_types, 5, "Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 are kept packed");
     let _ = std::fs::remove_file(path);
 }
 

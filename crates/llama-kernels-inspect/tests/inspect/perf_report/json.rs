@@ -101,18 +101,19 @@ fn the_json_report_has_the_packed_kernels() {
     let v: serde_json::Value = serde_json::from_str(&report_json_text()).expect("the JSON report parses");
     let p = &v["packed"];
     let gemv = p["gemv"].as_array().expect("gemv");
-    assert_eq!(gemv.len(), 6 * 4 * 2);
+    let formats = llama_kernels::spec::quant::QuantFormat::ALL.len();
+    assert_eq!(gemv.len(), formats * 4 * 2);
     for g in gemv {
         assert!(g.get("error").is_none(), "{g}");
         let f = g["steady_fraction_of_copy"].as_f64().expect("steady fraction");
         assert!(f.is_finite() && f > 0.0 && f <= 1.0, "{g}");
     }
     let gemm = p["gemm"].as_array().expect("gemm");
-    assert_eq!(gemm.len(), 7);
+    assert_eq!(gemm.len(), formats + 1, "the dense peer and every format");
     for g in gemm {
         assert!(g["tflops"].as_f64().is_some_and(|t| t.is_finite() && t > 0.0), "{g}");
     }
-    assert_eq!(p["gemm_crossover_rows"].as_array().map(Vec::len), Some(6));
+    assert_eq!(p["gemm_crossover_rows"].as_array().map(Vec::len), Some(formats));
     let mma = p["mma_gemv"].as_array().expect("mma_gemv");
     assert_eq!(mma.len(), 5 * (4 + 1));
     for g in mma.iter().filter(|g| g.get("kernel").is_some()) {

@@ -35,15 +35,18 @@ pub fn random_packed(rng: &mut Rng, format: QuantFormat, rows: usize, cols: usiz
         match format {
             QuantFormat::Q8_0 => b[..2].copy_from_slice(&f16_bytes(rng, scale / 8.0)),
             QuantFormat::Q4_0 => b[..2].copy_from_slice(&f16_bytes(rng, scale)),
-            QuantFormat::Q4_1 => {
-                b[..2].copy_from_slice(&f16_bytes(rng, scale));
+            QuantFormat::Q5_0 => b[..2].copy_from_slice(&f16_bytes(rng, scale / 2.0)),
+            QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
+                let s = if format == QuantFormat::Q4_1 { scale } else { scale / 2.0 };
+                b[..2].copy_from_slice(&f16_bytes(rng, s));
                 b[2..4].copy_from_slice(&(-half::f16::from_f64(8.0 * scale * rng.uniform())).to_le_bytes());
             }
-            QuantFormat::Q4_K => {
-                b[..2].copy_from_slice(&f16_bytes(rng, scale / 32.0));
+            QuantFormat::Q4_K | QuantFormat::Q5_K => {
+                let s = if format == QuantFormat::Q4_K { scale } else { scale / 2.0 };
+                b[..2].copy_from_slice(&f16_bytes(rng, s / 32.0));
                 b[2..4].copy_from_slice(&f16_bytes(rng, scale / 4.0));
             }
-            _ => b[208..210].copy_from_slice(&f16_bytes(rng, scale / 256.0)),
+            QuantFormat::Q6_K | QuantFormat::NF4 => b[208..210].copy_from_slice(&f16_bytes(rng, scale / 256.0)),
         }
         raw.extend_from_slice(&b);
     }

@@ -20,6 +20,7 @@
 //! finite, is an [`Error::Config`] naming the key, and other architectures are
 //! [`Error::Unsupported`].
 
+pub mod plan;
 pub mod rope_freqs;
 pub mod tensors;
 
