@@ -19,6 +19,15 @@ checkpoint (config.json + model.safetensors, f16), converts it to GGUF the way l
              0 and 2; expert tensors split and transposed as Llama4Model.modify_tensors does,
              q/k not permuted; 40 prompt tokens
 
+  llama31_q5/ llama4_q5/  the same architectures, wider (hidden 256, so that the K-quant super-
+             blocks of 256 fit) and stored in the 5-bit types and Q8_0 (Q5_0, Q5_1, Q5_K; the
+             gguf package quantizes Q5_0, Q5_1 and Q8_0, and Q5_K is quantized here, block by
+             block, by a plain min/max rule), GGUF only: the reference is transformers on the
+             values the gguf package dequantizes from the stored blocks.
+
+Every file carries a small byte-level BPE vocabulary (64 tokens, 7 merges, llama.cpp's `gpt2`
+model with the `llama-bpe` pre-tokenizer), so `generate` runs on it.
+
 Tensor names come from the gguf package's own map (gguf.get_tensor_name_map), as the converter
 uses them. Each folder gets reference.json:
 
@@ -121,13 +130,84 @@ def common_metadata(w, cfg):
     w.add_file_type(1)  # MOSTLY_F16
 
 
+# A 64-token byte-level vocabulary: letters, a few digits and marks, the space as GPT-2's "Ġ",
+# and seven merged pairs; "." ends a sentence (the end-of-sequence id).
+TOKENS = (
+    [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+    + ["\u0120", ",", ".", "0", "1"]
+    + ["th", "he", "in", "er", "an", "\u0120t", "\u0120a"]
+)
+MERGES = ["t h", "h e", "i n", "e r", "a n", "\u0120 t", "\u0120 a"]
+assert len(TOKENS) == VOCAB
+EOS = TOKENS.index(".")
+
+
+def add_tokenizer(w):
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(TOKENS)
+    w.add_token_types([1] * len(TOKENS))
+    w.add_token_merges(MERGES)
+    w.add_eos_token_id(EOS)
+    w.add_add_bos_token(False)
+
+
+def quantize_q5_k(x):
+    """Q5_K blocks of `x` ([rows, cols], cols a multiple of 256) by a plain min/max rule: per
+    32-element sub-block a scale and minimum, 6 bits each against the super-block's f16 d and
+    dmin, values rounded to 0..31. Returns the raw bytes, [rows, cols / 256 * 176] uint8."""
+    rows, cols = x.shape
+    blocks = x.reshape(-1, 8, 32).astype(np.float64)
+    lo = np.minimum(blocks.min(axis=2), 0.0)
+    span = np.maximum(blocks.max(axis=2) - lo, 1e-8) / 31.0
+    d = np.maximum(span.max(axis=1) / 63.0, 2.0**-14).astype(np.float16)
+    dmin = np.maximum((-lo).max(axis=1) / 63.0, 2.0**-14).astype(np.float16)
+    sc = np.clip(np.round(span / d.astype(np.float64)[:, None]), 1, 63).astype(np.uint8)
+    mn = np.clip(np.round(-lo / dmin.astype(np.float64)[:, None]), 0, 63).astype(np.uint8)
+    d1 = d.astype(np.float32)[:, None] * sc.astype(np.float32)
+    m1 = dmin.astype(np.float32)[:, None] * mn.astype(np.float32)
+    q = np.clip(np.round((blocks + m1[:, :, None]) / d1[:, :, None]), 0, 31).astype(np.uint8)
+    out = np.zeros((blocks.shape[0], 176), dtype=np.uint8)
+    out[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = dmin.view(np.uint8).reshape(-1, 2)
+    for j in range(4):  # get_scale_min_k4's packing
+        out[:, 4 + j] = (sc[:, j] & 63) | ((sc[:, j + 4] >> 4) << 6)
+        out[:, 8 + j] = (mn[:, j] & 63) | ((mn[:, j + 4] >> 4) << 6)
+        out[:, 12 + j] = (sc[:, j + 4] & 15) | ((mn[:, j + 4] & 15) << 4)
+    for g in range(4):  # sub-blocks 2g (low nibbles, qh bit 2g) and 2g + 1 (high, bit 2g + 1)
+        a, b = q[:, 2 * g, :], q[:, 2 * g + 1, :]
+        out[:, 48 + 32 * g : 80 + 32 * g] = (a & 15) | ((b & 15) << 4)
+        out[:, 16:48] |= ((a >> 4) << (2 * g)) | ((b >> 4) << (2 * g + 1))
+    return out.reshape(rows, cols // 256 * 176)
+
+
+def quantize(t, qtype):
+    """`t` (float, any rank) in `qtype`: (raw blocks, the values the gguf package decodes)."""
+    import gguf
+    from gguf.quants import dequantize
+
+    a = t.detach().float().numpy()
+    if qtype == gguf.GGMLQuantizationType.Q5_K:
+        raw = quantize_q5_k(a.reshape(-1, a.shape[-1])).reshape(*a.shape[:-1], -1)
+    else:
+        raw = gguf.quants.quantize(a, qtype)
+    values = dequantize(raw, qtype).reshape(a.shape)
+    return raw, torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+
+
 def write_gguf(path, arch, cfg, tensors, extra_metadata):
     import gguf
 
     w = gguf.GGUFWriter(path, arch)
     common_metadata(w, cfg)
     extra_metadata(w)
+    add_tokenizer(w)
     for name, t in tensors:
+        if isinstance(t, tuple):  # (raw blocks, type): already quantized
+            raw, qtype = t
+            w.add_tensor(name, raw, raw_dtype=qtype)
+            continue
         a = t.detach().float().numpy()
         # As the converter writes an F16 model: 1-D tensors (norms, rope_freqs) stay f32.
         w.add_tensor(name, a.astype(np.float32 if a.ndim == 1 else np.float16))
@@ -159,9 +239,8 @@ def transformers_gguf(folder, name):
         return f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
 
-def llama31(out, generator):
-    import gguf
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama31_config(quant):
+    from transformers import LlamaConfig
 
     scaling = {
         "rope_type": "llama3",
@@ -170,55 +249,25 @@ def llama31(out, generator):
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192,
     }
+    wide = dict(hidden_size=256, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2)
+    narrow = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1)
     common = dict(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
-        max_position_embeddings=131072, tie_word_embeddings=False, attn_implementation="eager",
+        vocab_size=VOCAB, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
+        tie_word_embeddings=False, attn_implementation="eager", **(wide if quant else narrow),
     )
-    cfg = LlamaConfig(rope_scaling=scaling, **common)
-    model = LlamaForCausalLM(cfg)
-    init_weights(model, generator)
-    os.makedirs(out, exist_ok=True)
-    sd = save_checkpoint(model, out)
-    ids = torch.randint(0, VOCAB, (160,), generator=generator).tolist()
-    logits = logits_of(model, ids)
-    plain = LlamaForCausalLM(LlamaConfig(rope_scaling=None, **common))
-    plain.load_state_dict(model.state_dict())
-    unscaled = logits_of(plain, ids)
-
-    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
-    tensors = []
-    for hf, t in sd.items():
-        t = t.float()
-        if hf.endswith("q_proj.weight"):
-            t = permute(t, cfg.num_attention_heads, cfg.num_attention_heads)
-        elif hf.endswith("k_proj.weight"):
-            t = permute(t, cfg.num_attention_heads, cfg.num_key_value_heads)
-        tensors.append((gguf_name(tmap, hf), t))
-    tensors.append(("rope_freqs.weight", rope_factors(cfg.rope_theta, cfg.head_dim, scaling)))
-
-    def meta(w):
-        w.add_feed_forward_length(cfg.intermediate_size)
-
-    path = os.path.join(out, "model.gguf")
-    write_gguf(path, "llama", cfg, tensors, meta)
-    return {
-        "prompt": ids,
-        "logits": {"shape": list(logits.shape), "f32_le": b64_f32(logits.numpy())},
-        "logits_unscaled": {"shape": list(unscaled.shape), "f32_le": b64_f32(unscaled.numpy())},
-        "rope_freqs": [float(x) for x in rope_factors(cfg.rope_theta, cfg.head_dim, scaling)],
-        "transformers_gguf": transformers_gguf(out, "model.gguf"),
-    }
+    return LlamaConfig(rope_scaling=scaling, **common), LlamaConfig(rope_scaling=None, **common)
 
 
-def llama4(out, generator):
-    import gguf
-    from transformers import Llama4ForCausalLM, Llama4TextConfig
+def llama4_config(quant):
+    from transformers import Llama4TextConfig
 
     layers = 4
-    cfg = Llama4TextConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=32, intermediate_size_mlp=64,
-        num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+    sizes = dict(hidden_size=256, intermediate_size=32, intermediate_size_mlp=64) if quant else dict(
+        hidden_size=64, intermediate_size=32, intermediate_size_mlp=64)
+    return Llama4TextConfig(
+        vocab_size=VOCAB, num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
         rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
         rope_scaling={"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 1.0, "original_max_position_embeddings": 8192},
@@ -227,44 +276,146 @@ def llama4(out, generator):
         no_rope_layers=[int((i + 1) % 4 != 0) for i in range(layers)],
         layer_types=["chunked_attention" if (i + 1) % 4 != 0 else "full_attention" for i in range(layers)],
         attention_chunk_size=8192, attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1,
-        use_qk_norm=True, tie_word_embeddings=False, attn_implementation="eager",
+        use_qk_norm=True, tie_word_embeddings=False, attn_implementation="eager", **sizes,
     )
-    model = Llama4ForCausalLM(cfg)
-    init_weights(model, generator)
-    os.makedirs(out, exist_ok=True)
-    sd = save_checkpoint(model, out)
-    ids = torch.randint(0, VOCAB, (40,), generator=generator).tolist()
-    logits = logits_of(model, ids)
 
-    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA4, layers)
-    tensors = []
+
+def to_gguf(arch, cfg, sd):
+    """The converter's tensors of state dict `sd`: [(GGUF name, tensor, how to map the GGUF
+    tensor's values back to `sd`: (HF name, function) or None when it is a split part)]."""
+    import gguf
+
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA if arch == "llama" else gguf.MODEL_ARCH.LLAMA4,
+                                    cfg.num_hidden_layers)
+    out = []
     for hf, t in sd.items():
         t = t.float()
-        if hf.endswith("experts.gate_up_proj"):  # Llama4Model.modify_tensors
+        if arch == "llama" and hf.endswith("q_proj.weight"):  # LlamaModel.modify_tensors
+            out.append((gguf_name(tmap, hf), permute(t, cfg.num_attention_heads, cfg.num_attention_heads), hf))
+        elif arch == "llama" and hf.endswith("k_proj.weight"):
+            out.append((gguf_name(tmap, hf), permute(t, cfg.num_attention_heads, cfg.num_key_value_heads), hf))
+        elif hf.endswith("experts.gate_up_proj"):  # Llama4Model.modify_tensors
             half = t.shape[-1] // 2
             gate, up = t.transpose(-1, -2).split(half, dim=-2)
-            tensors.append((gguf_name(tmap, hf.replace("gate_up_proj", "gate_proj.weight")), gate))
-            tensors.append((gguf_name(tmap, hf.replace("gate_up_proj", "up_proj.weight")), up))
-            continue
-        if hf.endswith("experts.down_proj"):
-            hf, t = hf + ".weight", t.transpose(-1, -2)
-        tensors.append((gguf_name(tmap, hf), t))
+            out.append((gguf_name(tmap, hf.replace("gate_up_proj", "gate_proj.weight")), gate, hf))
+            out.append((gguf_name(tmap, hf.replace("gate_up_proj", "up_proj.weight")), up, hf))
+        elif hf.endswith("experts.down_proj"):
+            out.append((gguf_name(tmap, hf + ".weight"), t.transpose(-1, -2), hf))
+        else:
+            out.append((gguf_name(tmap, hf), t, hf))
+    return out
+
+
+def from_gguf_values(arch, cfg, hf, parts):
+    """The HF tensor `hf` from the values of its GGUF tensor(s) `parts` (inverse of to_gguf)."""
+    if arch == "llama" and (hf.endswith("q_proj.weight") or hf.endswith("k_proj.weight")):
+        heads = cfg.num_attention_heads if hf.endswith("q_proj.weight") else cfg.num_key_value_heads
+        t = parts[0]
+        return t.reshape(heads, t.shape[0] // heads // 2, 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+    if hf.endswith("experts.gate_up_proj"):
+        return torch.cat(parts, dim=-2).transpose(-1, -2).contiguous()
+    if hf.endswith("experts.down_proj"):
+        return parts[0].transpose(-1, -2).contiguous()
+    return parts[0]
+
+
+# The 5-bit fixtures' types, by GGUF tensor kind (norms, the router and rope_freqs stay f32/f16).
+Q5_TYPES = {
+    "attn_q": "Q5_0", "attn_k": "Q5_1", "attn_v": "Q5_K", "attn_output": "Q5_K",
+    "ffn_gate": "Q5_K", "ffn_up": "Q5_1", "ffn_down": "Q5_0",
+    "ffn_gate_exps": "Q5_K", "ffn_up_exps": "Q8_0", "ffn_down_exps": "Q5_0",
+    "ffn_gate_shexp": "Q5_1", "ffn_up_shexp": "Q5_0", "ffn_down_shexp": "Q5_0",
+    "output": "Q5_K", "token_embd": "Q8_0",
+}
+
+
+def q5_type(name, t):
+    import gguf
+
+    kind = name.split(".")[-2]
+    qtype = Q5_TYPES.get(kind)
+    if qtype is None:
+        return None
+    qtype = getattr(gguf.GGMLQuantizationType, qtype)
+    block = 256 if qtype == gguf.GGMLQuantizationType.Q5_K else 32
+    if t.shape[-1] % block:  # llama.cpp falls back to a type whose block fits
+        qtype = gguf.GGMLQuantizationType.Q5_0
+    return qtype
+
+
+def make(arch, out, generator, quant):
+    """One fixture folder (see the module docs); returns its reference.json fields."""
+    import gguf
+
+    if arch == "llama":
+        from transformers import LlamaForCausalLM as Model
+
+        cfg, plain_cfg = llama31_config(quant)
+        prompt_len = 160
+    else:
+        from transformers import Llama4ForCausalLM as Model
+
+        cfg, plain_cfg = llama4_config(quant), None
+        prompt_len = 40
+    model = Model(cfg)
+    init_weights(model, generator)
+    os.makedirs(out, exist_ok=True)
+    sd = {k: v.detach().half().float() for k, v in model.state_dict().items()}
+    if not quant:
+        save_checkpoint(model, out)
+    tensors = to_gguf(arch, cfg, sd)
+    if quant:
+        # Store the 5-bit types; the reference model gets the values the gguf package decodes.
+        stored, decoded = [], {}
+        for name, t, hf in tensors:
+            qtype = q5_type(name, t)
+            if qtype is None:
+                stored.append((name, t))
+                decoded.setdefault(hf, []).append(t)
+                continue
+            if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+                # Quantize in Hugging Face's row order and permute the blocks' rows, as
+                # quantizing the permuted tensor would (blocks lie within rows).
+                heads = cfg.num_attention_heads if name.endswith("attn_q.weight") else cfg.num_key_value_heads
+                raw, _ = quantize(sd[hf], qtype)
+                raw = permute(raw, heads, heads)
+                values = torch.from_numpy(np.ascontiguousarray(
+                    gguf.quants.dequantize(raw, qtype).reshape(t.shape), dtype=np.float32))
+            else:
+                raw, values = quantize(t, qtype)
+            stored.append((name, (raw, qtype)))
+            decoded.setdefault(hf, []).append(values)
+        model.load_state_dict({hf: from_gguf_values(arch, cfg, hf, parts) for hf, parts in decoded.items()})
+        tensors = stored
+    else:
+        tensors = [(name, t) for name, t, _ in tensors]
+    ids = torch.randint(0, VOCAB, (prompt_len,), generator=generator).tolist()
+    logits = logits_of(model, ids)
     tensors.append(("rope_freqs.weight", rope_factors(cfg.rope_theta, cfg.head_dim, cfg.rope_scaling)))
 
     def meta(w):
-        w.add_feed_forward_length(cfg.intermediate_size_mlp)
-        w.add_expert_feed_forward_length(cfg.intermediate_size)
-        w.add_expert_count(cfg.num_local_experts)
-        w.add_expert_used_count(cfg.num_experts_per_tok)
-        w.add_interleave_moe_layer_step(cfg.interleave_moe_layer_step)
+        if arch == "llama":
+            w.add_feed_forward_length(cfg.intermediate_size)
+        else:
+            w.add_feed_forward_length(cfg.intermediate_size_mlp)
+            w.add_expert_feed_forward_length(cfg.intermediate_size)
+            w.add_expert_count(cfg.num_local_experts)
+            w.add_expert_used_count(cfg.num_experts_per_tok)
+            w.add_interleave_moe_layer_step(cfg.interleave_moe_layer_step)
 
-    path = os.path.join(out, "model.gguf")
-    write_gguf(path, "llama4", cfg, tensors, meta)
-    return {
+    write_gguf(os.path.join(out, "model.gguf"), arch, cfg, tensors, meta)
+    ref = {
         "prompt": ids,
         "logits": {"shape": list(logits.shape), "f32_le": b64_f32(logits.numpy())},
-        "transformers_gguf": transformers_gguf(out, "model.gguf"),
+        "types": sorted({gguf.GGMLQuantizationType(t[1]).name for _, t in tensors if isinstance(t, tuple)}),
     }
+    if plain_cfg is not None and not quant:
+        plain = Model(plain_cfg)
+        plain.load_state_dict(model.state_dict())
+        unscaled = logits_of(plain, ids)
+        ref["logits_unscaled"] = {"shape": list(unscaled.shape), "f32_le": b64_f32(unscaled.numpy())}
+    ref["transformers_gguf"] = transformers_gguf(out, "model.gguf")
+    return ref
 
 
 def main():
@@ -282,9 +433,14 @@ def main():
         "numpy": np.__version__,
         "python": platform.python_version(),
     }
-    for name, make, seed in [("llama31", llama31, 31), ("llama4", llama4, 4)]:
+    for name, arch, quant, seed in [
+        ("llama31", "llama", False, 31),
+        ("llama4", "llama4", False, 4),
+        ("llama31_q5", "llama", True, 315),
+        ("llama4_q5", "llama4", True, 45),
+    ]:
         folder = os.path.join(args.out, name)
-        ref = make(folder, torch.Generator().manual_seed(seed))
+        ref = make(arch, folder, torch.Generator().manual_seed(seed), quant)
         ref = {"made_by": "scripts/make_hf_fixtures.sh --arch (scripts/make_gguf_arch_fixtures.py)",
                "versions": versions, **ref}
         with open(os.path.join(folder, "reference.json"), "w") as f:
