@@ -1,6 +1,6 @@
 //! Linear layers over packed weights (kernels/qlinear.cu): `y = x Wᵀ` and `y += x Wᵀ` with `W`
-//! kept in a 4- or 8-bit format ([`QuantFormat`]: GGUF's Q8_0, Q4_0, Q4_1, Q4_K and Q6_K,
-//! bitsandbytes' NF4), the semantics of [`linear`](super::linear()) with the weight's values
+//! kept in a 4-, 5-, 6- or 8-bit format ([`QuantFormat`]: GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+//! Q4_K, Q5_K and Q6_K, bitsandbytes' NF4), the semantics of [`linear`](super::linear()) with the weight's values
 //! defined by [`PackedWeight::dequantize`].
 //!
 //! ```
@@ -107,8 +107,8 @@ pub fn gemv_split(out: usize, inp: usize) -> usize {
     split
 }
 
-/// 16-bit activations with this many rows or more take the tensor-core GEMM, for the format
-/// without the tensor-core GEMV (Q8_0): below it the CUDA-core GEMV spends fewer issue slots
+/// 16-bit activations with this many rows or more take the tensor-core GEMM, for the formats
+/// without the tensor-core GEMV (Q8_0 and the 5-bit formats): below it the CUDA-core GEMV spends fewer issue slots
 /// per weight (its dequantization is shared by every row, but each row adds its fmas; the static
 /// report's packed-kernel section shows the crossover near 5 rows). The other formats take the
 /// GEMM from `MAX_MMA_GEMV_ROWS + 1` rows.
