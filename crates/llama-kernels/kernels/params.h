@@ -46,6 +46,44 @@ typedef struct RmsNormParams {
   float eps;
 } RmsNormParams;
 
+// RMSNorm backward (rms_norm.cu): with r = rsqrt(mean(x^2) + eps) recomputed per row,
+//   dx = r * (dy * w) - x * r^3 * mean(dy * w * x)   (+ d_residual, the gradient that reached the
+//        fused variant's stored sum directly),
+//   dw = sum over rows of dy * x * r, in f32: each block of LLK_RMS_NORM_BWD_THREADS threads takes
+//        a contiguous chunk of rows (the host derives it from the shape alone), keeps its columns'
+//        sums in registers and writes one f32 partial row; a second kernel adds the partial rows
+//        in block order. No atomics: the result is the same on every run and schedule.
+// A row must fit the registers: hidden <= LLK_RMS_NORM_BWD_THREADS * LLK_RMS_NORM_BWD_CACHE * VEC
+// on the 16-byte path (VEC elements per vector), LLK_RMS_NORM_BWD_THREADS *
+// LLK_RMS_NORM_BWD_CACHE_SCALAR on the scalar one.
+#define LLK_RMS_NORM_BWD_THREADS 512
+#define LLK_RMS_NORM_BWD_CACHE 4
+#define LLK_RMS_NORM_BWD_CACHE_SCALAR 8
+// Most dw partial rows (blocks) a backward launch uses; more rows share a block.
+#define LLK_RMS_NORM_BWD_MAX_BLOCKS 1024
+// Threads per block of the dw reduction (one column per thread).
+#define LLK_RMS_NORM_DW_THREADS 256
+
+typedef struct RmsNormBackwardParams {
+  uint64_t dy;          // [rows, hidden] gradient of the output
+  uint64_t x;           // [rows, hidden] the forward's normalized input (the fused variant's stored sum)
+  uint64_t weight;      // [hidden], contiguous
+  uint64_t dx;          // [rows, hidden] output; may be dy itself (in place)
+  uint64_t d_residual;  // [rows, hidden] added to dx, or 0
+  uint64_t dw_partial;  // [blocks, hidden] f32 partial sums of dw, or 0 (no dw)
+  uint64_t dw;          // reduce kernel: [hidden] f32 output
+  int64_t rows;
+  int64_t hidden;
+  int64_t rows_per_block;  // rows of one block's chunk (the last may have fewer)
+  int64_t blocks;          // reduce kernel: the partial rows to add
+  int64_t dy_row_stride;
+  int64_t x_row_stride;
+  int64_t dx_row_stride;
+  int64_t d_residual_row_stride;
+  float eps;
+  int32_t accumulate;   // reduce kernel: 1 = dw += the sum, 0 = dw = the sum
+} RmsNormBackwardParams;
+
 // ---------------------------------------------------------------------------- RoPE
 // Rotates q and k in place: pair (a, b) at position p becomes
 //   (a cos(p f_i) - b sin(p f_i), b cos(p f_i) + a sin(p f_i)),  f_i = inv_freq[i].

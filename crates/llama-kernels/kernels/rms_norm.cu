@@ -171,6 +171,128 @@ __device__ void rms_norm_kernel(const RmsNormParams& p) {
   }
 }
 
+// ---------------------------------------------------------------------------- backward
+//
+// Math (src/reference/rms_norm.rs, rms_norm_backward): per row, r = rsqrt(sum(x^2) / H + eps),
+// g = dy * w, dx = r g - x r^3 sum(g x) / H (+ d_residual), dw += (dy x) r. x is the forward's
+// input (for the fused variant, the sum it stored); r is recomputed from it, so the forward saves
+// nothing. Both row sums (x^2 and g x) are f32 and reduced together.
+//
+// Grid mapping: blockDim.x = tpr threads (32 to LLK_RMS_NORM_BWD_THREADS, a multiple of 32) own one
+// row at a time: thread tx the vectors tx, tx + tpr, ... (at most kBwdCache, 4 vectors of 16 bytes
+// or 8 elements on the scalar path, all in registers: x
+// and dy are read once); block b takes rows [b c, (b + 1) c) in order, c = rows_per_block, and
+// keeps dw's f32 sums for its columns in registers, written once as partial row b. The reduce
+// kernel adds the partial rows in block order. Deterministic: no atomics, fixed orders.
+//
+// Bytes: reads x, dy (and d_residual) once, writes dx once: 3 (or 4) * rows * H * sizeof(T), plus
+// blocks * H * 4 twice for the dw partials.
+
+constexpr int kBwdThreads = LLK_RMS_NORM_BWD_THREADS;
+
+template <class T, int VEC, bool RESIDUAL>
+__device__ void rms_norm_backward_kernel(const RmsNormBackwardParams& p) {
+  using R = Raw<T, VEC>;
+  // Vectors per thread: 4 of 16 bytes, or 8 single elements on the scalar path.
+  constexpr int kBwdCache = VEC == 1 ? LLK_RMS_NORM_BWD_CACHE_SCALAR : LLK_RMS_NORM_BWD_CACHE;
+  __shared__ float2 partials[kBwdThreads / 32];
+  const int tpr = int(blockDim.x), tx = int(threadIdx.x);
+  const int64_t nvec = p.hidden / VEC;
+  const T* __restrict__ w = reinterpret_cast<const T*>(p.weight);  // [hidden]
+  const float inv_h = 1.f / float(p.hidden);
+  float dw[kBwdCache][VEC] = {};
+  const int64_t first = int64_t(blockIdx.x) * p.rows_per_block;
+  const int64_t last = first + p.rows_per_block < p.rows ? first + p.rows_per_block : p.rows;
+  for (int64_t row = first; row < last; ++row) {  // block-uniform trip count
+    const T* x = reinterpret_cast<const T*>(p.x) + row * p.x_row_stride;     // [rows, hidden]
+    const T* dy = reinterpret_cast<const T*>(p.dy) + row * p.dy_row_stride;  // [rows, hidden]
+    // Every load of the row issued first (x, dy and the weights), then converted.
+    typename R::type rx[kBwdCache], rdy[kBwdCache], rw[kBwdCache];
+#pragma unroll
+    for (int c = 0; c < kBwdCache; ++c) {
+      const int64_t v = tx + int64_t(c) * tpr;
+      const bool in = v < nvec;
+      rx[c] = in ? R::load(x + v * VEC) : R::zero();
+      rdy[c] = in ? R::load(dy + v * VEC) : R::zero();
+      rw[c] = in ? R::load_readonly(w + v * VEC) : R::zero();
+    }
+    // x as f32 stays; g = dy * w is formed again from the raw words where it is needed (the
+    // 16-byte path would otherwise exceed 128 registers at 512 threads).
+    float xs[kBwdCache][VEC];
+    float ss = 0.f, gx = 0.f;
+#pragma unroll
+    for (int c = 0; c < kBwdCache; ++c) {
+      float d[VEC], wt[VEC];
+      R::unpack(rx[c], xs[c]);
+      R::unpack(rdy[c], d);
+      R::unpack(rw[c], wt);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        ss = fmaf(xs[c][i], xs[c][i], ss);  // zeros past the row add 0
+        gx = fmaf(d[i] * wt[i], xs[c][i], gx);
+      }
+    }
+    // Both sums over the row: butterflies in each warp, then the warps' partials in warp order.
+    ss = llk::warp_sum(ss), gx = llk::warp_sum(gx);
+    if ((tx & 31) == 0) partials[tx / 32] = make_float2(ss, gx);
+    __syncthreads();
+    ss = 0.f, gx = 0.f;
+    for (int wp = 0; wp < tpr / 32; ++wp) ss += partials[wp].x, gx += partials[wp].y;
+    __syncthreads();  // every thread has read the partials before the next row writes them
+    const float r = rsqrtf(ss * inv_h + p.eps);
+    const float k = r * r * r * gx * inv_h;
+    T* dx = reinterpret_cast<T*>(p.dx) + row * p.dx_row_stride;  // [rows, hidden]
+    const T* dres = RESIDUAL ? reinterpret_cast<const T*>(p.d_residual) + row * p.d_residual_row_stride : nullptr;
+#pragma unroll
+    for (int c = 0; c < kBwdCache; ++c) {
+      const int64_t v = tx + int64_t(c) * tpr;
+      if (v >= nvec) continue;
+      float d[VEC], wt[VEC], out[VEC];
+      R::unpack(rdy[c], d);
+      R::unpack(rw[c], wt);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        out[i] = fmaf(r, d[i] * wt[i], -k * xs[c][i]);
+        dw[c][i] = fmaf(d[i] * xs[c][i], r, dw[c][i]);
+      }
+      if constexpr (RESIDUAL) {
+        float dr[VEC];
+        R::unpack(R::load(dres + v * VEC), dr);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) out[i] += dr[i];
+      }
+      llk::store_f32<T, VEC>(dx + v * VEC, out);
+    }
+  }
+  if (p.dw_partial == 0) return;
+  float* part = reinterpret_cast<float*>(p.dw_partial) + int64_t(blockIdx.x) * p.hidden;  // [blocks, hidden]
+#pragma unroll
+  for (int c = 0; c < kBwdCache; ++c) {
+    const int64_t v = tx + int64_t(c) * tpr;
+    if (v >= nvec) continue;
+    if constexpr (VEC % 4 == 0) {  // 16-byte stores of f32
+#pragma unroll
+      for (int h = 0; h < VEC; h += 4) {
+        const float q[4] = {dw[c][h], dw[c][h + 1], dw[c][h + 2], dw[c][h + 3]};
+        llk::store_f32<float, 4>(part + v * VEC + h, q);
+      }
+    } else {
+      llk::store_f32<float, VEC>(part + v * VEC, dw[c]);
+    }
+  }
+}
+
+// dw[j] (+)= sum over b of dw_partial[b, j], in block order; one column per thread.
+__device__ void rms_norm_dw_reduce_kernel(const RmsNormBackwardParams& p) {
+  const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= p.hidden) return;
+  const float* part = reinterpret_cast<const float*>(p.dw_partial);  // [blocks, hidden]
+  float sum = 0.f;
+  for (int64_t b = 0; b < p.blocks; ++b) sum += part[b * p.hidden + j];
+  float* dw = reinterpret_cast<float*>(p.dw);  // [hidden]
+  dw[j] = p.accumulate ? dw[j] + sum : sum;
+}
+
 }  // namespace
 
 // Symbols: [fused_add_]rms_norm[_vec]_<dtype>. `_vec` is the 16-byte path; the plain name is the
@@ -187,6 +309,20 @@ __device__ void rms_norm_kernel(const RmsNormParams& p) {
   X(fused_add_rms_norm_bf16, RmsNormParams, (kMaxThreadsFused), LLK_SMEM_NONE, (rms_norm_kernel<__nv_bfloat16, 1, true>)) \
   X(fused_add_rms_norm_vec_f32, RmsNormParams, (kMaxThreadsFused), LLK_SMEM_NONE, (rms_norm_kernel<float, 4, true>)) \
   X(fused_add_rms_norm_vec_f16, RmsNormParams, (kMaxThreadsFused), LLK_SMEM_NONE, (rms_norm_kernel<__half, 8, true>)) \
-  X(fused_add_rms_norm_vec_bf16, RmsNormParams, (kMaxThreadsFused), LLK_SMEM_NONE, (rms_norm_kernel<__nv_bfloat16, 8, true>))
+  X(fused_add_rms_norm_vec_bf16, RmsNormParams, (kMaxThreadsFused), LLK_SMEM_NONE, (rms_norm_kernel<__nv_bfloat16, 8, true>)) \
+  RMS_NORM_BACKWARD_KERNELS(X)
+
+// Backward symbols: rms_norm_backward[_residual][_vec]_<dtype> (`_residual` adds d_residual to dx),
+// and rms_norm_dw_reduce (f32).
+#define RMS_NORM_BACKWARD_DTYPE(X, suffix, T, V)                                                              \
+  X(rms_norm_backward_##suffix, RmsNormBackwardParams, (kBwdThreads), LLK_SMEM_NONE, (rms_norm_backward_kernel<T, 1, false>)) \
+  X(rms_norm_backward_vec_##suffix, RmsNormBackwardParams, (kBwdThreads), LLK_SMEM_NONE, (rms_norm_backward_kernel<T, V, false>)) \
+  X(rms_norm_backward_residual_##suffix, RmsNormBackwardParams, (kBwdThreads), LLK_SMEM_NONE, (rms_norm_backward_kernel<T, 1, true>)) \
+  X(rms_norm_backward_residual_vec_##suffix, RmsNormBackwardParams, (kBwdThreads), LLK_SMEM_NONE, (rms_norm_backward_kernel<T, V, true>))
+#define RMS_NORM_BACKWARD_KERNELS(X)                        \
+  RMS_NORM_BACKWARD_DTYPE(X, f32, float, 4)                 \
+  RMS_NORM_BACKWARD_DTYPE(X, f16, __half, 8)                \
+  RMS_NORM_BACKWARD_DTYPE(X, bf16, __nv_bfloat16, 8)        \
+  X(rms_norm_dw_reduce, RmsNormBackwardParams, (LLK_RMS_NORM_DW_THREADS), LLK_SMEM_NONE, (rms_norm_dw_reduce_kernel))
 
 LLK_EXPORT_KERNELS(rms_norm, RMS_NORM_KERNELS)

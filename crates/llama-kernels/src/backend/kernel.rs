@@ -74,6 +74,7 @@ macro_rules! kernel_params {
 }
 kernel_params!(
     crate::ffi::params::RmsNormParams,
+    crate::ffi::params::RmsNormBackwardParams,
     crate::ffi::params::RopeParams,
     crate::ffi::params::SwiGluParams,
     crate::ffi::params::EmbeddingParams,

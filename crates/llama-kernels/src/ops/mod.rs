@@ -19,6 +19,7 @@ pub mod linear;
 pub mod moe;
 pub mod qlinear;
 pub mod rms_norm;
+pub mod rms_norm_backward;
 pub mod rope;
 pub mod sampling;
 pub mod swiglu;
@@ -39,6 +40,7 @@ pub use moe::{
     moe_gather_on, moe_grouped_gemm, moe_grouped_gemm_on, moe_route, moe_route_on,
 };
 pub use rms_norm::{fused_add_rms_norm, fused_add_rms_norm_on, rms_norm, rms_norm_on};
+pub use rms_norm_backward::{WeightGrad, rms_norm_backward};
 pub use rope::{Llama3Scaling, Rope, RopeConfig, RopeLayout};
 pub use sampling::{SamplingBatch, SamplingTensors, SamplingViews, sample, sample_on};
 pub use swiglu::{GateUp, GateUpView, swiglu, swiglu_on};

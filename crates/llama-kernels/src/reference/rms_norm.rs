@@ -34,3 +34,31 @@ pub fn fused_add_rms_norm(
     let y = rms_norm(&sum, weight, hidden, eps)?;
     Ok((sum, y))
 }
+
+/// The backward of [`rms_norm`]: `(dx, dw)` for output gradient `dy`, per row
+/// `r = 1/sqrt(mean(x^2) + eps)`, `dx = r (dy w) - x r^3 mean(dy w x)`, `dw = sum_rows dy x r`.
+/// For [`fused_add_rms_norm`], `x` is the stored sum and the gradient of both inputs is
+/// `dx + d_residual`.
+pub fn rms_norm_backward(
+    x: &[f64],
+    weight: &[f64],
+    dy: &[f64],
+    hidden: usize,
+    eps: f64,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    check_len("weight", weight.len(), hidden)?;
+    check_len("dy", dy.len(), x.len())?;
+    check_len("x", x.len(), x.len() / hidden.max(1) * hidden)?;
+    let mut dx = Vec::with_capacity(x.len());
+    let mut dw = vec![0.0; hidden];
+    for (row, drow) in x.chunks(hidden.max(1)).zip(dy.chunks(hidden.max(1))) {
+        let h = hidden as f64;
+        let r = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / h + eps).sqrt();
+        let gx: f64 = row.iter().zip(drow).zip(weight).map(|((x, d), w)| d * w * x).sum::<f64>() / h;
+        for (j, ((x, d), w)) in row.iter().zip(drow).zip(weight).enumerate() {
+            dx.push(r * d * w - x * r * r * r * gx);
+            dw[j] += d * x * r;
+        }
+    }
+    Ok((dx, dw))
+}

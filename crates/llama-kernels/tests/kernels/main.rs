@@ -19,6 +19,7 @@ mod properties;
 mod ptx_wrappers;
 mod qlinear;
 mod rms_norm;
+mod rms_norm_backward;
 mod rope;
 mod sampling;
 mod swiglu;

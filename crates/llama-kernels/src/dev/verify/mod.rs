@@ -6,6 +6,7 @@
 //! gaps between rows were not written. The same case functions back the test suite.
 
 pub(crate) mod attention;
+pub(crate) mod backward;
 pub(crate) mod common;
 pub(crate) mod elementwise;
 pub(crate) mod embedding;
@@ -15,6 +16,7 @@ pub(crate) mod qlinear;
 pub(crate) mod sampling;
 
 pub use attention::*;
+pub use backward::*;
 pub use common::{CaseResult, Outcome, gaps_poisoned, rows_tensor, table};
 pub use elementwise::*;
 pub use embedding::*;
@@ -30,6 +32,7 @@ use common::outcome;
 pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
     let mut out: Vec<Outcome> =
         rms_norm_cases(quick).into_iter().map(|c| outcome(c, rms_norm_case(device, c))).collect();
+    out.extend(rms_norm_backward_cases(quick).into_iter().map(|c| outcome(c, rms_norm_backward_case(device, c))));
     out.extend(rope_cases(quick).into_iter().map(|c| outcome(c, rope_case(device, c))));
     out.extend(swiglu_cases(quick).into_iter().map(|c| outcome(c, swiglu_case(device, c))));
     out.extend(embedding_cases(quick).into_iter().map(|c| outcome(c, embedding_case(device, c))));

@@ -1,0 +1,131 @@
+//! The backward ops' `verify` cases, against the f64 reference's gradients
+//! ([`crate::reference`]): each case poisons its outputs, runs the public op and compares.
+
+use std::time::Instant;
+
+use super::common::*;
+use super::elementwise::RMS_NORM_EPS;
+use crate::backend::Device;
+use crate::dev::testing::{Rng, Tolerance, compare};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::{self, WeightGrad};
+use crate::reference;
+use crate::tensor::Tensor;
+
+/// One RMSNorm backward case: `rows` rows of `hidden`, rows `pad` elements apart beyond their
+/// width; `residual`: the fused variant (a `d_residual` added to dx); `accumulate`: `dw +=` into
+/// a random dw.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RmsNormBackwardCase {
+    pub dtype: DType,
+    pub rows: usize,
+    pub hidden: usize,
+    pub residual: bool,
+    pub accumulate: bool,
+    pub pad: usize,
+    pub seed: u64,
+}
+
+impl RmsNormBackwardCase {
+    pub fn new(dtype: DType, rows: usize, hidden: usize) -> Self {
+        RmsNormBackwardCase { dtype, rows, hidden, residual: false, accumulate: false, pad: 0, seed: 5 }
+    }
+    pub fn fused(self) -> Self {
+        RmsNormBackwardCase { residual: true, ..self }
+    }
+    pub fn accumulating(self) -> Self {
+        RmsNormBackwardCase { accumulate: true, ..self }
+    }
+    pub fn strided(self, pad: usize) -> Self {
+        RmsNormBackwardCase { pad, ..self }
+    }
+}
+
+/// The tolerance of a gradient rounded once to `dtype` from f32 sums over `n` terms of
+/// magnitude about `scale`.
+pub fn gradient_tolerance(dtype: DType, n: usize, scale: f64) -> Tolerance {
+    let base = Tolerance::rounded_output(dtype);
+    Tolerance { atol: base.atol + 4.0 * (n as f64).sqrt() * scale * 5.960464477539063e-8, rtol: base.rtol }
+}
+
+/// Runs `case` on `device` against [`reference::rms_norm::rms_norm_backward`].
+pub fn rms_norm_backward_case(device: &Device, case: RmsNormBackwardCase) -> Result<CaseResult> {
+    let RmsNormBackwardCase { dtype, rows, hidden, residual, accumulate, pad, seed } = case;
+    let mut rng = Rng::new(seed ^ (rows as u64) << 20 ^ (hidden as u64) << 40 ^ u64::from(residual));
+    let x = rng.normal_vec(rows * hidden, 1.0, dtype);
+    let dy = rng.normal_vec(rows * hidden, 1.0, dtype);
+    let dres = rng.normal_vec(rows * hidden, 1.0, dtype);
+    let w = rng.uniform_vec(hidden, 0.5, 1.5, dtype);
+    let dw0 = rng.normal_vec(hidden, 1.0, DType::F32);
+    let (xt, _) = rows_tensor(device, dtype, &x, rows, hidden, pad)?;
+    let (dyt, _) = rows_tensor(device, dtype, &dy, rows, hidden, pad)?;
+    let (drt, _) = rows_tensor(device, dtype, &dres, rows, hidden, pad)?;
+    let wt = Tensor::from_f64(device, dtype, &w, &[hidden])?;
+    let dxfull = Tensor::poisoned(device, dtype, &[rows, hidden + pad])?;
+    let dxt = dxfull.narrow(1, 0, hidden)?;
+    let dwt = if accumulate {
+        Tensor::from_f64(device, DType::F32, &dw0, &[hidden])?
+    } else {
+        Tensor::poisoned(device, DType::F32, &[hidden])?
+    };
+    let scratch = Tensor::poisoned(device, DType::F32, &[ops::rms_norm_backward::dw_scratch_len(rows, hidden)])?;
+
+    let start = Instant::now();
+    let grad = WeightGrad { dw: &dwt, scratch: &scratch, accumulate };
+    ops::rms_norm_backward(&dyt, &xt, &wt, RMS_NORM_EPS, &dxt, residual.then_some(&drt), Some(grad))?;
+    device.synchronize()?;
+    let millis = start.elapsed().as_secs_f64() * 1e3;
+
+    let (mut dx_ref, mut dw_ref) =
+        reference::rms_norm::rms_norm_backward(&x, &w, &dy, hidden, f64::from(RMS_NORM_EPS))?;
+    if residual {
+        dx_ref.iter_mut().zip(&dres).for_each(|(a, b)| *a += b);
+    }
+    if accumulate {
+        dw_ref.iter_mut().zip(&dw0).for_each(|(a, b)| *a += b);
+    }
+    let dx = dxt.to_f64_vec()?;
+    let dw = dwt.to_f64_vec()?;
+    // dx: terms of order |dy w| r ~ 1 and a row sum of hidden terms; dw: a sum over rows.
+    let dx_tol = gradient_tolerance(dtype, hidden, 2.0);
+    let dw_tol = gradient_tolerance(DType::F32, rows, 2.0);
+    let parts =
+        vec![(compare(&dx, &dx_ref, dx_tol), vec![rows, hidden]), (compare(&dw, &dw_ref, dw_tol), vec![hidden])];
+    let (comparison, worst_shape) = worst_of(parts);
+    let gaps = gaps_poisoned(&dxfull, hidden)?;
+    let mut shape = format!("{rows}x{hidden}");
+    if pad > 0 {
+        shape += &format!(" (row stride {})", hidden + pad);
+    }
+    if accumulate {
+        shape += ", dw +=";
+    }
+    Ok(CaseResult {
+        op: if residual { "fused_add_rms_norm_backward" } else { "rms_norm_backward" }.into(),
+        dtype,
+        shape,
+        pass: comparison.pass && gaps,
+        comparison,
+        worst_shape,
+        gaps_untouched: gaps,
+        millis,
+        outputs: vec![dx, dw],
+    })
+}
+
+/// The cases `verify` runs: per dtype, decode and prefill rows at Llama's widths, an odd width
+/// (the scalar path), strided rows, the fused variant and an accumulating dw.
+pub fn rms_norm_backward_cases(quick: bool) -> Vec<RmsNormBackwardCase> {
+    let shapes: &[(usize, usize)] =
+        if quick { &[(1, 4096), (7, 769), (83, 768)] } else { &[(1, 4096), (7, 769), (2048, 4096), (512, 8192)] };
+    let mut v = Vec::new();
+    for dtype in DType::FLOATS {
+        for &(rows, hidden) in shapes {
+            v.push(RmsNormBackwardCase::new(dtype, rows, hidden));
+        }
+        v.push(RmsNormBackwardCase::new(dtype, 33, 4096).strided(8).fused().accumulating());
+        v.push(RmsNormBackwardCase::new(dtype, 9, 1000).strided(3).fused());
+    }
+    v
+}
