@@ -10,6 +10,7 @@ feeds the same inputs through the public ops in f32 and compares. Values are sto
   fused_add_rms_norm s = x + residual; y = rms_norm(s); loss also reads s through the residual
                      stream (dot with a second upstream gradient, d_residual): grads of x,
                      residual and w
+  swiglu             silu(gate) * up (torch.nn.functional.silu); grads of gate and up
 
 Usage: PYTHONPATH=.toolchain/hf-python python3 scripts/make_autograd_fixtures.py \\
            --out crates/llama-kernels/tests/fixtures/autograd/autograd.json
@@ -60,6 +61,15 @@ def case_fused(g, rows, hidden):
             "dx": b64(x.grad), "dresidual": b64(res.grad), "dw": b64(w.grad)}
 
 
+def case_swiglu(g, tokens, d):
+    gate = (3.0 * torch.randn(tokens, d, generator=g, dtype=torch.float64)).requires_grad_()
+    up = torch.randn(tokens, d, generator=g, dtype=torch.float64, requires_grad=True)
+    d_out = torch.randn(tokens, d, generator=g, dtype=torch.float64)
+    (torch.nn.functional.silu(gate) * up).backward(d_out)
+    return {"op": "swiglu", "tokens": tokens, "d": d, "gate": b64(gate), "up": b64(up), "d_out": b64(d_out),
+            "d_gate": b64(gate.grad), "d_up": b64(up.grad)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -67,6 +77,7 @@ def main():
     g = torch.Generator().manual_seed(35)
     cases = [case_rms_norm(g, r, h) for r, h in [(1, 64), (5, 256), (3, 100)]]
     cases += [case_fused(g, r, h) for r, h in [(4, 128), (2, 96)]]
+    cases += [case_swiglu(g, t, d) for t, d in [(3, 64), (2, 100)]]
     out = {"made_by": "scripts/make_autograd_fixtures.py", "torch": torch.__version__,
            "numpy": np.__version__, "python": platform.python_version(), "cases": cases}
     with open(args.out, "w") as f:

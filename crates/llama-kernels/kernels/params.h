@@ -149,6 +149,26 @@ typedef struct SwiGluParams {
   LlkGateUpLayout layout;
 } SwiGluParams;
 
+// SwiGLU backward (swiglu.cu): with s = sigmoid(gate),
+//   d_up = d_out * gate * s,   d_gate = d_out * up * s * (1 + gate * (1 - s)),
+// written in the input's layout (SEPARATE: two [tokens, d] outputs, which may be gate and up
+// themselves; INTERLEAVED: one [tokens, 2d] output, which may be the input).
+typedef struct SwiGluBackwardParams {
+  uint64_t d_out;   // [tokens, d]
+  uint64_t gate;    // [tokens, d] (SEPARATE) or [tokens, 2d] interleaved gate/up
+  uint64_t up;      // [tokens, d] (SEPARATE); unused for INTERLEAVED
+  uint64_t d_gate;  // like gate
+  uint64_t d_up;    // like up; unused for INTERLEAVED
+  int64_t tokens;
+  int64_t d;
+  int64_t d_out_row_stride;
+  int64_t gate_row_stride;
+  int64_t up_row_stride;
+  int64_t d_gate_row_stride;
+  int64_t d_up_row_stride;
+  LlkGateUpLayout layout;
+} SwiGluBackwardParams;
+
 // ---------------------------------------------------------------------------- Embedding
 // out[t] = table[ids[t]], a row gather; see embedding.cu.
 #define LLK_EMBEDDING_THREADS 256

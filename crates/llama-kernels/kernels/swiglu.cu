@@ -87,6 +87,47 @@ __device__ void swiglu_kernel(const SwiGluParams& p) {
   }
 }
 
+// ---------------------------------------------------------------------------- backward
+//
+// Math (src/reference/swiglu.rs, swiglu_backward): s = 1 / (1 + exp(-g)), silu = g s,
+// d_up = d_out silu, d_gate = d_out u s (1 + g (1 - s)), in f32 with the accurate expf on every
+// dtype, each output rounded once to T. For g -> -inf, exp(-g) overflows, s = 0 and both
+// gradients are 0 (-0). Outputs in the input's layout; each element is read before it is written,
+// by the same thread, so the outputs may be the inputs (in place over the saved gate/up).
+// Grid mapping: as the forward's, one token per thread and grid.y step.
+template <class T, int VEC, LlkGateUpLayout LAYOUT>
+__device__ void swiglu_backward_kernel(const SwiGluBackwardParams& p) {
+  const int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (v >= p.d / VEC) return;  // no barriers or warp operations below
+  constexpr bool kSep = LAYOUT == LLK_GATE_UP_SEPARATE;
+  constexpr int64_t kPerVec = kSep ? VEC : 2 * VEC;  // gate-row elements per vector
+  for (int64_t t = blockIdx.y; t < p.tokens; t += gridDim.y) {
+    const T* gate = reinterpret_cast<const T*>(p.gate) + t * p.gate_row_stride + v * kPerVec;  // [tokens, d] / [tokens, 2d]
+    const T* up = kSep ? reinterpret_cast<const T*>(p.up) + t * p.up_row_stride + v * VEC : gate;  // [tokens, d]
+    const T* dout = reinterpret_cast<const T*>(p.d_out) + t * p.d_out_row_stride + v * VEC;        // [tokens, d]
+    float g[VEC], u[VEC], d[VEC], dg[VEC], du[VEC];
+    load_gate_up<T, VEC, LAYOUT>(gate, up, g, u);
+    llk::load_f32<T, VEC>(dout, d);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float s = 1.f / (1.f + expf(-g[j]));
+      du[j] = d[j] * (g[j] * s);
+      dg[j] = d[j] * u[j] * s * fmaf(g[j], 1.f - s, 1.f);
+    }
+    T* dgate = reinterpret_cast<T*>(p.d_gate) + t * p.d_gate_row_stride + v * kPerVec;  // like gate
+    if constexpr (kSep) {
+      llk::store_f32<T, VEC>(dgate, dg);
+      llk::store_f32<T, VEC>(reinterpret_cast<T*>(p.d_up) + t * p.d_up_row_stride + v * VEC, du);  // like up
+    } else {
+      float w[2][VEC];  // gate, up, gate, up, ... as the input
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) w[(2 * j) / VEC][(2 * j) % VEC] = dg[j], w[(2 * j + 1) / VEC][(2 * j + 1) % VEC] = du[j];
+      llk::store_f32<T, VEC>(dgate, w[0]);
+      llk::store_f32<T, VEC>(dgate + VEC, w[1]);
+    }
+  }
+}
+
 }  // namespace
 
 // Symbols: swiglu[_interleaved][_vec]_<dtype>. `_vec` is the 16-byte path.
@@ -102,6 +143,18 @@ __device__ void swiglu_kernel(const SwiGluParams& p) {
   X(swiglu_interleaved_bf16, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<__nv_bfloat16, 1, LLK_GATE_UP_INTERLEAVED>)) \
   X(swiglu_interleaved_vec_f32, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<float, 4, LLK_GATE_UP_INTERLEAVED>))    \
   X(swiglu_interleaved_vec_f16, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<__half, 8, LLK_GATE_UP_INTERLEAVED>))   \
-  X(swiglu_interleaved_vec_bf16, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<__nv_bfloat16, 8, LLK_GATE_UP_INTERLEAVED>))
+  X(swiglu_interleaved_vec_bf16, SwiGluParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_kernel<__nv_bfloat16, 8, LLK_GATE_UP_INTERLEAVED>)) \
+  SWIGLU_BACKWARD_KERNELS(X)
+
+// Backward symbols: swiglu_backward[_interleaved][_vec]_<dtype>.
+#define SWIGLU_BACKWARD_DTYPE(X, suffix, T, V)                                                                                     \
+  X(swiglu_backward_##suffix, SwiGluBackwardParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_backward_kernel<T, 1, LLK_GATE_UP_SEPARATE>))           \
+  X(swiglu_backward_vec_##suffix, SwiGluBackwardParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_backward_kernel<T, V, LLK_GATE_UP_SEPARATE>))       \
+  X(swiglu_backward_interleaved_##suffix, SwiGluBackwardParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_backward_kernel<T, 1, LLK_GATE_UP_INTERLEAVED>)) \
+  X(swiglu_backward_interleaved_vec_##suffix, SwiGluBackwardParams, (kMaxThreads), LLK_SMEM_NONE, (swiglu_backward_kernel<T, V, LLK_GATE_UP_INTERLEAVED>))
+#define SWIGLU_BACKWARD_KERNELS(X)                 \
+  SWIGLU_BACKWARD_DTYPE(X, f32, float, 4)          \
+  SWIGLU_BACKWARD_DTYPE(X, f16, __half, 8)         \
+  SWIGLU_BACKWARD_DTYPE(X, bf16, __nv_bfloat16, 8)
 
 LLK_EXPORT_KERNELS(swiglu, SWIGLU_KERNELS)

@@ -77,6 +77,7 @@ kernel_params!(
     crate::ffi::params::RmsNormBackwardParams,
     crate::ffi::params::RopeParams,
     crate::ffi::params::SwiGluParams,
+    crate::ffi::params::SwiGluBackwardParams,
     crate::ffi::params::EmbeddingParams,
     crate::ffi::params::AttentionParams,
     crate::ffi::params::AttentionSm90Params,

@@ -43,4 +43,4 @@ pub use rms_norm::{fused_add_rms_norm, fused_add_rms_norm_on, rms_norm, rms_norm
 pub use rms_norm_backward::{WeightGrad, rms_norm_backward};
 pub use rope::{Llama3Scaling, Rope, RopeConfig, RopeLayout};
 pub use sampling::{SamplingBatch, SamplingTensors, SamplingViews, sample, sample_on};
-pub use swiglu::{GateUp, GateUpView, swiglu, swiglu_on};
+pub use swiglu::{GateUp, GateUpView, swiglu, swiglu_backward, swiglu_on};

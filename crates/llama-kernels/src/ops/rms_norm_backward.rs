@@ -6,7 +6,7 @@
 //!            dw = sum over rows of dy * x * r                        (f32)
 //! ```
 //!
-//! `x` is what the forward normalized: for [`fused_add_rms_norm`](super::fused_add_rms_norm),
+//! `x` is what the forward normalized: for [`fused_add_rms_norm`](super::fused_add_rms_norm()),
 //! the sum it stored into `residual`. `r` is recomputed from `x` (the forward saves nothing).
 //! For the fused variant both inputs, `x` and `residual`, get the same gradient `dx`, which
 //! includes `d_residual`, the gradient that reached the stored sum through the residual stream
@@ -88,8 +88,8 @@ pub struct WeightGrad<'a> {
     pub accumulate: bool,
 }
 
-/// The backward of [`rms_norm`](super::rms_norm) (and, with `d_residual`, of
-/// [`fused_add_rms_norm`](super::fused_add_rms_norm)): writes `dx`, and `dw` when asked. See the
+/// The backward of [`rms_norm`](super::rms_norm()) (and, with `d_residual`, of
+/// [`fused_add_rms_norm`](super::fused_add_rms_norm())): writes `dx`, and `dw` when asked. See the
 /// module docs.
 pub fn rms_norm_backward(
     dy: &Tensor,

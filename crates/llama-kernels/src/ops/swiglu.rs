@@ -21,9 +21,9 @@
 
 use crate::backend::{LaunchDims, Queue};
 use crate::error::{Error, Result};
-use crate::ffi::params::{LlkGateUpLayout, SwiGluParams};
+use crate::ffi::params::{LlkGateUpLayout, SwiGluBackwardParams, SwiGluParams};
 use crate::kernels::Access;
-use crate::kernels::swiglu::KERNELS;
+use crate::kernels::swiglu::{BACKWARD, KERNELS};
 use crate::launch::KernelArgs;
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
@@ -177,6 +177,136 @@ pub fn swiglu_on(queue: &impl Queue, input: GateUpView<'_, '_>, out: &mut Tensor
         smem_at_launch: 0,
     };
     args.launch(KERNELS.find(OP, "gate", (layout, Access::of(vectorized), dtype))?, dims, &params)
+}
+
+/// The backward of [`swiglu`]: from the output's gradient `d_out` (`[tokens, d]`) and the
+/// forward's `input`, writes `d_gate` and `d_up` into `grad`, which has the input's layout
+/// (`Separate` gradients for `Separate` or `GateThenUp` inputs, and the other way around; an
+/// `Interleaved` gradient for an `Interleaved` input). `grad` may be `input` itself: each element
+/// is read before it is written, so the saved gate/up buffer can take its own gradient (as
+/// Liger Kernel does). With `s = sigmoid(gate)`: `d_up = d_out * gate * s`,
+/// `d_gate = d_out * up * s * (1 + gate (1 - s))`, in f32, rounded once.
+pub fn swiglu_backward(d_out: &Tensor, input: GateUp<'_>, grad: GateUp<'_>) -> Result<()> {
+    const OP: &str = "swiglu_backward";
+    let device = d_out.device();
+    let dtype = d_out.dtype();
+    check_float(OP, "d_out", dtype)?;
+    // Every layout as (gate, up) pairs of [tokens, d] views, or one interleaved [tokens, 2d].
+    let parts = |what: &'static str, g: GateUp<'_>| -> Result<(Tensor, Option<Tensor>)> {
+        match g {
+            GateUp::Separate { gate, up } => Ok((gate.clone(), Some(up.clone()))),
+            GateUp::GateThenUp(p) => {
+                check_float(OP, what, p.dtype())?;
+                let (gate, up) = split_packed(p)?;
+                Ok((gate, Some(up)))
+            }
+            GateUp::Interleaved(p) => Ok((p.clone(), None)),
+        }
+    };
+    let (gate, up) = parts("input", input)?;
+    let (dgate, dup) = parts("grad", grad)?;
+    if up.is_some() != dup.is_some() {
+        return Err(Error::invalid(OP, "grad", "layout", "must be interleaved exactly when the input is"));
+    }
+    for (what, t) in [("gate", Some(&gate)), ("up", up.as_ref()), ("d_gate", Some(&dgate)), ("d_up", dup.as_ref())] {
+        if let Some(t) = t {
+            check_dtype(OP, what, t.dtype(), dtype)?;
+        }
+    }
+    let (dov, gv) = (d_out.view(), gate.view());
+    let uv = up.as_ref().map(Tensor::view);
+    let mut dgm = TensorViewMut::of_tensor(&dgate);
+    let mut dum = dup.as_ref().map(TensorViewMut::of_tensor);
+    let mut args = KernelArgs::new(OP, device);
+    let dgb = args.write("d_gate", &mut dgm)?;
+    let dub = dum.as_mut().map(|v| args.write("d_up", v)).transpose()?;
+    let dob = args.read("d_out", &dov)?;
+    // A gradient over its own input is in place: read through the gradient's registration.
+    let same = |a: &Tensor, b: &Tensor| a.shares_storage(b) && a.dims() == b.dims() && a.offset() == b.offset();
+    let gb = if same(&gate, &dgate) { dgb } else { args.read("gate", &gv)? };
+    let ub = match (&up, &uv, &dup) {
+        (Some(u), Some(v), Some(du)) => Some(if same(u, du) { dub.unwrap_or(dgb) } else { args.read("up", v)? }),
+        _ => None,
+    };
+    let (dor, gr, dgr) =
+        (Rows::of(OP, "d_out", &dob, 1)?, Rows::of(OP, "gate", &gb, 1)?, Rows::of(OP, "d_gate", &dgb, 1)?);
+    let ur = ub.as_ref().map(|b| Rows::of(OP, "up", b, 1)).transpose()?;
+    let dur = dub.as_ref().map(|b| Rows::of(OP, "d_up", b, 1)).transpose()?;
+    let interleaved = up.is_none();
+    if interleaved && gr.cols % 2 != 0 {
+        return Err(Error::shape(OP, "gate_up", gb.shape().to_vec(), "an even last dimension [..., 2d]"));
+    }
+    let d = if interleaved { gr.cols / 2 } else { gr.cols };
+    if dor.cols != d || dor.rows != gr.rows {
+        return Err(Error::shape(OP, "d_out", dob.shape().to_vec(), format!("{} rows of {d}", gr.rows)));
+    }
+    for (what, r) in [("up", ur), ("d_gate", Some(dgr)), ("d_up", dur)] {
+        if let Some(r) = r {
+            if r.rows != gr.rows || r.cols != gr.cols {
+                return Err(Error::shape(
+                    OP,
+                    what,
+                    vec![r.rows, r.cols],
+                    format!("{:?} like gate", [gr.rows, gr.cols]),
+                ));
+            }
+        }
+    }
+    // The outputs never overlap d_out or each other, nor an input they are not (in place).
+    check_disjoint(OP, ("d_gate", dgr), ("d_out", dor))?;
+    if let Some(dur) = dur {
+        check_disjoint(OP, ("d_up", dur), ("d_out", dor))?;
+        check_disjoint(OP, ("d_up", dur), ("d_gate", dgr))?;
+        check_disjoint(OP, ("d_up", dur), ("gate", gr))?;
+    }
+    if gb.addr != dgb.addr {
+        check_disjoint(OP, ("d_gate", dgr), ("gate", gr))?;
+    }
+    if let (Some(ub), Some(ur)) = (&ub, ur) {
+        check_disjoint(OP, ("d_gate", dgr), ("up", ur))?;
+        if dub.is_none_or(|b| b.addr != ub.addr) {
+            if let Some(dur) = dur {
+                check_disjoint(OP, ("d_up", dur), ("up", ur))?;
+            }
+        }
+    }
+    let tokens = gr.rows;
+    if tokens == 0 || d == 0 {
+        return Ok(());
+    }
+    let layout =
+        if interleaved { LlkGateUpLayout::LLK_GATE_UP_INTERLEAVED } else { LlkGateUpLayout::LLK_GATE_UP_SEPARATE };
+    let params = SwiGluBackwardParams {
+        d_out: dob.addr,
+        gate: gb.addr,
+        up: ub.map_or(0, |b| b.addr),
+        d_gate: dgb.addr,
+        d_up: dub.map_or(0, |b| b.addr),
+        tokens: to_i64(OP, "tokens", tokens)?,
+        d: to_i64(OP, "d", d)?,
+        d_out_row_stride: to_i64(OP, "d_out row stride", dor.row_stride)?,
+        gate_row_stride: to_i64(OP, "gate row stride", gr.row_stride)?,
+        up_row_stride: to_i64(OP, "up row stride", ur.map_or(0, |r| r.row_stride))?,
+        d_gate_row_stride: to_i64(OP, "d_gate row stride", dgr.row_stride)?,
+        d_up_row_stride: to_i64(OP, "d_up row stride", dur.map_or(0, |r| r.row_stride))?,
+        layout,
+    };
+    let v = dtype.vec16();
+    let aligned = |addr: u64, stride: usize| addr % 16 == 0 && stride % v == 0;
+    let vectorized = d % v == 0
+        && aligned(params.d_out, dor.row_stride)
+        && aligned(params.gate, gr.row_stride)
+        && aligned(params.d_gate, dgr.row_stride)
+        && ur.is_none_or(|r| aligned(params.up, r.row_stride))
+        && dur.is_none_or(|r| aligned(params.d_up, r.row_stride));
+    let nvec = if vectorized { d / v } else { d };
+    let block = nvec.div_ceil(32).min(MAX_THREADS / 32) * 32;
+    let dims = LaunchDims {
+        grid: (grid_x(OP, nvec.div_ceil(block))?, tokens.min(65535) as u32, 1),
+        block: (block as u32, 1, 1),
+        smem_at_launch: 0,
+    };
+    args.launch(BACKWARD.find(OP, "d_out", (layout, Access::of(vectorized), dtype))?, dims, &params)
 }
 
 /// The even last dimension `2d` of a packed gate/up view.

@@ -23,6 +23,7 @@ mod rms_norm_backward;
 mod rope;
 mod sampling;
 mod swiglu;
+mod swiglu_backward;
 mod tma;
 mod warp_specialize;
 mod wgmma;

@@ -80,7 +80,7 @@ fn the_reference_agrees_with_central_differences() {
     assert!(worst < 1e-7, "{worst}");
 }
 
-fn f64s(text: &str) -> Vec<f64> {
+pub(crate) fn f64s(text: &str) -> Vec<f64> {
     let value = |c: u8| match c {
         b'A'..=b'Z' => c - b'A',
         b'a'..=b'z' => c - b'a' + 26,
@@ -103,7 +103,7 @@ fn gradients_match_pytorch_autograd_in_float64() {
         serde_json::from_str(include_str!("../fixtures/autograd/autograd.json")).expect("the fixture is JSON");
     let device = Device::emulated();
     let mut checked = 0;
-    for c in fixture["cases"].as_array().unwrap() {
+    for c in fixture["cases"].as_array().unwrap().iter().filter(|c| c["op"] != "swiglu") {
         let (rows, hidden) = (c["rows"].as_u64().unwrap() as usize, c["hidden"].as_u64().unwrap() as usize);
         let get = |k: &str| f64s(c[k].as_str().unwrap());
         let fused = c["op"] == "fused_add_rms_norm";

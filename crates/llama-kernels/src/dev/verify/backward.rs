@@ -9,7 +9,7 @@ use crate::backend::Device;
 use crate::dev::testing::{Rng, Tolerance, compare};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::{self, WeightGrad};
+use crate::ops::{self, GateUp, WeightGrad};
 use crate::reference;
 use crate::tensor::Tensor;
 
@@ -126,6 +126,145 @@ pub fn rms_norm_backward_cases(quick: bool) -> Vec<RmsNormBackwardCase> {
         }
         v.push(RmsNormBackwardCase::new(dtype, 33, 4096).strided(8).fused().accumulating());
         v.push(RmsNormBackwardCase::new(dtype, 9, 1000).strided(3).fused());
+    }
+    v
+}
+
+/// How a SwiGLU backward case lays out gate/up and their gradients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwiGluLayout {
+    /// Two `[tokens, d]` tensors each.
+    Separate,
+    /// One `[tokens, 2d]` tensor, gate then up.
+    GateThenUp,
+    /// One `[tokens, 2d]` tensor, gate and up interleaved.
+    Interleaved,
+}
+
+/// One SwiGLU backward case: rows `pad` elements apart beyond their width; `in_place`: the
+/// gradients overwrite the saved gate/up.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SwiGluBackwardCase {
+    pub dtype: DType,
+    pub tokens: usize,
+    pub d: usize,
+    pub layout: SwiGluLayout,
+    pub in_place: bool,
+    pub pad: usize,
+    pub seed: u64,
+}
+
+impl SwiGluBackwardCase {
+    pub fn new(dtype: DType, tokens: usize, d: usize, layout: SwiGluLayout) -> Self {
+        SwiGluBackwardCase { dtype, tokens, d, layout, in_place: false, pad: 0, seed: 9 }
+    }
+    pub fn in_place(self) -> Self {
+        SwiGluBackwardCase { in_place: true, ..self }
+    }
+    pub fn strided(self, pad: usize) -> Self {
+        SwiGluBackwardCase { pad, ..self }
+    }
+}
+
+/// Runs `case` on `device` against [`reference::swiglu::swiglu_backward`].
+pub fn swiglu_backward_case(device: &Device, case: SwiGluBackwardCase) -> Result<CaseResult> {
+    let SwiGluBackwardCase { dtype, tokens, d, layout, in_place, pad, seed } = case;
+    let mut rng = Rng::new(seed ^ (tokens as u64) << 20 ^ (d as u64) << 40 ^ layout as u64);
+    let gate = rng.normal_vec(tokens * d, 2.0, dtype);
+    let up = rng.normal_vec(tokens * d, 1.0, dtype);
+    let dout = rng.normal_vec(tokens * d, 1.0, dtype);
+    let (dot, _) = rows_tensor(device, dtype, &dout, tokens, d, pad)?;
+    // The packed layouts' rows, and the fulls (poisoned gaps) of every output.
+    let interleave = |a: &[f64], b: &[f64]| -> Vec<f64> { (0..tokens * d).flat_map(|i| [a[i], b[i]]).collect() };
+    let concat = |a: &[f64], b: &[f64]| -> Vec<f64> {
+        (0..tokens)
+            .flat_map(|t| a[t * d..(t + 1) * d].iter().chain(&b[t * d..(t + 1) * d]).copied().collect::<Vec<_>>())
+            .collect()
+    };
+    let start;
+    let (dg, du, gaps) = match layout {
+        SwiGluLayout::Separate => {
+            let (gt, gfull) = rows_tensor(device, dtype, &gate, tokens, d, pad)?;
+            let (ut, ufull) = rows_tensor(device, dtype, &up, tokens, d, pad)?;
+            let (dgfull, dufull) = (
+                Tensor::poisoned(device, dtype, &[tokens, d + pad])?,
+                Tensor::poisoned(device, dtype, &[tokens, d + pad])?,
+            );
+            let (dgt, dut) = (dgfull.narrow(1, 0, d)?, dufull.narrow(1, 0, d)?);
+            start = Instant::now();
+            let input = GateUp::Separate { gate: &gt, up: &ut };
+            if in_place {
+                ops::swiglu_backward(&dot, input, input)?;
+                (gt.to_f64_vec()?, ut.to_f64_vec()?, gaps_poisoned(&gfull, d)? && gaps_poisoned(&ufull, d)?)
+            } else {
+                ops::swiglu_backward(&dot, input, GateUp::Separate { gate: &dgt, up: &dut })?;
+                (dgt.to_f64_vec()?, dut.to_f64_vec()?, gaps_poisoned(&dgfull, d)? && gaps_poisoned(&dufull, d)?)
+            }
+        }
+        SwiGluLayout::GateThenUp | SwiGluLayout::Interleaved => {
+            let packed = if layout == SwiGluLayout::Interleaved { interleave(&gate, &up) } else { concat(&gate, &up) };
+            let (pt, pfull) = rows_tensor(device, dtype, &packed, tokens, 2 * d, pad)?;
+            let gfull = Tensor::poisoned(device, dtype, &[tokens, 2 * d + pad])?;
+            let gt = gfull.narrow(1, 0, 2 * d)?;
+            let wrap =
+                |t| if layout == SwiGluLayout::Interleaved { GateUp::Interleaved(t) } else { GateUp::GateThenUp(t) };
+            start = Instant::now();
+            let out = if in_place {
+                ops::swiglu_backward(&dot, wrap(&pt), wrap(&pt))?;
+                pt.to_f64_vec()?
+            } else {
+                ops::swiglu_backward(&dot, wrap(&pt), wrap(&gt))?;
+                gt.to_f64_vec()?
+            };
+            let gaps = gaps_poisoned(if in_place { &pfull } else { &gfull }, 2 * d)?;
+            let (mut dg, mut du) = (Vec::new(), Vec::new());
+            for row in out.chunks(2 * d) {
+                if layout == SwiGluLayout::Interleaved {
+                    row.chunks(2).for_each(|p| {
+                        dg.push(p[0]);
+                        du.push(p[1]);
+                    });
+                } else {
+                    dg.extend_from_slice(&row[..d]);
+                    du.extend_from_slice(&row[d..]);
+                }
+            }
+            (dg, du, gaps)
+        }
+    };
+    device.synchronize()?;
+    let millis = start.elapsed().as_secs_f64() * 1e3;
+    let (dg_ref, du_ref) = reference::swiglu::swiglu_backward(&gate, &up, &dout)?;
+    let tol = gradient_tolerance(dtype, 8, 2.0);
+    let parts = vec![(compare(&dg, &dg_ref, tol), vec![tokens, d]), (compare(&du, &du_ref, tol), vec![tokens, d])];
+    let (comparison, worst_shape) = worst_of(parts);
+    Ok(CaseResult {
+        op: "swiglu_backward".into(),
+        dtype,
+        shape: format!(
+            "{tokens}x{d} {layout:?}{}{}",
+            if in_place { " in place" } else { "" },
+            if pad > 0 { format!(" pad {pad}") } else { String::new() }
+        ),
+        pass: comparison.pass && gaps,
+        comparison,
+        worst_shape,
+        gaps_untouched: gaps,
+        millis,
+        outputs: vec![dg, du],
+    })
+}
+
+/// The cases `verify` runs: every layout and dtype at decode and prefill widths, in place and
+/// strided.
+pub fn swiglu_backward_cases(quick: bool) -> Vec<SwiGluBackwardCase> {
+    let (tokens, d) = if quick { (16, 1024) } else { (512, 14336) };
+    let mut v = Vec::new();
+    for dtype in DType::FLOATS {
+        for layout in [SwiGluLayout::Separate, SwiGluLayout::GateThenUp, SwiGluLayout::Interleaved] {
+            v.push(SwiGluBackwardCase::new(dtype, tokens, d, layout));
+            v.push(SwiGluBackwardCase::new(dtype, 5, 1000, layout).in_place().strided(3));
+        }
     }
     v
 }
