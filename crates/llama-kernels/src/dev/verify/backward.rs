@@ -92,7 +92,6 @@ pub fn rms_norm_backward_case(device: &Device, case: RmsNormBackwardCase) -> Res
     let dw_tol = gradient_tolerance(DType::F32, rows, 2.0);
     let parts =
         vec![(compare(&dx, &dx_ref, dx_tol), vec![rows, hidden]), (compare(&dw, &dw_ref, dw_tol), vec![hidden])];
-    let (comparison, worst_shape) = worst_of(parts);
     let gaps = gaps_poisoned(&dxfull, hidden)?;
     let mut shape = format!("{rows}x{hidden}");
     if pad > 0 {
@@ -101,17 +100,8 @@ pub fn rms_norm_backward_case(device: &Device, case: RmsNormBackwardCase) -> Res
     if accumulate {
         shape += ", dw +=";
     }
-    Ok(CaseResult {
-        op: if residual { "fused_add_rms_norm_backward" } else { "rms_norm_backward" }.into(),
-        dtype,
-        shape,
-        pass: comparison.pass && gaps,
-        comparison,
-        worst_shape,
-        gaps_untouched: gaps,
-        millis,
-        outputs: vec![dx, dw],
-    })
+    let op = if residual { "fused_add_rms_norm_backward" } else { "rms_norm_backward" };
+    Ok(result(op, dtype, shape, parts, gaps, millis, vec![dx, dw]))
 }
 
 /// The cases `verify` runs: per dtype, decode and prefill rows at Llama's widths, an odd width
@@ -237,22 +227,12 @@ pub fn swiglu_backward_case(device: &Device, case: SwiGluBackwardCase) -> Result
     let (dg_ref, du_ref) = reference::swiglu::swiglu_backward(&gate, &up, &dout)?;
     let tol = gradient_tolerance(dtype, 8, 2.0);
     let parts = vec![(compare(&dg, &dg_ref, tol), vec![tokens, d]), (compare(&du, &du_ref, tol), vec![tokens, d])];
-    let (comparison, worst_shape) = worst_of(parts);
-    Ok(CaseResult {
-        op: "swiglu_backward".into(),
-        dtype,
-        shape: format!(
-            "{tokens}x{d} {layout:?}{}{}",
-            if in_place { " in place" } else { "" },
-            if pad > 0 { format!(" pad {pad}") } else { String::new() }
-        ),
-        pass: comparison.pass && gaps,
-        comparison,
-        worst_shape,
-        gaps_untouched: gaps,
-        millis,
-        outputs: vec![dg, du],
-    })
+    let shape = format!(
+        "{tokens}x{d} {layout:?}{}{}",
+        if in_place { " in place" } else { "" },
+        if pad > 0 { format!(" pad {pad}") } else { String::new() }
+    );
+    Ok(result("swiglu_backward", dtype, shape, parts, gaps, millis, vec![dg, du]))
 }
 
 /// The cases `verify` runs: every layout and dtype at decode and prefill widths, in place and

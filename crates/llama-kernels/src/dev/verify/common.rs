@@ -122,3 +122,27 @@ pub fn table(results: &[Outcome]) -> String {
     }
     s
 }
+
+/// A case's row from its outputs' comparisons (the worst one names the case) and its gaps.
+pub(crate) fn result(
+    op: &str,
+    dtype: DType,
+    shape: String,
+    parts: Vec<(Comparison, Vec<usize>)>,
+    gaps: bool,
+    millis: f64,
+    outputs: Vec<Vec<f64>>,
+) -> CaseResult {
+    let (comparison, worst_shape) = worst_of(parts);
+    CaseResult {
+        op: op.into(),
+        dtype,
+        shape,
+        pass: comparison.pass && gaps,
+        comparison,
+        worst_shape,
+        gaps_untouched: gaps,
+        millis,
+        outputs,
+    }
+}

@@ -4,7 +4,6 @@ use std::time::Instant;
 
 use crate::backend::Device;
 use crate::dev::testing::{Comparison, Tolerance, compare};
-use crate::dev::verify::common::{CaseResult, worst_of};
 use crate::dtype::DType;
 use crate::error::Result;
 
@@ -42,28 +41,7 @@ pub const NEAR_TIE: f64 = 1e-6;
 /// Routing weights: f32 math with expf against f64.
 pub const ROUTE_WEIGHT_TOLERANCE: Tolerance = Tolerance { atol: 1e-6, rtol: 1e-5 };
 
-pub(crate) fn result(
-    op: &str,
-    dtype: DType,
-    shape: String,
-    parts: Vec<(Comparison, Vec<usize>)>,
-    gaps: bool,
-    millis: f64,
-    outputs: Vec<Vec<f64>>,
-) -> CaseResult {
-    let (comparison, worst_shape) = worst_of(parts);
-    CaseResult {
-        op: op.into(),
-        dtype,
-        shape,
-        pass: comparison.pass && gaps,
-        comparison,
-        worst_shape,
-        gaps_untouched: gaps,
-        millis,
-        outputs,
-    }
-}
+pub(crate) use crate::dev::verify::common::result;
 
 pub(crate) fn timed(device: &Device, f: impl FnOnce() -> Result<()>) -> Result<f64> {
     let start = Instant::now();
