@@ -11,6 +11,9 @@ feeds the same inputs through the public ops in f32 and compares. Values are sto
                      stream (dot with a second upstream gradient, d_residual): grads of x,
                      residual and w
   swiglu             silu(gate) * up (torch.nn.functional.silu); grads of gate and up
+  rope               transformers' Llama rotate_half (half-split) or Llama 4's complex
+                     multiply (interleaved), then optionally Llama 4's L2 norm
+                     (x * rsqrt(mean(x^2) + eps) over the head); grad of the input
 
 Usage: PYTHONPATH=.toolchain/hf-python python3 scripts/make_autograd_fixtures.py \\
            --out crates/llama-kernels/tests/fixtures/autograd/autograd.json
@@ -70,6 +73,29 @@ def case_swiglu(g, tokens, d):
             "d_gate": b64(gate.grad), "d_up": b64(up.grad)}
 
 
+def case_rope(g, tokens, heads, head_dim, layout, norm):
+    theta = 500000.0
+    x = torch.randn(tokens, heads, head_dim, generator=g, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(tokens, heads, head_dim, generator=g, dtype=torch.float64)
+    positions = torch.tensor([0, 1, 7, 8191, 131071][:tokens], dtype=torch.int64)
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = positions[:, None].double() * inv_freq[None, :]  # [tokens, head_dim / 2]
+    if layout == "half_split":
+        cos = torch.cat([angles.cos(), angles.cos()], -1)[:, None, :]
+        sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None, :]
+        x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2:]
+        y = x * cos + torch.cat([-x2, x1], -1) * sin
+    else:
+        xc = torch.view_as_complex(x.reshape(tokens, heads, head_dim // 2, 2))
+        y = torch.view_as_real(xc * torch.polar(torch.ones_like(angles), angles)[:, None, :]).flatten(2)
+    if norm:
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + EPS)
+    y.backward(dy)
+    return {"op": "rope", "tokens": tokens, "heads": heads, "head_dim": head_dim, "layout": layout,
+            "theta": theta, "qk_norm_eps": EPS if norm else None, "positions": positions.tolist(),
+            "x": b64(x), "dy": b64(dy), "dx": b64(x.grad)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -78,6 +104,7 @@ def main():
     cases = [case_rms_norm(g, r, h) for r, h in [(1, 64), (5, 256), (3, 100)]]
     cases += [case_fused(g, r, h) for r, h in [(4, 128), (2, 96)]]
     cases += [case_swiglu(g, t, d) for t, d in [(3, 64), (2, 100)]]
+    cases += [case_rope(g, 5, 2, 64, layout, norm) for layout in ["half_split", "interleaved"] for norm in [False, True]]
     out = {"made_by": "scripts/make_autograd_fixtures.py", "torch": torch.__version__,
            "numpy": np.__version__, "python": platform.python_version(), "cases": cases}
     with open(args.out, "w") as f:

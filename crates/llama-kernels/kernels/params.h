@@ -102,6 +102,12 @@ typedef enum LlkRopeNorm {
   LLK_ROPE_L2_NORM = 1,  // Llama 4: x * rsqrt(mean(x^2) + eps) over each head, after rotating
 } LlkRopeNorm;
 
+typedef enum LlkRopeDirection {
+  LLK_ROPE_FORWARD = 0,   // rotate by +p f (then the qk-norm, if any)
+  LLK_ROPE_BACKWARD = 1,  // the gradient: q and k hold dy, rotated by -p f (the transpose); with
+                          // the qk-norm, through the norm's backward first, from the saved inputs
+} LlkRopeDirection;
+
 // The position domain: |p| <= LLK_ROPE_MAX_POSITION is rotated to within 3e-7 of the exact angle.
 // Positions outside it are clamped to +-LLK_ROPE_MAX_POSITION (on both targets, and in the
 // reference): the result is still a rotation, at the clamped angle. Llama 4's longest context
@@ -115,6 +121,8 @@ typedef struct RopeParams {
   uint64_t k;          // [tokens, kv_heads, head_dim], rotated in place (0 when kv_heads == 0)
   uint64_t positions;  // [tokens], i32 or i64 (position_type)
   uint64_t inv_freq;   // [rotary_dim / 2] float2 {hi, lo}: f_i = hi + lo, from an f64 table
+  uint64_t q_saved;    // LLK_ROPE_BACKWARD with the qk-norm: the forward's input q (else 0)
+  uint64_t k_saved;    // ... and its input k (0 when kv_heads == 0)
   int64_t tokens;
   int64_t q_heads;
   int64_t kv_heads;
@@ -124,10 +132,15 @@ typedef struct RopeParams {
   int64_t q_head_stride;
   int64_t k_token_stride;
   int64_t k_head_stride;
+  int64_t q_saved_token_stride;
+  int64_t q_saved_head_stride;
+  int64_t k_saved_token_stride;
+  int64_t k_saved_head_stride;
   LlkRopeLayout layout;
   LlkIndexType position_type;
   LlkRopeNorm norm;
   float norm_eps;
+  LlkRopeDirection direction;
 } RopeParams;
 
 // ---------------------------------------------------------------------------- SwiGLU

@@ -2,90 +2,45 @@
 
 use super::{Access, KernelTable};
 use crate::dtype::DType;
-use crate::ffi::params::LlkRopeNorm;
 use crate::spec::rope::RopeLayout;
 
-/// Every kernel, by (layout, access, qk-norm, dtype).
-pub static KERNELS: KernelTable<(RopeLayout, Access, LlkRopeNorm, DType)> = KernelTable {
-    module: "rope",
-    entries: &[
-        ((RopeLayout::Interleaved, Access::Scalar, LlkRopeNorm::LLK_ROPE_NO_NORM, DType::F32), "rope_interleaved_f32"),
-        ((RopeLayout::Interleaved, Access::Scalar, LlkRopeNorm::LLK_ROPE_NO_NORM, DType::F16), "rope_interleaved_f16"),
-        (
-            (RopeLayout::Interleaved, Access::Scalar, LlkRopeNorm::LLK_ROPE_NO_NORM, DType::BF16),
-            "rope_interleaved_bf16",
-        ),
-        (
-            (RopeLayout::Interleaved, Access::Vector, LlkRopeNorm::LLK_ROPE_NO_NORM, DType::F32),
-            "rope_interleaved_vec_f32",
-        ),
-        (
-            (RopeLayout::Interleaved, Access::Vector, LlkRopeNorm::LLK_ROPE_NO_NORM, DType::F16),
-            "rope_interleaved_vec_f16",
-        ),
-        (
-            (RopeLayout::Interleaved, Access::Vector, LlkRopeNorm::LLK_ROPE_NO_NORM, DType::BF16),
-            "rope_interleaved_vec_bf16",
-        ),
-        (
-            (RopeLayout::Interleaved, Access::Scalar, LlkRopeNorm::LLK_ROPE_L2_NORM, DType::F32),
-            "rope_interleaved_norm_f32",
-        ),
-        (
-            (RopeLayout::Interleaved, Access::Scalar, LlkRopeNorm::LLK_ROPE_L2_NORM, DType::F16),
-            "rope_interleaved_norm_f16",
-        ),
-        (
-            (RopeLayout::Interleaved, Access::Scalar, LlkRopeNorm::LLK_ROPE_L2_NORM, DType::BF16),
-            "rope_interleaved_norm_bf16",
-        ),
-        (
-            (RopeLayout::Interleaved, Access::Vector, LlkRopeNorm::LLK_ROPE_L2_NORM, DType::F32),
-            "rope_interleaved_norm_vec_f32",
-        ),
-        (
-            (RopeLayout::Interleaved, Access::Vector, LlkRopeNorm::LLK_ROPE_L2_NORM, DType::F16),
-            "rope_interleaved_norm_vec_f16",
-        ),
-        (
-            (RopeLayout::Interleaved, Access::Vector, LlkRopeNorm::LLK_ROPE_L2_NORM, DType::BF16),
-            "rope_interleaved_norm_vec_bf16",
-        ),
-        ((RopeLayout::HalfSplit, Access::Scalar, LlkRopeNorm::LLK_ROPE_NO_NORM, DType::F32), "rope_half_split_f32"),
-        ((RopeLayout::HalfSplit, Access::Scalar, LlkRopeNorm::LLK_ROPE_NO_NORM, DType::F16), "rope_half_split_f16"),
-        ((RopeLayout::HalfSplit, Access::Scalar, LlkRopeNorm::LLK_ROPE_NO_NORM, DType::BF16), "rope_half_split_bf16"),
-        ((RopeLayout::HalfSplit, Access::Vector, LlkRopeNorm::LLK_ROPE_NO_NORM, DType::F32), "rope_half_split_vec_f32"),
-        ((RopeLayout::HalfSplit, Access::Vector, LlkRopeNorm::LLK_ROPE_NO_NORM, DType::F16), "rope_half_split_vec_f16"),
-        (
-            (RopeLayout::HalfSplit, Access::Vector, LlkRopeNorm::LLK_ROPE_NO_NORM, DType::BF16),
-            "rope_half_split_vec_bf16",
-        ),
-        (
-            (RopeLayout::HalfSplit, Access::Scalar, LlkRopeNorm::LLK_ROPE_L2_NORM, DType::F32),
-            "rope_half_split_norm_f32",
-        ),
-        (
-            (RopeLayout::HalfSplit, Access::Scalar, LlkRopeNorm::LLK_ROPE_L2_NORM, DType::F16),
-            "rope_half_split_norm_f16",
-        ),
-        (
-            (RopeLayout::HalfSplit, Access::Scalar, LlkRopeNorm::LLK_ROPE_L2_NORM, DType::BF16),
-            "rope_half_split_norm_bf16",
-        ),
-        (
-            (RopeLayout::HalfSplit, Access::Vector, LlkRopeNorm::LLK_ROPE_L2_NORM, DType::F32),
-            "rope_half_split_norm_vec_f32",
-        ),
-        (
-            (RopeLayout::HalfSplit, Access::Vector, LlkRopeNorm::LLK_ROPE_L2_NORM, DType::F16),
-            "rope_half_split_norm_vec_f16",
-        ),
-        (
-            (RopeLayout::HalfSplit, Access::Vector, LlkRopeNorm::LLK_ROPE_L2_NORM, DType::BF16),
-            "rope_half_split_norm_vec_bf16",
-        ),
-    ],
-};
+/// What a RoPE kernel computes (the `Variant` template parameter of kernels/rope.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RopeKernel {
+    /// The rotation; with `LLK_ROPE_BACKWARD`, its transpose (the plain backward).
+    Rotate,
+    /// The rotation, then Llama 4's qk L2 norm.
+    Norm,
+    /// The backward of rotation + qk-norm, from the forward's saved input.
+    NormBackward,
+}
+
+macro_rules! layout {
+    ($layout:ident, $kernel:ident, $prefix:literal) => {
+        [
+            ((RopeLayout::$layout, Access::Scalar, RopeKernel::$kernel, DType::F32), concat!($prefix, "_f32")),
+            ((RopeLayout::$layout, Access::Scalar, RopeKernel::$kernel, DType::F16), concat!($prefix, "_f16")),
+            ((RopeLayout::$layout, Access::Scalar, RopeKernel::$kernel, DType::BF16), concat!($prefix, "_bf16")),
+            ((RopeLayout::$layout, Access::Vector, RopeKernel::$kernel, DType::F32), concat!($prefix, "_vec_f32")),
+            ((RopeLayout::$layout, Access::Vector, RopeKernel::$kernel, DType::F16), concat!($prefix, "_vec_f16")),
+            ((RopeLayout::$layout, Access::Vector, RopeKernel::$kernel, DType::BF16), concat!($prefix, "_vec_bf16")),
+        ]
+    };
+}
+
+type Entry = ((RopeLayout, Access, RopeKernel, DType), &'static str);
+const ENTRIES: [[Entry; 6]; 6] = [
+    layout!(Interleaved, Rotate, "rope_interleaved"),
+    layout!(HalfSplit, Rotate, "rope_half_split"),
+    layout!(Interleaved, Norm, "rope_interleaved_norm"),
+    layout!(HalfSplit, Norm, "rope_half_split_norm"),
+    layout!(Interleaved, NormBackward, "rope_interleaved_norm_backward"),
+    layout!(HalfSplit, NormBackward, "rope_half_split_norm_backward"),
+];
+
+/// Every kernel, by (layout, access, variant, dtype).
+pub static KERNELS: KernelTable<(RopeLayout, Access, RopeKernel, DType)> =
+    KernelTable { module: "rope", entries: ENTRIES.as_flattened() };
 
 /// The symbols of this family, for static checks.
 #[cfg(feature = "dev")]

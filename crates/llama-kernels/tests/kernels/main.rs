@@ -21,6 +21,7 @@ mod qlinear;
 mod rms_norm;
 mod rms_norm_backward;
 mod rope;
+mod rope_backward;
 mod sampling;
 mod swiglu;
 mod swiglu_backward;

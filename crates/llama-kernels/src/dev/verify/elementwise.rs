@@ -8,7 +8,7 @@ use crate::dev::testing::{Rng, Tolerance, compare};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops;
-use crate::ops::rope::{Rope, RopeConfig, RopeLayout};
+use crate::ops::rope::{Rope, RopeConfig, RopeLayout, Saved};
 use crate::ops::swiglu::GateUp;
 use crate::reference;
 use crate::tensor::Tensor;
@@ -134,6 +134,9 @@ pub struct RopeCase {
     pub fused_qkv: bool,
     /// Largest random position (exclusive).
     pub max_position: i64,
+    /// The backward ([`Rope::backward`]): q and k hold gradients, and with a qk-norm the
+    /// forward's inputs are random tensors of their own.
+    pub backward: bool,
     pub seed: u64,
 }
 
@@ -148,8 +151,13 @@ impl RopeCase {
             i64_positions: false,
             fused_qkv: false,
             max_position: 131_072,
+            backward: false,
             seed: 3,
         }
+    }
+    /// The same case through the backward.
+    pub fn backward(self) -> Self {
+        RopeCase { backward: true, ..self }
     }
 }
 
@@ -173,12 +181,15 @@ pub fn rope_positions(tokens: usize, max_position: i64, rng: &mut Rng) -> Vec<i6
 }
 
 pub fn rope_case(device: &Device, case: RopeCase) -> Result<CaseResult> {
-    let RopeCase { dtype, tokens, q_heads, kv_heads, config, i64_positions, fused_qkv, max_position, seed } = case;
+    let RopeCase { dtype, tokens, q_heads, kv_heads, config, i64_positions, fused_qkv, max_position, backward, seed } =
+        case;
     let d = config.head_dim;
-    let mut rng = Rng::new(seed ^ (tokens as u64) << 16 ^ (d as u64) << 32);
+    let mut rng = Rng::new(seed ^ (tokens as u64) << 16 ^ (d as u64) << 32 ^ u64::from(backward) << 48);
     let q = rng.normal_vec(tokens * q_heads * d, 1.0, dtype);
     let k = rng.normal_vec(tokens * kv_heads * d, 1.0, dtype);
     let pos = rope_positions(tokens, max_position, &mut rng);
+    // The backward's saved forward inputs (read only with a qk-norm).
+    let (q_in, k_in) = (rng.normal_vec(q.len(), 1.0, dtype), rng.normal_vec(k.len(), 1.0, dtype));
     let positions = if i64_positions {
         Tensor::from_slice(device, &pos, &[tokens])?
     } else {
@@ -196,15 +207,28 @@ pub fn rope_case(device: &Device, case: RopeCase) -> Result<CaseResult> {
             None,
         )
     };
+    let q_in_t = Tensor::from_f64(device, dtype, &q_in, &[tokens, q_heads, d])?;
+    let k_in_t = Tensor::from_f64(device, dtype, &k_in, &[tokens, kv_heads, d])?;
     let start = Instant::now();
-    rope.apply(&qt, Some(&kt), &positions)?;
+    if backward {
+        let saved = config.qk_norm_eps.map(|_| Saved { q: &q_in_t, k: Some(&k_in_t) });
+        rope.backward(&qt, Some(&kt), &positions, saved)?;
+    } else {
+        rope.apply(&qt, Some(&kt), &positions)?;
+    }
     device.synchronize()?;
     let millis = start.elapsed().as_secs_f64() * 1e3;
 
     let tol = rope_tolerance(dtype);
     let (qg, kg) = (qt.to_f64_vec()?, kt.to_f64_vec()?);
-    let qref = reference::rope::rope(&q, q_heads, &pos, &config)?;
-    let kref = reference::rope::rope(&k, kv_heads, &pos, &config)?;
+    let (qref, kref) = if backward {
+        (
+            reference::rope::rope_backward(&q, Some(&q_in), q_heads, &pos, &config)?,
+            reference::rope::rope_backward(&k, Some(&k_in), kv_heads, &pos, &config)?,
+        )
+    } else {
+        (reference::rope::rope(&q, q_heads, &pos, &config)?, reference::rope::rope(&k, kv_heads, &pos, &config)?)
+    };
     let mut parts = vec![
         (compare(&qg, &qref, tol), vec![tokens, q_heads, d]),
         (compare(&kg, &kref, tol), vec![tokens, kv_heads, d]),
@@ -231,7 +255,7 @@ pub fn rope_case(device: &Device, case: RopeCase) -> Result<CaseResult> {
         shape += " qkv";
     }
     Ok(CaseResult {
-        op: "rope".into(),
+        op: if backward { "rope_backward" } else { "rope" }.into(),
         dtype,
         shape,
         pass: comparison.pass && untouched,
@@ -243,7 +267,7 @@ pub fn rope_case(device: &Device, case: RopeCase) -> Result<CaseResult> {
     })
 }
 
-/// The RoPE cases `verify` runs.
+/// The RoPE cases `verify` runs, forward then backward.
 pub fn rope_cases(quick: bool) -> Vec<RopeCase> {
     let tokens = if quick { 16 } else { 512 };
     let mut v = Vec::new();
@@ -257,6 +281,8 @@ pub fn rope_cases(quick: bool) -> Vec<RopeCase> {
         let partial = RopeConfig { rotary_dim: 50, scaling: None, theta: 10_000.0, ..RopeConfig::llama3_1(64) };
         v.push(RopeCase::new(dtype, tokens, 4, 4, partial));
     }
+    let backward: Vec<RopeCase> = v.iter().map(|c| c.backward()).collect();
+    v.extend(backward);
     v
 }
 
