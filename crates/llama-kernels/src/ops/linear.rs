@@ -30,6 +30,11 @@
 //! overlap the inputs. Sizes and row strides are at most 2^31 - 1 elements (cuBLAS's 32-bit
 //! interface), on both targets: a larger one is an [`Error::InvalidArgument`].
 //!
+//! Backward: [`linear_backward_input`] (`dx = dy W`) and [`linear_backward_weight`]
+//! (`dw = dyᵀ x`, summed over the rows), both optionally accumulating (`beta = 1`) and with an
+//! f32 output if asked (16-bit inputs, f32 gradients). The same two GEMM engines, with the
+//! operands transposed by cuBLAS's `op` flags (and `sgemm`'s strides), never by a copy.
+//!
 //! [`linear_add`] accumulates instead (`y += x W^T`): cuBLAS's `beta = 1`, which fuses a residual
 //! add into the product with a single rounding of the sum.
 //!
@@ -89,6 +94,161 @@ pub fn linear_add_on(
     y: &mut TensorViewMut<'_>,
 ) -> Result<()> {
     run(&queue.queue_device()?, x, weight, bias, y, true)
+}
+
+/// `dx (+)= dy W`: the input gradient of [`linear`] (`accumulate`: added to `dx`, one rounding).
+/// `dy` `[..., out]`, `weight` `[out, in]`, `dx` `[..., in]` with `dy`'s leading dimensions; `dx`
+/// in `dy`'s dtype or f32.
+pub fn linear_backward_input(dy: &Tensor, weight: &Tensor, dx: &Tensor, accumulate: bool) -> Result<()> {
+    linear_backward_input_on(dy.device(), &dy.view(), &weight.view(), &mut TensorViewMut::of_tensor(dx), accumulate)
+}
+
+/// [`linear_backward_input`] on borrowed views, queued on `queue`.
+pub fn linear_backward_input_on(
+    queue: &impl Queue,
+    dy: &TensorView<'_>,
+    weight: &TensorView<'_>,
+    dx: &mut TensorViewMut<'_>,
+    accumulate: bool,
+) -> Result<()> {
+    const OP: &str = "linear_backward_input";
+    let device = queue.queue_device()?;
+    let dtype = dy.dtype();
+    check_float(OP, "dy", dtype)?;
+    check_dtype(OP, "weight", weight.dtype(), dtype)?;
+    check_output_dtype(OP, "dx", dx.dtype(), dtype)?;
+    let [d_out, d_in] = *weight.shape() else {
+        return Err(Error::shape(OP, "weight", weight.shape().to_vec(), "[out, in] (the nn.Linear layout)"));
+    };
+    check_rows_like(OP, ("dy", dy.shape()), d_out, ("dx", dx.shape()), d_in)?;
+    let mut args = KernelArgs::new(OP, &device);
+    let dxb = args.write("dx", dx)?;
+    let (dyb, wb) = (args.read("dy", dy)?, args.read("weight", weight)?);
+    let (dxr, dyr, wr) = (Rows::of(OP, "dx", &dxb, 1)?, Rows::of(OP, "dy", &dyb, 1)?, Rows::of(OP, "weight", &wb, 1)?);
+    check_disjoint(OP, ("dx", dxr), ("dy", dyr))?;
+    check_disjoint(OP, ("dx", dxr), ("weight", wr))?;
+    let tokens = dxr.rows;
+    if tokens == 0 || d_in == 0 {
+        return Ok(());
+    }
+    let g = Gemm {
+        dtype,
+        out_dtype: dxb.dtype,
+        m: tokens,
+        n: d_in,
+        k: d_out,
+        a: Operand { addr: dyb.addr, ld: dyr.row_stride, transposed: false, ld_name: "dy row stride" },
+        b: Operand {
+            addr: wb.addr,
+            ld: if d_out > 1 { wr.row_stride } else { d_in },
+            transposed: false,
+            ld_name: "weight row stride",
+        },
+        bias: None,
+        c: dxb.addr,
+        ldc: if tokens > 1 { dxr.row_stride } else { d_in },
+        accumulate,
+        names: ["tokens", "in", "out", "dx row stride"],
+    };
+    // SAFETY: every address was registered with `args` above, and the row/stride extents were
+    // validated by `Rows::of` against the views' shapes.
+    unsafe { g.run(OP, &device, args) }
+}
+
+/// `dw (+)= dyᵀ x`: the weight gradient of [`linear`], summed over every row (`accumulate`: added
+/// to `dw`, one rounding). `dy` `[..., out]`, `x` `[..., in]` with the same leading dimensions,
+/// `dw` `[out, in]` in `dy`'s dtype or f32 (f32 keeps gradient accumulation exact to f32). With
+/// no rows, `dw` is zeroed (or, accumulating, left as it is).
+pub fn linear_backward_weight(dy: &Tensor, x: &Tensor, dw: &Tensor, accumulate: bool) -> Result<()> {
+    linear_backward_weight_on(dy.device(), &dy.view(), &x.view(), &mut TensorViewMut::of_tensor(dw), accumulate)
+}
+
+/// [`linear_backward_weight`] on borrowed views, queued on `queue`.
+pub fn linear_backward_weight_on(
+    queue: &impl Queue,
+    dy: &TensorView<'_>,
+    x: &TensorView<'_>,
+    dw: &mut TensorViewMut<'_>,
+    accumulate: bool,
+) -> Result<()> {
+    const OP: &str = "linear_backward_weight";
+    let device = queue.queue_device()?;
+    let dtype = dy.dtype();
+    check_float(OP, "dy", dtype)?;
+    check_dtype(OP, "x", x.dtype(), dtype)?;
+    check_output_dtype(OP, "dw", dw.dtype(), dtype)?;
+    let [d_out, d_in] = *dw.shape() else {
+        return Err(Error::shape(OP, "dw", dw.shape().to_vec(), "[out, in] (the nn.Linear layout)"));
+    };
+    check_rows_like(OP, ("dy", dy.shape()), d_out, ("x", x.shape()), d_in)?;
+    let mut args = KernelArgs::new(OP, &device);
+    let dwb = args.write("dw", dw)?;
+    let (dyb, xb) = (args.read("dy", dy)?, args.read("x", x)?);
+    let (dwr, dyr, xr) = (Rows::of(OP, "dw", &dwb, 1)?, Rows::of(OP, "dy", &dyb, 1)?, Rows::of(OP, "x", &xb, 1)?);
+    check_disjoint(OP, ("dw", dwr), ("dy", dyr))?;
+    check_disjoint(OP, ("dw", dwr), ("x", xr))?;
+    let tokens = dyr.rows;
+    if d_out == 0 || d_in == 0 {
+        return Ok(());
+    }
+    let g = Gemm {
+        dtype,
+        out_dtype: dwb.dtype,
+        m: d_out,
+        n: d_in,
+        k: tokens,
+        // dy [tokens, out] row-major holds A^T for A = dy^T [out, tokens].
+        a: Operand {
+            addr: dyb.addr,
+            ld: if tokens > 1 { dyr.row_stride } else { d_out },
+            transposed: true,
+            ld_name: "dy row stride",
+        },
+        b: Operand {
+            addr: xb.addr,
+            ld: if tokens > 1 { xr.row_stride } else { d_in },
+            transposed: false,
+            ld_name: "x row stride",
+        },
+        bias: None,
+        c: dwb.addr,
+        ldc: if d_out > 1 { dwr.row_stride } else { d_in },
+        accumulate,
+        names: ["out", "in", "tokens", "dw row stride"],
+    };
+    // SAFETY: every address was registered with `args` above, and the row/stride extents were
+    // validated by `Rows::of` against the views' shapes.
+    unsafe { g.run(OP, &device, args) }
+}
+
+/// The output of a product: `dtype` itself or f32.
+fn check_output_dtype(op: &'static str, what: &'static str, got: DType, dtype: DType) -> Result<()> {
+    if got == dtype || got == DType::F32 {
+        Ok(())
+    } else {
+        Err(Error::UnsupportedDType { op, what, dtype: got, supported: format!("{dtype} or f32") })
+    }
+}
+
+/// `a` is `[..., a_last]` and `b` `[..., b_last]` with the same leading dimensions.
+fn check_rows_like(
+    op: &'static str,
+    (a_what, a): (&'static str, &[usize]),
+    a_last: usize,
+    (b_what, b): (&'static str, &[usize]),
+    b_last: usize,
+) -> Result<()> {
+    if a.last() != Some(&a_last) {
+        return Err(Error::shape(op, a_what, a.to_vec(), format!("[..., {a_last}]")));
+    }
+    let mut want = a.to_vec();
+    if let Some(last) = want.last_mut() {
+        *last = b_last;
+    }
+    if b != want.as_slice() {
+        return Err(Error::shape(op, b_what, b.to_vec(), format!("{want:?} ({a_what}'s leading dimensions)")));
+    }
+    Ok(())
 }
 
 /// Plans the matrix products of `queue`'s stream: creates its cuBLAS handle and sizes the
@@ -168,55 +328,61 @@ fn run(
     }
     let g = Gemm {
         dtype,
-        tokens,
-        d_in,
-        d_out,
-        x: xb.addr,
-        x_stride: xr.row_stride,
-        w: wb.addr,
-        w_stride: if d_out > 1 { wr.row_stride } else { d_in.max(1) },
+        out_dtype: dtype,
+        m: tokens,
+        n: d_out,
+        k: d_in,
+        // W [out, in] row-major holds B^T for B = W^T [in, out].
+        a: Operand { addr: xb.addr, ld: xr.row_stride, transposed: false, ld_name: "x row stride" },
+        b: Operand {
+            addr: wb.addr,
+            ld: if d_out > 1 { wr.row_stride } else { d_in.max(1) },
+            transposed: true,
+            ld_name: "weight row stride",
+        },
         bias: bb.map(|b| b.addr),
-        y: yb.addr,
-        y_stride: if tokens > 1 { yr.row_stride } else { d_out },
+        c: yb.addr,
+        ldc: if tokens > 1 { yr.row_stride } else { d_out },
         accumulate,
+        names: ["tokens", "out", "in", "y row stride"],
     };
     // Both targets take cuBLAS's 32-bit sizes and row strides, so a call valid on one is valid on
     // the other.
-    let dims = g.cuda_dims(op)?;
-    match device.cuda_stream() {
-        Some(stream) => {
-            let entry = handle_for(device, stream)?;
-            let ones = match g.bias {
-                Some(_) => Some(entry.lock().unwrap_or_else(|p| p.into_inner()).ones(device, dtype, tokens)?),
-                None => None,
-            };
-            args.call(op, |stream| g.cuda(stream, &entry, dims, ones), || Ok(()))
-        }
-        None => args.call(
-            op,
-            |_| Ok(()),
-            // SAFETY: every address was registered above for this launch, and the row/stride
-            // extents were validated by `Rows::of` against the views' shapes.
-            || unsafe { g.host() },
-        ),
-    }
+    // SAFETY: every address was registered with `args` above, and the row/stride extents were
+    // validated by `Rows::of` against the views' shapes.
+    unsafe { g.run(op, device, args) }
 }
 
-/// One validated product, in row-major terms.
+/// One operand of a [`Gemm`], in row-major terms: the matrix itself (`transposed: false`, rows
+/// `ld` elements apart) or its transpose stored row-major (`transposed: true`).
+#[derive(Clone, Copy, Debug)]
+struct Operand {
+    addr: u64,
+    ld: usize,
+    transposed: bool,
+    /// The name of `ld` in errors ("x row stride").
+    ld_name: &'static str,
+}
+
+/// One validated product `C [m, n] (+)= A [m, k] B [k, n] (+ bias)`, in row-major terms.
 #[derive(Clone, Copy, Debug)]
 struct Gemm {
+    /// Of A and B (and the bias).
     dtype: DType,
-    tokens: usize,
-    d_in: usize,
-    d_out: usize,
-    x: u64,
-    x_stride: usize,
-    w: u64,
-    w_stride: usize,
+    /// Of C: `dtype`, or f32.
+    out_dtype: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand,
+    b: Operand,
+    /// `[n]`, added to every row of C.
     bias: Option<u64>,
-    y: u64,
-    y_stride: usize,
+    c: u64,
+    ldc: usize,
     accumulate: bool,
+    /// The names of m, n, k and ldc in errors.
+    names: [&'static str; 4],
 }
 
 /// cuBLAS's 32-bit sizes and leading dimensions.
@@ -230,42 +396,81 @@ struct CudaDims {
     ldc: i32,
 }
 
+/// The cuBLAS type of `dtype`.
+fn cuda_type(op: &'static str, dtype: DType) -> Result<blas_sys::cudaDataType_t> {
+    match dtype {
+        DType::F32 => Ok(blas_sys::cudaDataType_t::CUDA_R_32F),
+        DType::F16 => Ok(blas_sys::cudaDataType_t::CUDA_R_16F),
+        DType::BF16 => Ok(blas_sys::cudaDataType_t::CUDA_R_16BF),
+        other => Err(Error::UnsupportedDType { op, what: "x", dtype: other, supported: "f32, f16, bf16".into() }),
+    }
+}
+
 impl Gemm {
+    /// Queues the product on `device` (cuBLAS, or `sgemm` on the host).
+    ///
+    /// # Safety
+    /// Every address must be registered with `args` as a view holding the extents `self`
+    /// describes, C disjoint from the inputs.
+    unsafe fn run(&self, op: &'static str, device: &Device, args: KernelArgs<'_>) -> Result<()> {
+        // Both targets take cuBLAS's 32-bit sizes and row strides, so a call valid on one is
+        // valid on the other.
+        let dims = self.cuda_dims(op)?;
+        match device.cuda_stream() {
+            Some(stream) => {
+                let entry = handle_for(device, stream)?;
+                let ones = match self.bias {
+                    Some(_) => Some(entry.lock().unwrap_or_else(|p| p.into_inner()).ones(device, self.dtype, self.m)?),
+                    None => None,
+                };
+                args.call(op, |stream| self.cuda(op, stream, &entry, dims, ones), || Ok(()))
+            }
+            // SAFETY: the caller's contract.
+            None => args.call(op, |_| Ok(()), || unsafe { self.host() }),
+        }
+    }
+
+    /// The row-major (rows, columns) of an operand as stored: `rows x cols` as a matrix, or its
+    /// transpose.
+    fn stored(o: &Operand, rows: usize, cols: usize) -> (usize, usize) {
+        if o.transposed { (cols, rows) } else { (rows, cols) }
+    }
+
     fn cuda_dims(&self, op: &'static str) -> Result<CudaDims> {
         let i = |name: &'static str, v: usize| {
             i32::try_from(v).map_err(|_| Error::invalid(op, name, v, "exceeds cuBLAS's 32-bit sizes (2^31 - 1)"))
         };
+        let (_, a_cols) = Self::stored(&self.a, self.m, self.k);
+        let (_, b_cols) = Self::stored(&self.b, self.k, self.n);
         Ok(CudaDims {
-            m: i("out", self.d_out)?,
-            n: i("tokens", self.tokens)?,
-            k: i("in", self.d_in)?,
-            lda: i("weight row stride", self.w_stride.max(self.d_in).max(1))?,
-            ldb: i("x row stride", self.x_stride.max(self.d_in).max(1))?,
-            ldc: i("y row stride", self.y_stride.max(self.d_out))?,
+            m: i(self.names[1], self.n)?,
+            n: i(self.names[0], self.m)?,
+            k: i(self.names[2], self.k)?,
+            lda: i(self.b.ld_name, self.b.ld.max(b_cols).max(1))?,
+            ldb: i(self.a.ld_name, self.a.ld.max(a_cols).max(1))?,
+            ldc: i(self.names[3], self.ldc.max(self.n).max(1))?,
         })
     }
 
-    /// Column-major view for cuBLAS: `Y^T [out, tokens] = W [out, in] X^T [in, tokens]`, where
-    /// row-major `W` is column-major `W^T` (so op(A) = T) and row-major `x` is column-major `X^T`.
-    fn cuda(&self, stream: &Arc<CudaStream>, entry: &Mutex<BlasEntry>, d: CudaDims, ones: Option<u64>) -> Result<()> {
-        let ty = match self.dtype {
-            DType::F32 => blas_sys::cudaDataType_t::CUDA_R_32F,
-            DType::F16 => blas_sys::cudaDataType_t::CUDA_R_16F,
-            DType::BF16 => blas_sys::cudaDataType_t::CUDA_R_16BF,
-            other => {
-                return Err(Error::UnsupportedDType {
-                    op: OP,
-                    what: "x",
-                    dtype: other,
-                    supported: "f32, f16, bf16".into(),
-                });
-            }
-        };
+    /// Column-major view for cuBLAS: row-major C is column-major `C^T [n, m] = B^T A^T`. A
+    /// row-major matrix is its column-major transpose, so B (or A) stored as itself is op N, and
+    /// stored as its transpose op T.
+    fn cuda(
+        &self,
+        op: &'static str,
+        stream: &Arc<CudaStream>,
+        entry: &Mutex<BlasEntry>,
+        d: CudaDims,
+        ones: Option<u64>,
+    ) -> Result<()> {
+        let ty = cuda_type(op, self.dtype)?;
+        let out_ty = cuda_type(op, self.out_dtype)?;
         let e = entry.lock().unwrap_or_else(|p| p.into_inner());
         stream.context().bind_to_thread()?;
         let (one, zero) = (1.0f32, 0.0f32);
         let mut beta = if self.accumulate { one } else { zero };
         let (n_op, t_op) = (blas_sys::cublasOperation_t::CUBLAS_OP_N, blas_sys::cublasOperation_t::CUBLAS_OP_T);
+        let op_of = |o: &Operand| if o.transposed { t_op } else { n_op };
         if let (Some(bias), Some(ones)) = (self.bias, ones) {
             // Y^T += bias [out, 1] x ones [1, tokens]: the bias broadcast over the rows, exact.
             // SAFETY: bias holds d_out elements and ones at least `tokens` (sized by `ones`); y
@@ -288,8 +493,8 @@ impl Gemm {
                     ty,
                     1,
                     (&beta as *const f32).cast(),
-                    self.y as *mut std::ffi::c_void,
-                    ty,
+                    self.c as *mut std::ffi::c_void,
+                    out_ty,
                     d.ldc,
                     blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                     blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -297,29 +502,29 @@ impl Gemm {
             }?;
             beta = one;
         }
-        // SAFETY: the weight holds d_out rows of lda >= d_in elements, x tokens rows of ldb >=
-        // d_in, y tokens rows of ldc >= d_out (validated by Rows::of); all are device memory of
-        // this context registered with KernelArgs, whose guards order them on this stream; the
-        // handle is bound to this stream and locked for the call; alpha and beta are host f32s,
-        // as CUBLAS_COMPUTE_32F requires in the default pointer mode.
+        // SAFETY: A and B hold their stored rows of ld >= stored columns elements, C m rows of
+        // ldc >= n (validated by Rows::of); all are device memory of this context registered
+        // with KernelArgs, whose guards order them on this stream; the handle is bound to this
+        // stream and locked for the call; alpha and beta are host f32s, as CUBLAS_COMPUTE_32F
+        // requires in the default pointer mode.
         unsafe {
             blas::gemm_ex(
                 e.handle.0,
-                t_op,
-                n_op,
+                op_of(&self.b),
+                op_of(&self.a),
                 d.m,
                 d.n,
                 d.k,
                 (&one as *const f32).cast(),
-                self.w as *const std::ffi::c_void,
+                self.b.addr as *const std::ffi::c_void,
                 ty,
                 d.lda,
-                self.x as *const std::ffi::c_void,
+                self.a.addr as *const std::ffi::c_void,
                 ty,
                 d.ldb,
                 (&beta as *const f32).cast(),
-                self.y as *mut std::ffi::c_void,
-                ty,
+                self.c as *mut std::ffi::c_void,
+                out_ty,
                 d.ldc,
                 blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -335,53 +540,57 @@ impl Gemm {
     /// `self` (validated views registered with `KernelArgs`), with `y` disjoint from the inputs,
     /// and the device's stream lock held.
     unsafe fn host(&self) -> Result<()> {
-        let Gemm { dtype, tokens, d_in, d_out, .. } = *self;
+        let Gemm { dtype, out_dtype, m, n, k, a, b, .. } = *self;
         SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
             let Scratch { x, w, acc } = &mut *scratch;
-            // SAFETY: the caller's contract: the rows lie inside the registered views.
+            let (a_rows, a_cols) = Self::stored(&a, m, k);
+            let (b_rows, b_cols) = Self::stored(&b, k, n);
+            // SAFETY: the caller's contract: the stored rows lie inside the registered views.
             unsafe {
-                load_rows(dtype, self.x, self.x_stride, tokens, d_in, x);
-                load_rows(dtype, self.w, self.w_stride, d_out, d_in, w);
+                load_rows(dtype, a.addr, a.ld, a_rows, a_cols, x);
+                load_rows(dtype, b.addr, b.ld, b_rows, b_cols, w);
             }
             acc.clear();
-            acc.resize(tokens * d_out, 0.0);
-            // SAFETY: x is [tokens, d_in] and w [d_out, d_in], both contiguous f32 host vectors;
-            // acc is [tokens, d_out]; the strides describe exactly those layouts (w read as its
-            // transpose: row stride 1, column stride d_in).
+            acc.resize(m * n, 0.0);
+            // (row stride, column stride) of a contiguous stored copy read as the matrix itself.
+            let strides = |o: &Operand, cols: usize| if o.transposed { (1, cols as isize) } else { (cols as isize, 1) };
+            let ((rsa, csa), (rsb, csb)) = (strides(&a, a_cols), strides(&b, b_cols));
+            // SAFETY: x holds A's stored a_rows x a_cols and w B's stored b_rows x b_cols, both
+            // contiguous f32 host vectors, and the strides read them as A [m, k] and B [k, n];
+            // acc is [m, n].
             unsafe {
                 matrixmultiply::sgemm(
-                    tokens,
-                    d_in,
-                    d_out,
+                    m,
+                    k,
+                    n,
                     1.0,
                     x.as_ptr(),
-                    d_in as isize,
-                    1,
+                    rsa,
+                    csa,
                     w.as_ptr(),
-                    1,
-                    d_in as isize,
+                    rsb,
+                    csb,
                     0.0,
                     acc.as_mut_ptr(),
-                    d_out as isize,
+                    n as isize,
                     1,
                 );
             }
             let mut bias = Vec::new();
             if let Some(b) = self.bias {
-                // SAFETY: the bias view holds d_out contiguous elements.
-                unsafe { load_rows(dtype, b, d_out, 1, d_out, &mut bias) };
+                // SAFETY: the bias view holds n contiguous elements.
+                unsafe { load_rows(dtype, b, n, 1, n, &mut bias) };
             }
             let mut old = Vec::new();
-            for t in 0..tokens {
-                let row = &mut acc[t * d_out..(t + 1) * d_out];
+            for t in 0..m {
+                let row = &mut acc[t * n..(t + 1) * n];
+                let c_row = self.c + (t * self.ldc * out_dtype.size()) as u64;
                 if self.accumulate {
-                    // SAFETY: row t of y lies inside the registered view.
-                    unsafe {
-                        load_rows(dtype, self.y + (t * self.y_stride * dtype.size()) as u64, 0, 1, d_out, &mut old)
-                    };
+                    // SAFETY: row t of C lies inside the registered view.
+                    unsafe { load_rows(out_dtype, c_row, 0, 1, n, &mut old) };
                 }
-                for j in 0..d_out {
+                for j in 0..n {
                     let mut v = row[j];
                     if let Some(&b) = bias.get(j) {
                         v += b;
@@ -391,9 +600,9 @@ impl Gemm {
                     }
                     row[j] = v;
                 }
-                // SAFETY: row t of y lies inside the registered output view, disjoint from the
+                // SAFETY: row t of C lies inside the registered output view, disjoint from the
                 // inputs; the stream lock is held.
-                unsafe { store_row(dtype, self.y + (t * self.y_stride * dtype.size()) as u64, row) };
+                unsafe { store_row(out_dtype, c_row, row) };
             }
             Ok(())
         })

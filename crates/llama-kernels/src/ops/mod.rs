@@ -34,7 +34,10 @@ pub use attention::{
     merge_attention_states_on,
 };
 pub use embedding::{embedding, embedding_on};
-pub use linear::{linear, linear_add, linear_add_on, linear_on};
+pub use linear::{
+    linear, linear_add, linear_add_on, linear_backward_input, linear_backward_input_on, linear_backward_weight,
+    linear_backward_weight_on, linear_on,
+};
 pub use moe::{
     GemmGroups, MoeAlign, MoeFfnConfig, MoeResidual, MoeRouting, WeightLayout, moe_combine, moe_combine_on, moe_gather,
     moe_gather_on, moe_grouped_gemm, moe_grouped_gemm_on, moe_route, moe_route_on,

@@ -11,6 +11,7 @@ mod emulator;
 mod gpu_graph;
 mod interop;
 mod linear;
+mod linear_backward;
 mod mbarrier;
 mod moe;
 mod paged_attention;
