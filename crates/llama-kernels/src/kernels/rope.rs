@@ -15,32 +15,31 @@ pub enum RopeKernel {
     NormBackward,
 }
 
-macro_rules! layout {
-    ($layout:ident, $kernel:ident, $prefix:literal) => {
-        [
+macro_rules! variants {
+    ($(($layout:ident, $kernel:ident, $prefix:literal)),*) => {
+        &[$(
             ((RopeLayout::$layout, Access::Scalar, RopeKernel::$kernel, DType::F32), concat!($prefix, "_f32")),
             ((RopeLayout::$layout, Access::Scalar, RopeKernel::$kernel, DType::F16), concat!($prefix, "_f16")),
             ((RopeLayout::$layout, Access::Scalar, RopeKernel::$kernel, DType::BF16), concat!($prefix, "_bf16")),
             ((RopeLayout::$layout, Access::Vector, RopeKernel::$kernel, DType::F32), concat!($prefix, "_vec_f32")),
             ((RopeLayout::$layout, Access::Vector, RopeKernel::$kernel, DType::F16), concat!($prefix, "_vec_f16")),
             ((RopeLayout::$layout, Access::Vector, RopeKernel::$kernel, DType::BF16), concat!($prefix, "_vec_bf16")),
-        ]
+        )*]
     };
 }
 
-type Entry = ((RopeLayout, Access, RopeKernel, DType), &'static str);
-const ENTRIES: [[Entry; 6]; 6] = [
-    layout!(Interleaved, Rotate, "rope_interleaved"),
-    layout!(HalfSplit, Rotate, "rope_half_split"),
-    layout!(Interleaved, Norm, "rope_interleaved_norm"),
-    layout!(HalfSplit, Norm, "rope_half_split_norm"),
-    layout!(Interleaved, NormBackward, "rope_interleaved_norm_backward"),
-    layout!(HalfSplit, NormBackward, "rope_half_split_norm_backward"),
-];
-
 /// Every kernel, by (layout, access, variant, dtype).
-pub static KERNELS: KernelTable<(RopeLayout, Access, RopeKernel, DType)> =
-    KernelTable { module: "rope", entries: ENTRIES.as_flattened() };
+pub static KERNELS: KernelTable<(RopeLayout, Access, RopeKernel, DType)> = KernelTable {
+    module: "rope",
+    entries: variants!(
+        (Interleaved, Rotate, "rope_interleaved"),
+        (HalfSplit, Rotate, "rope_half_split"),
+        (Interleaved, Norm, "rope_interleaved_norm"),
+        (HalfSplit, Norm, "rope_half_split_norm"),
+        (Interleaved, NormBackward, "rope_interleaved_norm_backward"),
+        (HalfSplit, NormBackward, "rope_half_split_norm_backward")
+    ),
+};
 
 /// The symbols of this family, for static checks.
 #[cfg(feature = "dev")]
