@@ -14,6 +14,10 @@ feeds the same inputs through the public ops in f32 and compares. Values are sto
   rope               transformers' Llama rotate_half (half-split) or Llama 4's complex
                      multiply (interleaved), then optionally Llama 4's L2 norm
                      (x * rsqrt(mean(x^2) + eps) over the head); grad of the input
+  cross_entropy      torch.nn.functional.cross_entropy with ignore_index -100, mean or sum;
+                     the loss and the grad of the logits
+  adamw              three steps of torch.nn.utils.clip_grad_norm_ + torch.optim.AdamW on two
+                     tensors with given gradients and learning rates; the parameters after each
 
 Usage: PYTHONPATH=.toolchain/hf-python python3 scripts/make_autograd_fixtures.py \\
            --out crates/llama-kernels/tests/fixtures/autograd/autograd.json
@@ -96,6 +100,35 @@ def case_rope(g, tokens, heads, head_dim, layout, norm):
             "x": b64(x), "dy": b64(dy), "dx": b64(x.grad)}
 
 
+def case_cross_entropy(g, rows, vocab, reduction):
+    logits = (3.0 * torch.randn(rows, vocab, generator=g, dtype=torch.float64)).requires_grad_()
+    labels = torch.randint(0, vocab, (rows,), generator=g)
+    labels[1::3] = -100
+    loss = torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction=reduction)
+    loss.backward()
+    return {"op": "cross_entropy", "rows": rows, "vocab": vocab, "reduction": reduction,
+            "labels": labels.tolist(), "logits": b64(logits), "loss": loss.item(), "dlogits": b64(logits.grad)}
+
+
+def case_adamw(g):
+    shapes = [(3, 5), (7,)]
+    params = [torch.randn(*s, generator=g, dtype=torch.float64).requires_grad_() for s in shapes]
+    opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
+    steps = []
+    for lr in [1e-3, 5e-4, 2e-3]:
+        for group in opt.param_groups:
+            group["lr"] = lr
+        grads = [torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes]
+        for p, gr in zip(params, grads):
+            p.grad = gr.clone()
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm=1.0)
+        opt.step()
+        steps.append({"lr": lr, "grads": [b64(gr) for gr in grads], "norm": norm.item(),
+                      "params": [b64(p) for p in params]})
+    return {"op": "adamw", "shapes": [list(s) for s in shapes], "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
+            "weight_decay": 0.1, "max_norm": 1.0, "init": None, "steps": steps}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -105,6 +138,12 @@ def main():
     cases += [case_fused(g, r, h) for r, h in [(4, 128), (2, 96)]]
     cases += [case_swiglu(g, t, d) for t, d in [(3, 64), (2, 100)]]
     cases += [case_rope(g, 5, 2, 64, layout, norm) for layout in ["half_split", "interleaved"] for norm in [False, True]]
+    cases += [case_cross_entropy(g, r, v, red) for r, v, red in [(7, 50, "mean"), (4, 300, "sum")]]
+    init_state = g.get_state()
+    adamw = case_adamw(g)
+    g.set_state(init_state)  # the initial parameters: the same draws again
+    adamw["init"] = [b64(torch.randn(*s, generator=g, dtype=torch.float64)) for s in adamw["shapes"]]
+    cases.append(adamw)
     out = {"made_by": "scripts/make_autograd_fixtures.py", "torch": torch.__version__,
            "numpy": np.__version__, "python": platform.python_version(), "cases": cases}
     with open(args.out, "w") as f:

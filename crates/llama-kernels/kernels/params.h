@@ -198,6 +198,121 @@ typedef struct EmbeddingParams {
   int64_t out_row_stride;
 } EmbeddingParams;
 
+// ---------------------------------------------------------------------------- Cross-entropy
+// loss_t = logsumexp(logits_t) - logits_t[label_t] over the rows whose label is not ignore_index,
+// reduced by mean (over those rows) or sum; d loss / d logits = (softmax - onehot) * scale. See
+// cross_entropy.cu.
+typedef enum LlkLossReduction {
+  LLK_LOSS_MEAN = 0,  // sum / (rows whose label is not ignore_index); NaN when there are none (PyTorch)
+  LLK_LOSS_SUM = 1,
+} LlkLossReduction;
+
+// Threads of the per-row kernel (one block per row) and of the one-block count and reduce kernels.
+#define LLK_CE_THREADS 512
+#define LLK_CE_REDUCE_THREADS 1024
+
+typedef struct CrossEntropyParams {
+  uint64_t logits;      // [rows, vocab], rows logits_stride elements apart
+  uint64_t labels;      // [rows] i32 or i64 (label_type)
+  uint64_t grad;        // [rows, vocab] d loss / d logits, rows grad_stride apart; may be logits (in place); 0: none
+  uint64_t row_loss;    // [rows] f32: logsumexp - logit[label], 0 for an ignored row, NaN for a bad label
+  uint64_t count;       // [1] f32: rows whose label is not ignore_index (written by cross_entropy_count)
+  uint64_t loss;        // [1] f32: the reduced loss (written by cross_entropy_reduce)
+  uint64_t error_flag;  // [1] i32: LLK_DEVICE_BAD_LABEL
+  int64_t rows;         // rows of this launch (a chunk's for the per-row kernel, all for count/reduce)
+  int64_t vocab;
+  int64_t logits_stride;
+  int64_t grad_stride;
+  int64_t ignore_index;
+  LlkIndexType label_type;
+  LlkLossReduction reduction;
+  float grad_scale;     // the upstream gradient of the reduced loss (1, or a loss scale)
+} CrossEntropyParams;
+
+// The backward of the lookup: d_table[v] (+)= sum of d_out[t] over the tokens t with ids[t] == v,
+// in token order (see embedding.cu). Tokens go in chunks of at most LLK_EMBEDDING_BWD_CHUNK: each
+// chunk's (id, token) keys are sorted in one block, then rows are summed from the sorted keys.
+#define LLK_EMBEDDING_BWD_CHUNK 4096
+#define LLK_EMBEDDING_BWD_SORT_THREADS 1024
+typedef enum LlkEmbeddingBwdMode {
+  LLK_EMBEDDING_BWD_ROWS = 0,      // every table row overwritten: its tokens' sum, or zeros (grid: vocab rows)
+  LLK_EMBEDDING_BWD_SEGMENTS = 1,  // only the rows of this chunk's ids, added to (grid: sorted keys)
+} LlkEmbeddingBwdMode;
+
+typedef struct EmbeddingBackwardParams {
+  uint64_t d_out;       // [tokens, hidden] of the forward's dtype, rows d_out_row_stride apart
+  uint64_t ids;         // [tokens] i32: this chunk's ids
+  uint64_t keys;        // [LLK_EMBEDDING_BWD_CHUNK] u64 scratch: (id << 32 | token), sorted
+  uint64_t d_table;     // [vocab, hidden] f32, rows d_table_row_stride apart
+  uint64_t error_flag;  // [1] i32: LLK_DEVICE_BAD_TOKEN_ID (the token adds nothing)
+  int64_t tokens;       // of this chunk (<= LLK_EMBEDDING_BWD_CHUNK)
+  int64_t hidden;
+  int64_t vocab;
+  int64_t d_out_row_stride;
+  int64_t d_table_row_stride;
+  LlkEmbeddingBwdMode mode;
+} EmbeddingBackwardParams;
+
+// ---------------------------------------------------------------------------- Optimizer
+// AdamW over many tensors in one launch, after a global gradient norm with clipping and a
+// non-finite check (and, for f16 training, GradScaler's dynamic loss scale). See optimizer.cu.
+typedef enum LlkFloatType {
+  LLK_FLOAT_F32 = 0,
+  LLK_FLOAT_F16 = 1,
+  LLK_FLOAT_BF16 = 2,
+} LlkFloatType;
+
+// One tensor of the group.
+typedef struct LlkOptimSlot {
+  uint64_t param;   // [numel] of param_type, updated in place (rounded from the f32 result)
+  uint64_t grad;    // [numel] of grad_type (the loss-scaled gradient)
+  uint64_t m;       // [numel] f32 first moment
+  uint64_t v;       // [numel] f32 second moment
+  uint64_t master;  // [numel] f32 master weights (the update's source and destination), or 0
+  int64_t numel;
+  LlkFloatType param_type;
+  LlkFloatType grad_type;
+} LlkOptimSlot;
+
+// One block's share: LLK_OPTIM_CHUNK elements of one slot from `start`.
+typedef struct LlkOptimChunk {
+  int64_t slot;
+  int64_t start;
+} LlkOptimChunk;
+
+#define LLK_OPTIM_CHUNK 4096
+#define LLK_OPTIM_THREADS 256
+#define LLK_OPTIM_REDUCE_THREADS 1024
+
+// The device state one step reads and updates (f32 unless said).
+typedef struct LlkOptimState {
+  float loss_scale;    // GradScaler's scale (1 when not scaling)
+  float grad_norm;     // written: the global L2 norm of the unscaled gradients
+  float clip_coef;     // written: min(1, max_norm / (norm + 1e-6)), times 1 / loss_scale
+  int32_t found_inf;   // written: 1 when a gradient is inf or NaN (the step is skipped)
+  int32_t growth_tracker;  // GradScaler's count of finite steps since the last change
+  int32_t pad;
+  int64_t step;        // completed steps (the bias corrections' t is step + 1)
+} LlkOptimState;
+
+typedef struct OptimizerParams {
+  uint64_t slots;      // [n_slots] LlkOptimSlot
+  uint64_t chunks;     // [n_chunks] LlkOptimChunk
+  uint64_t partials;   // [n_chunks] f64: each chunk's sum of squared gradients
+  uint64_t state;      // [1] LlkOptimState
+  uint64_t lr_device;  // [1] f32 learning rate on the device (graph-friendly), or 0: use `lr`
+  int64_t n_chunks;
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+  float max_norm;      // <= 0: no clipping
+  float backoff;       // GradScaler: scale *= backoff after a non-finite step (0.5)
+  float growth;        // ... and *= growth after growth_interval finite steps (2)
+  int32_t growth_interval;  // 0: the scale is fixed
+} OptimizerParams;
+
 // ---------------------------------------------------------------------------- Attention
 // O = softmax(scale * Q K^T + mask) V per (sequence, q head), flash style; see attention.cu.
 typedef enum LlkAttnMask {
@@ -234,6 +349,7 @@ typedef enum LlkDeviceError {
   LLK_DEVICE_BAD_TOKEN_ID = 8,   // a token id outside [0, vocab) (embedding; its row is zeros)
   LLK_DEVICE_BAD_SAMPLING_PARAMS = 16,  // a row's temperature, top_k, top_p or min_p outside its domain (token -1)
   LLK_DEVICE_NO_CANDIDATE = 32,  // a row whose logits are all -inf or NaN (token -1)
+  LLK_DEVICE_BAD_LABEL = 64,     // a label outside [0, vocab) that is not ignore_index (cross-entropy; its loss is NaN)
 } LlkDeviceError;
 
 // Where the prefill kernel reads K and V from.

@@ -434,11 +434,26 @@ fn every_planned_shared_memory_size_fits_hopper_and_the_readme_says_what_runs_wh
 }
 
 #[test]
+fn embedding_backward_moves_table_rows_with_128_bit_accesses() {
+    // The 4-element path: the f32 table rows are stored (and, when adding, loaded) 128 bits at a
+    // time; the gradient rows come in 64-bit (f16, bf16) or 128-bit (f32) loads; the rest are the
+    // sorted keys (64-bit) of the run.
+    let kernels: Vec<_> = vector_kernels("embedding").into_iter().filter(|(n, _)| n.contains("backward")).collect();
+    assert_eq!(kernels.len(), 3);
+    for (name, global) in kernels {
+        let (loads, stores): (Vec<&String>, Vec<&String>) = global.iter().partition(|o| o.starts_with("LDG"));
+        assert!(!stores.is_empty() && stores.iter().all(|o| o.contains(".128")), "{name}: {stores:?}");
+        assert!(loads.iter().all(|o| o.contains(".64") || o.contains(".128") || **o == "LDG.E"), "{name}: {loads:?}");
+        assert!(!loads.iter().any(|o| o.contains(".U16") || o.contains(".U8")), "{name}: narrow loads {loads:?}");
+    }
+}
+
+#[test]
 fn embedding_copies_rows_with_128_bit_accesses() {
     // The 16-byte path: every store is 128-bit; the loads are the 128-bit row vectors and the
     // 32-bit ids of the LLK_EMBEDDING_ROWS tokens a thread looks up per step.
     let ids = llama_kernels::dev::geometry::params::LLK_EMBEDDING_ROWS as usize;
-    for (name, global) in vector_kernels("embedding") {
+    for (name, global) in vector_kernels("embedding").into_iter().filter(|(n, _)| !n.contains("backward")) {
         let (loads, stores): (Vec<&String>, Vec<&String>) = global.iter().partition(|o| o.starts_with("LDG"));
         assert!(!stores.is_empty() && stores.iter().all(|o| o.contains(".128")), "{name}: {stores:?}");
         assert!(loads.iter().any(|o| o.contains(".128")), "{name}: no 128-bit load in {loads:?}");

@@ -5,8 +5,10 @@
 
 pub mod attention;
 pub mod attention_sm90;
+pub mod cross_entropy;
 pub mod embedding;
 pub mod moe;
+pub mod optimizer;
 pub mod paged_attention;
 pub mod qlinear;
 pub mod rms_norm;
@@ -130,6 +132,8 @@ pub fn all() -> Vec<KernelRef> {
         .chain(moe::symbols())
         .chain(sampling::symbols())
         .chain(qlinear::symbols())
+        .chain(cross_entropy::symbols())
+        .chain(optimizer::symbols())
         .collect()
 }
 

@@ -61,6 +61,10 @@ pub(crate) const SAMPLING: &Meanings = &[
 pub(crate) const BAD_EXPERT: (LlkDeviceError, &str) =
     (LlkDeviceError::LLK_DEVICE_BAD_EXPERT_ID, "an expert id outside [0, experts) (its slot was dropped)");
 
+/// Cross-entropy's meaning of its bit.
+pub(crate) const BAD_LABEL: (LlkDeviceError, &str) =
+    (LlkDeviceError::LLK_DEVICE_BAD_LABEL, "a label outside [0, vocab) that is not ignore_index (its loss is NaN)");
+
 /// Every bit, for a flag several ops may share.
 const ALL: &Meanings = &[
     PAGED[0],
@@ -69,6 +73,7 @@ const ALL: &Meanings = &[
     (LlkDeviceError::LLK_DEVICE_BAD_TOKEN_ID, "a token id outside [0, vocab) (its embedding row is zeros)"),
     SAMPLING[0],
     SAMPLING[1],
+    BAD_LABEL,
 ];
 
 /// Reads and clears an i32 error flag (waits for the device), naming its bits by `meanings`.

@@ -13,10 +13,13 @@
 //! memory or waits on the host ([`Device::counters`](crate::Device::counters) proves it).
 
 pub mod attention;
+pub mod cross_entropy;
 pub mod embedding;
+pub mod embedding_backward;
 mod error_flag;
 pub mod linear;
 pub mod moe;
+pub mod optimizer;
 pub mod qlinear;
 pub mod rms_norm;
 pub mod rms_norm_backward;

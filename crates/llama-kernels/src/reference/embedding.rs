@@ -22,3 +22,21 @@ pub fn embedding(table: &[f64], hidden: usize, ids: &[i64]) -> Result<(Vec<f64>,
     }
     Ok((out, bad))
 }
+
+/// The backward of the lookup: `d_table[v] = sum of d_out[t] over the tokens with ids[t] == v`
+/// (`[vocab, hidden]`; ids outside `[0, vocab)` add nothing).
+pub fn embedding_backward(d_out: &[f64], ids: &[i32], vocab: usize, hidden: usize) -> Result<Vec<f64>> {
+    check_len("d_out", d_out.len(), ids.len() * hidden)?;
+    let mut d_table = vec![0.0; vocab * hidden];
+    for (t, &id) in ids.iter().enumerate() {
+        if let Ok(v) = usize::try_from(id) {
+            if v < vocab {
+                for (g, d) in d_table[v * hidden..(v + 1) * hidden].iter_mut().zip(&d_out[t * hidden..(t + 1) * hidden])
+                {
+                    *g += d;
+                }
+            }
+        }
+    }
+    Ok(d_table)
+}

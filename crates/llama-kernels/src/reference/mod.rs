@@ -6,9 +6,11 @@
 
 pub mod attention;
 pub mod block;
+pub mod cross_entropy;
 pub mod embedding;
 pub mod linear;
 pub mod moe;
+pub mod optimizer;
 pub mod paged_attention;
 pub mod rms_norm;
 pub mod rope;

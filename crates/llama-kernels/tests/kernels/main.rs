@@ -4,8 +4,10 @@
 
 mod attention;
 mod common;
+mod cross_entropy;
 mod devices_and_tensors;
 mod embedding;
+mod embedding_backward;
 mod emu_conversions;
 mod emulator;
 mod gpu_graph;
@@ -14,6 +16,7 @@ mod linear;
 mod linear_backward;
 mod mbarrier;
 mod moe;
+mod optimizer;
 mod paged_attention;
 mod prebuilt_fresh;
 mod properties;

@@ -248,3 +248,111 @@ pub fn swiglu_backward_cases(quick: bool) -> Vec<SwiGluBackwardCase> {
     }
     v
 }
+
+/// One cross-entropy case: `rows` rows of `vocab` logits (rows `pad` elements apart), every
+/// `ignore_every`-th label -100 (0: none), labels i64 or i32, mean or sum, the gradient over the
+/// logits (`in_place`) or into its own tensor; `grad_scale` the upstream gradient.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CrossEntropyCase {
+    pub dtype: DType,
+    pub rows: usize,
+    pub vocab: usize,
+    pub ignore_every: usize,
+    pub i64_labels: bool,
+    pub sum: bool,
+    pub in_place: bool,
+    pub pad: usize,
+    pub grad_scale: f32,
+    pub seed: u64,
+}
+
+impl CrossEntropyCase {
+    pub fn new(dtype: DType, rows: usize, vocab: usize) -> Self {
+        CrossEntropyCase {
+            dtype,
+            rows,
+            vocab,
+            ignore_every: 3,
+            i64_labels: false,
+            sum: false,
+            in_place: false,
+            pad: 0,
+            grad_scale: 1.0,
+            seed: 7,
+        }
+    }
+}
+
+/// The tolerance of one f32 log-sum-exp over `vocab` terms (the per-row loss and the mean).
+pub fn cross_entropy_loss_tolerance(vocab: usize) -> Tolerance {
+    let eps = 5.960464477539063e-8;
+    Tolerance { atol: 8.0 * eps * (vocab as f64).sqrt().max(8.0), rtol: 8.0 * eps }
+}
+
+/// Runs `case` on `device` against [`reference::cross_entropy::cross_entropy`].
+pub fn cross_entropy_case(device: &Device, case: CrossEntropyCase) -> Result<CaseResult> {
+    use crate::ops::cross_entropy::{CrossEntropy, CrossEntropyOptions, Reduction};
+    let CrossEntropyCase { dtype, rows, vocab, ignore_every, i64_labels, sum, in_place, pad, grad_scale, seed } = case;
+    let mut rng = Rng::new(seed ^ (rows as u64) << 20 ^ (vocab as u64) << 40 ^ u64::from(sum));
+    let logits = rng.normal_vec(rows * vocab, 3.0, dtype);
+    let labels: Vec<i64> = (0..rows)
+        .map(|t| if ignore_every > 0 && t % ignore_every == 1 { -100 } else { rng.below(vocab as u64) as i64 })
+        .collect();
+    let (xt, xfull) = rows_tensor(device, dtype, &logits, rows, vocab, pad)?;
+    let lt = if i64_labels {
+        Tensor::from_slice(device, &labels, &[rows])?
+    } else {
+        Tensor::from_slice(device, &labels.iter().map(|&l| l as i32).collect::<Vec<_>>(), &[rows])?
+    };
+    let gfull = Tensor::poisoned(device, dtype, &[rows, vocab + pad])?;
+    let gt = if in_place { xt.clone() } else { gfull.narrow(1, 0, vocab)? };
+    let loss = Tensor::poisoned(device, DType::F32, &[1])?;
+    let ce = CrossEntropy::new(device, rows)?;
+    let options = CrossEntropyOptions {
+        reduction: if sum { Reduction::Sum } else { Reduction::Mean },
+        grad_scale,
+        ..Default::default()
+    };
+    let start = Instant::now();
+    ce.forward(&xt, &lt, &loss, Some(&gt), &options)?;
+    device.synchronize()?;
+    let millis = start.elapsed().as_secs_f64() * 1e3;
+    ce.check_labels()?;
+
+    let want = reference::cross_entropy::cross_entropy(&logits, &labels, vocab, -100, !sum, f64::from(grad_scale))?;
+    let (got_loss, got_rows, got_grad) = (loss.to_f64_vec()?, ce.row_losses(rows)?.to_f64_vec()?, gt.to_f64_vec()?);
+    let lt = cross_entropy_loss_tolerance(vocab);
+    let gscale = want.grad.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let parts = vec![
+        (compare(&got_loss, &[want.loss], lt), vec![1]),
+        (compare(&got_rows, &want.row_loss, lt), vec![rows]),
+        (compare(&got_grad, &want.grad, gradient_tolerance(dtype, vocab, gscale)), vec![rows, vocab]),
+    ];
+    let gaps = gaps_poisoned(if in_place { &xfull } else { &gfull }, vocab)?;
+    let shape = format!(
+        "{rows}x{vocab} {}{}{}{}",
+        if sum { "sum" } else { "mean" },
+        if i64_labels { " i64" } else { "" },
+        if in_place { " in place" } else { "" },
+        if pad > 0 { format!(" pad {pad}") } else { String::new() }
+    );
+    Ok(result("cross_entropy", dtype, shape, parts, gaps, millis, vec![got_loss, got_grad]))
+}
+
+/// The cross-entropy cases `verify` runs: Llama 3's vocabulary (128256) and SmolLM2's (49152) at
+/// a few rows, and small odd ones.
+pub fn cross_entropy_cases(quick: bool) -> Vec<CrossEntropyCase> {
+    let big = if quick { (4, 49_152) } else { (64, 128_256) };
+    let mut v = Vec::new();
+    for dtype in DType::FLOATS {
+        v.push(CrossEntropyCase::new(dtype, big.0, big.1));
+        v.push(CrossEntropyCase {
+            in_place: true,
+            i64_labels: true,
+            sum: true,
+            ..CrossEntropyCase::new(dtype, 9, 1001)
+        });
+        v.push(CrossEntropyCase { pad: 3, grad_scale: 0.5, ..CrossEntropyCase::new(dtype, 5, 256) });
+    }
+    v
+}
