@@ -133,3 +133,23 @@ fn every_validation_error_is_named() {
     bwd.run(&t(DType::BF16, &[0, 8]), &none, &p, false, &errors).unwrap();
     assert!(p.to_f64_vec().unwrap().iter().all(|&v| v == 0.0));
 }
+
+#[test]
+fn the_verify_rows_pass() {
+    use llama_kernels::dev::verify::{EmbeddingBackwardCase, embedding_backward_case, embedding_backward_cases};
+    for device in common::devices() {
+        // The quick rows, and one full-size row (SmolLM2's table, more tokens than one chunk).
+        let full = EmbeddingBackwardCase {
+            dtype: DType::BF16,
+            tokens: 5000,
+            vocab: 49_152,
+            hidden: 576,
+            accumulate: false,
+            seed: 2,
+        };
+        for case in embedding_backward_cases(true).into_iter().chain([full]) {
+            let r = embedding_backward_case(&device, case).unwrap_or_else(|e| panic!("{case:?}: {e}"));
+            assert!(r.pass, "{}", r.describe());
+        }
+    }
+}

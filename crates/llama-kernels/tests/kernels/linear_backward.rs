@@ -147,3 +147,14 @@ fn every_validation_error_is_named() {
     linear_backward_input(&dy, &w, &dx, true).unwrap();
     linear_backward_weight(&dy, &x, &dw, true).unwrap();
 }
+
+#[test]
+fn the_verify_rows_pass() {
+    use llama_kernels::dev::verify::{linear_backward_case, linear_backward_cases};
+    for device in crate::common::devices() {
+        for case in linear_backward_cases(true) {
+            let r = linear_backward_case(&device, case).unwrap_or_else(|e| panic!("{case:?}: {e}"));
+            assert!(r.pass, "{}", r.describe());
+        }
+    }
+}

@@ -356,3 +356,140 @@ pub fn cross_entropy_cases(quick: bool) -> Vec<CrossEntropyCase> {
     }
     v
 }
+
+/// One linear-backward case: `dx = dy W` and `dw = dyᵀ x` for `tokens` rows, `dw` in f32 (the
+/// training layout) or the input dtype, `accumulate`: both added to random values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinearBackwardCase {
+    pub dtype: DType,
+    pub tokens: usize,
+    pub d_in: usize,
+    pub d_out: usize,
+    pub f32_dw: bool,
+    pub accumulate: bool,
+    pub seed: u64,
+}
+
+/// Runs `case` on `device` against [`reference::linear::linear_backward`].
+pub fn linear_backward_case(device: &Device, case: LinearBackwardCase) -> Result<CaseResult> {
+    use crate::dev::testing::linear_tolerance;
+    let LinearBackwardCase { dtype, tokens, d_in, d_out, f32_dw, accumulate, seed } = case;
+    let dw_dtype = if f32_dw { DType::F32 } else { dtype };
+    let mut rng = Rng::new(seed ^ (tokens as u64) << 20 ^ (d_in as u64) << 40 ^ d_out as u64);
+    let x = rng.normal_vec(tokens * d_in, 1.0, dtype);
+    let dy = rng.normal_vec(tokens * d_out, 1.0, dtype);
+    let w = rng.normal_vec(d_out * d_in, 1.0 / (d_in as f64).sqrt(), dtype);
+    let (dx0, dw0) = (rng.normal_vec(tokens * d_in, 1.0, dtype), rng.normal_vec(d_out * d_in, 1.0, dw_dtype));
+    let (xt, dyt) = (
+        Tensor::from_f64(device, dtype, &x, &[tokens, d_in])?,
+        Tensor::from_f64(device, dtype, &dy, &[tokens, d_out])?,
+    );
+    let wt = Tensor::from_f64(device, dtype, &w, &[d_out, d_in])?;
+    let out = |init: &[f64], dt: DType, shape: &[usize]| {
+        if accumulate { Tensor::from_f64(device, dt, init, shape) } else { Tensor::poisoned(device, dt, shape) }
+    };
+    let (dxt, dwt) = (out(&dx0, dtype, &[tokens, d_in])?, out(&dw0, dw_dtype, &[d_out, d_in])?);
+    let start = Instant::now();
+    ops::linear_backward_input(&dyt, &wt, &dxt, accumulate)?;
+    ops::linear_backward_weight(&dyt, &xt, &dwt, accumulate)?;
+    device.synchronize()?;
+    let millis = start.elapsed().as_secs_f64() * 1e3;
+    let (mut dx, mut dw) = reference::linear::linear_backward(&dy, &x, &w, d_in, d_out)?;
+    if accumulate {
+        dx.iter_mut().zip(&dx0).for_each(|(a, b)| *a += b);
+        dw.iter_mut().zip(&dw0).for_each(|(a, b)| *a += b);
+    }
+    let max = |v: &[f64]| v.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let (gx, gw) = (dxt.to_f64_vec()?, dwt.to_f64_vec()?);
+    let parts = vec![
+        (compare(&gx, &dx, linear_tolerance(dtype, d_out, max(&dy) * max(&w))), vec![tokens, d_in]),
+        (compare(&gw, &dw, linear_tolerance(dw_dtype, tokens, max(&dy) * max(&x))), vec![d_out, d_in]),
+    ];
+    let shape = format!(
+        "{tokens}x{d_in}x{d_out}{}{}",
+        if f32_dw { " dw f32" } else { "" },
+        if accumulate { " +=" } else { "" }
+    );
+    Ok(result("linear_backward", dtype, shape, parts, true, millis, vec![gx, gw]))
+}
+
+/// The linear-backward cases `verify` runs: a Llama 3 8B attention projection's shape (q_proj,
+/// 4096 x 4096, a few rows; smaller when quick) and odd ones.
+pub fn linear_backward_cases(quick: bool) -> Vec<LinearBackwardCase> {
+    let big = if quick { (8, 256, 384) } else { (64, 4096, 4096) };
+    let mut v = Vec::new();
+    for dtype in DType::FLOATS {
+        let c = LinearBackwardCase {
+            dtype,
+            tokens: big.0,
+            d_in: big.1,
+            d_out: big.2,
+            f32_dw: true,
+            accumulate: false,
+            seed: 3,
+        };
+        v.push(c);
+        v.push(LinearBackwardCase { tokens: 7, d_in: 33, d_out: 65, f32_dw: false, accumulate: true, ..c });
+    }
+    v
+}
+
+/// One embedding-backward case: `tokens` ids over a `vocab x hidden` table (few distinct ids, so
+/// runs are long), `accumulate`: added to a random table.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EmbeddingBackwardCase {
+    pub dtype: DType,
+    pub tokens: usize,
+    pub vocab: usize,
+    pub hidden: usize,
+    pub accumulate: bool,
+    pub seed: u64,
+}
+
+/// Runs `case` on `device` against [`reference::embedding::embedding_backward`].
+pub fn embedding_backward_case(device: &Device, case: EmbeddingBackwardCase) -> Result<CaseResult> {
+    use crate::ops::ErrorFlag;
+    use crate::ops::embedding_backward::EmbeddingBackward;
+    let EmbeddingBackwardCase { dtype, tokens, vocab, hidden, accumulate, seed } = case;
+    let mut rng = Rng::new(seed ^ (tokens as u64) << 20 ^ (vocab as u64) << 40);
+    let ids: Vec<i32> = (0..tokens).map(|_| rng.below(vocab.min(100) as u64) as i32).collect();
+    let dy = rng.normal_vec(tokens * hidden, 1.0, dtype);
+    let t0 = rng.normal_vec(vocab * hidden, 1.0, DType::F32);
+    let (dyt, it) =
+        (Tensor::from_f64(device, dtype, &dy, &[tokens, hidden])?, Tensor::from_slice(device, &ids, &[tokens])?);
+    let tt = if accumulate {
+        Tensor::from_f64(device, DType::F32, &t0, &[vocab, hidden])?
+    } else {
+        Tensor::poisoned(device, DType::F32, &[vocab, hidden])?
+    };
+    let errors = ErrorFlag::new(device)?;
+    let bwd = EmbeddingBackward::new(device)?;
+    let start = Instant::now();
+    bwd.run(&dyt, &it, &tt, accumulate, &errors)?;
+    device.synchronize()?;
+    let millis = start.elapsed().as_secs_f64() * 1e3;
+    errors.check("embedding_backward")?;
+    let mut want = reference::embedding::embedding_backward(&dy, &ids, vocab, hidden)?;
+    if accumulate {
+        want.iter_mut().zip(&t0).for_each(|(a, b)| *a += b);
+    }
+    let got = tt.to_f64_vec()?;
+    let tol = Tolerance { atol: 4.0 * (tokens as f64) * 5.960464477539063e-8 + 1e-6, rtol: 1e-6 };
+    let parts = vec![(compare(&got, &want, tol), vec![vocab, hidden])];
+    let shape = format!("{tokens} ids {vocab}x{hidden}{}", if accumulate { " +=" } else { "" });
+    Ok(result("embedding_backward", dtype, shape, parts, true, millis, vec![got]))
+}
+
+/// The embedding-backward cases `verify` runs: SmolLM2's table (49152 x 576) and more tokens than
+/// one sorted chunk; small odd ones.
+pub fn embedding_backward_cases(quick: bool) -> Vec<EmbeddingBackwardCase> {
+    let mut v = Vec::new();
+    for dtype in DType::FLOATS {
+        let c = EmbeddingBackwardCase { dtype, tokens: 5000, vocab: 49_152, hidden: 576, accumulate: false, seed: 2 };
+        if !quick {
+            v.push(c);
+        }
+        v.push(EmbeddingBackwardCase { tokens: 33, vocab: 70, hidden: 36, accumulate: true, ..c });
+    }
+    v
+}
