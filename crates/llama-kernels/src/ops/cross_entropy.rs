@@ -49,7 +49,8 @@ use crate::kernels::cross_entropy::{COUNT, REDUCE, ROWS};
 use crate::launch::{KernelArgs, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::ops::ErrorFlag;
 use crate::ops::error_flag::{BAD_LABEL, Meanings, check_flag};
-use crate::ops::linear::{linear, linear_backward_input, linear_backward_weight};
+use crate::ops::linear::linear;
+use crate::ops::linear_backward::{linear_backward_input, linear_backward_weight};
 use crate::tensor::{Tensor, TensorViewMut};
 
 const OP: &str = "cross_entropy";

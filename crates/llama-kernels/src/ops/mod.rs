@@ -18,6 +18,7 @@ pub mod embedding;
 pub mod embedding_backward;
 mod error_flag;
 pub mod linear;
+pub mod linear_backward;
 pub mod moe;
 pub mod optimizer;
 pub mod qlinear;
@@ -37,9 +38,9 @@ pub use attention::{
     merge_attention_states_on,
 };
 pub use embedding::{embedding, embedding_on};
-pub use linear::{
-    linear, linear_add, linear_add_on, linear_backward_input, linear_backward_input_on, linear_backward_weight,
-    linear_backward_weight_on, linear_on,
+pub use linear::{linear, linear_add, linear_add_on, linear_on};
+pub use linear_backward::{
+    linear_backward_input, linear_backward_input_on, linear_backward_weight, linear_backward_weight_on,
 };
 pub use moe::{
     GemmGroups, MoeAlign, MoeFfnConfig, MoeResidual, MoeRouting, WeightLayout, moe_combine, moe_combine_on, moe_gather,

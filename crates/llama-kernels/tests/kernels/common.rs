@@ -113,3 +113,20 @@ pub fn devices_catching<T>(
         })
         .count()
 }
+
+/// The largest `|central difference - grad[i]|` over the entries of `x`, with `loss` the scalar
+/// function whose gradient at `x` `grad` claims to be (step 1e-6, f64).
+pub fn central_difference_error(x: &[f64], grad: &[f64], loss: impl Fn(&[f64]) -> f64) -> f64 {
+    let h = 1e-6;
+    let mut worst: f64 = 0.0;
+    let mut p = x.to_vec();
+    for i in 0..x.len() {
+        p[i] = x[i] + h;
+        let up = loss(&p);
+        p[i] = x[i] - h;
+        let down = loss(&p);
+        p[i] = x[i];
+        worst = worst.max(((up - down) / (2.0 * h) - grad[i]).abs());
+    }
+    worst
+}

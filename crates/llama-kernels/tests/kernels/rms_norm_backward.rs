@@ -60,22 +60,8 @@ fn the_reference_agrees_with_central_differences() {
     let w = rng.uniform_vec(hidden, 0.5, 1.5, DType::F32);
     let dy = rng.normal_vec(rows * hidden, 1.0, DType::F32);
     let (dx, dw) = rms_norm_backward(&x, &w, &dy, hidden, 1e-5).unwrap();
-    let h = 1e-6;
-    let mut worst: f64 = 0.0;
-    for i in 0..x.len() {
-        let (mut a, mut b) = (x.clone(), x.clone());
-        a[i] += h;
-        b[i] -= h;
-        let fd = (loss(&a, &w, &dy, hidden) - loss(&b, &w, &dy, hidden)) / (2.0 * h);
-        worst = worst.max((fd - dx[i]).abs());
-    }
-    for j in 0..hidden {
-        let (mut a, mut b) = (w.clone(), w.clone());
-        a[j] += h;
-        b[j] -= h;
-        let fd = (loss(&x, &a, &dy, hidden) - loss(&x, &b, &dy, hidden)) / (2.0 * h);
-        worst = worst.max((fd - dw[j]).abs());
-    }
+    let worst = common::central_difference_error(&x, &dx, |x| loss(x, &w, &dy, hidden))
+        .max(common::central_difference_error(&w, &dw, |w| loss(&x, w, &dy, hidden)));
     println!("largest |central difference - reference gradient|: {worst:.2e}");
     assert!(worst < 1e-7, "{worst}");
 }

@@ -100,13 +100,7 @@ fn the_reference_agrees_with_central_differences() {
                 let loss = |x: &[f64]| {
                     rope(x, heads, &positions, &cfg).unwrap().iter().zip(&dy).map(|(a, b)| a * b).sum::<f64>()
                 };
-                let h = 1e-6;
-                for i in 0..x.len() {
-                    let (mut a, mut b) = (x.clone(), x.clone());
-                    a[i] += h;
-                    b[i] -= h;
-                    worst = worst.max(((loss(&a) - loss(&b)) / (2.0 * h) - dx[i]).abs());
-                }
+                worst = worst.max(common::central_difference_error(&x, &dx, loss));
             }
         }
     }

@@ -48,18 +48,11 @@ fn the_reference_agrees_with_central_differences() {
         (rng.normal_vec(64, 3.0, DType::F32), rng.normal_vec(64, 1.0, DType::F32), rng.normal_vec(64, 1.0, DType::F32));
     let (dg, du) = swiglu_backward(&g, &u, &dy).unwrap();
     let loss = |g: &[f64], u: &[f64]| swiglu(g, u).unwrap().iter().zip(&dy).map(|(a, b)| a * b).sum::<f64>();
-    let h = 1e-6;
-    let mut worst: f64 = 0.0;
-    for i in 0..g.len() {
-        let (mut a, mut b) = (g.clone(), g.clone());
-        a[i] += h;
-        b[i] -= h;
-        worst = worst.max(((loss(&a, &u) - loss(&b, &u)) / (2.0 * h) - dg[i]).abs());
-        let (mut a, mut b) = (u.clone(), u.clone());
-        a[i] += h;
-        b[i] -= h;
-        worst = worst.max(((loss(&g, &a) - loss(&g, &b)) / (2.0 * h) - du[i]).abs());
-    }
+    let worst = common::central_difference_error(&g, &dg, |g| loss(g, &u)).max(common::central_difference_error(
+        &u,
+        &du,
+        |u| loss(&g, u),
+    ));
     println!("largest |central difference - reference gradient|: {worst:.2e}");
     assert!(worst < 1e-7, "{worst}");
 }
