@@ -16,6 +16,10 @@ feeds the same inputs through the public ops in f32 and compares. Values are sto
                      (x * rsqrt(mean(x^2) + eps) over the head); grad of the input
   cross_entropy      torch.nn.functional.cross_entropy with ignore_index -100, mean or sum;
                      the loss and the grad of the logits
+  attention          torch.nn.functional.scaled_dot_product_attention over a varlen batch (one
+                     call per sequence, enable_gqa), with an explicit bottom-right causal or
+                     Llama 4 chunked mask and Llama 4's temperature applied to q (as
+                     transformers' Llama 4 does); the output and the grads of q, k and v
   adamw              three steps of torch.nn.utils.clip_grad_norm_ + torch.optim.AdamW on two
                      tensors with given gradients and learning rates; the parameters after each
 
@@ -129,6 +133,48 @@ def case_adamw(g):
             "weight_decay": 0.1, "max_norm": 1.0, "init": None, "steps": steps}
 
 
+def attention_mask(mask, chunk, q_len, k_len):
+    pos = torch.arange(k_len - q_len, k_len).unsqueeze(1)  # bottom-right: query i at k_len - q_len + i
+    key = torch.arange(k_len).unsqueeze(0)
+    allowed = torch.ones(q_len, k_len, dtype=torch.bool)
+    if mask != "none":
+        allowed &= key <= pos
+    if mask == "chunked":
+        allowed &= key >= torch.div(pos.clamp(min=0), chunk, rounding_mode="floor") * chunk
+    return allowed
+
+
+def case_attention(g, seqlens, q_heads, kv_heads, d, mask, chunk=0, scale=None, temperature=None):
+    tq, tk = sum(s[0] for s in seqlens), sum(s[1] for s in seqlens)
+    q = torch.randn(tq, q_heads, d, generator=g, dtype=torch.float64).requires_grad_()
+    k = torch.randn(tk, kv_heads, d, generator=g, dtype=torch.float64).requires_grad_()
+    v = torch.randn(tk, kv_heads, d, generator=g, dtype=torch.float64).requires_grad_()
+    dout = torch.randn(tq, q_heads, d, generator=g, dtype=torch.float64)
+    outs, q0, k0 = [], 0, 0
+    for ql, kl in seqlens:
+        qs, ks, vs = q[q0:q0 + ql], k[k0:k0 + kl], v[k0:k0 + kl]
+        if temperature is not None:
+            floor_scale, attn_scale = temperature
+            pos = torch.arange(kl - ql, kl, dtype=torch.float64).clamp(min=0)
+            t = torch.log(torch.floor((pos + 1.0) / floor_scale) + 1.0) * attn_scale + 1.0
+            qs = qs * t[:, None, None]
+        allowed = attention_mask(mask, chunk, ql, kl)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), attn_mask=allowed, scale=scale,
+            enable_gqa=True).transpose(0, 1)
+        outs.append(o)
+        q0, k0 = q0 + ql, k0 + kl
+    out = torch.cat(outs)
+    (out * dout).sum().backward()
+    cu_q = [0] + list(np.cumsum([s[0] for s in seqlens]).tolist())
+    cu_k = [0] + list(np.cumsum([s[1] for s in seqlens]).tolist())
+    return {"op": "attention", "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "q_heads": q_heads,
+            "kv_heads": kv_heads, "head_dim": d, "mask": mask, "chunk_size": chunk, "scale": scale,
+            "temperature": list(temperature) if temperature else None,
+            "q": b64(q), "k": b64(k), "v": b64(v), "d_out": b64(dout), "out": b64(out),
+            "dq": b64(q.grad), "dk": b64(k.grad), "dv": b64(v.grad)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -144,6 +190,12 @@ def main():
     g.set_state(init_state)  # the initial parameters: the same draws again
     adamw["init"] = [b64(torch.randn(*s, generator=g, dtype=torch.float64)) for s in adamw["shapes"]]
     cases.append(adamw)
+    # The options are exact in f32 (the public API's type). Every query of these sequences
+    # attends at least one key (SDPA's softmax over an all-False
+    # row is NaN; the kernels' convention there, zeros, is tested against the f64 reference).
+    cases.append(case_attention(g, [(5, 9), (7, 7)], 4, 2, 32, "causal"))
+    cases.append(case_attention(g, [(10, 12)], 2, 1, 32, "chunked", chunk=4, scale=0.25, temperature=(4.0, 0.125)))
+    cases.append(case_attention(g, [(6, 11), (3, 3)], 3, 1, 64, "none"))
     out = {"made_by": "scripts/make_autograd_fixtures.py", "torch": torch.__version__,
            "numpy": np.__version__, "python": platform.python_version(), "cases": cases}
     with open(args.out, "w") as f:

@@ -453,6 +453,38 @@ typedef struct AttentionPlanParams {
   int64_t tokens_per_block;  // query tokens per row block (rows per block / GQA pack)
 } AttentionPlanParams;
 
+// ---------------------------------------------------------------------------- Attention backward
+// dQ, dK, dV of prefill attention from Q, K, V, the forward's output O and log-sum-exp, and dO
+// (FlashAttention-2's algorithm, deterministic); see attention_backward.cu. Two launches: the
+// dQ kernel over query-row blocks (it also writes delta = rowsum(dO * O) for the second), then
+// the dK/dV kernel over key blocks of one KV head, looping over the group's q heads and the
+// query blocks that see its keys. A block has LLK_ATTN_BWD_THREADS threads, LLK_ATTN_BWD_LANES
+// lanes per row (LLK_ATTN_BWD_LANES_HD256 at head_dim 256), so 32 (16) rows or keys per block.
+#define LLK_ATTN_BWD_THREADS 128
+#define LLK_ATTN_BWD_LANES 4
+#define LLK_ATTN_BWD_LANES_HD256 8
+
+typedef struct AttentionBackwardParams {
+  // The forward call: q, k, v (contiguous K/V), out = the forward's output O (read), lse (read,
+  // natural log, [q_heads, total_q]), the offsets, cu_tiles (query tiles of the dQ kernel),
+  // strides, pack and variant. The dQ kernel writes `delta` and its flag bits to error_flag.
+  AttentionParams attn;
+  uint64_t d_out;          // [total_q, q_heads, head_dim] dO
+  uint64_t dq;             // [total_q, q_heads, head_dim], written
+  uint64_t dk;             // [total_k, kv_heads, head_dim], written (summed over the group's q heads)
+  uint64_t dv;             // [total_k, kv_heads, head_dim], written
+  uint64_t delta;          // [q_heads, total_q] f32 rowsum(dO * O): written by the dQ kernel
+  uint64_t cu_key_tiles;   // [batch + 1] i32: first grid.x key block of each sequence (dK/dV kernel)
+  int64_t d_out_token_stride;
+  int64_t d_out_head_stride;
+  int64_t dq_token_stride;
+  int64_t dq_head_stride;
+  int64_t dk_token_stride;
+  int64_t dk_head_stride;
+  int64_t dv_token_stride;
+  int64_t dv_head_stride;
+} AttentionBackwardParams;
+
 // ---------------------------------------------------------------------------- Paged KV cache
 // K and V pages are [num_pages, page_size, kv_heads, head_dim] (NHD), each page contiguous, pages
 // `page_stride` elements apart. A key's slot is page * page_size + row. fp8 pages hold e4m3fn

@@ -22,13 +22,17 @@ struct Sequence {
 
 // Whether grid.x tile `tile` is past the last row block (the grid may be an upper bound when the
 // sequence offsets live on the device; a failed plan leaves cu_tiles all zero).
+// `cu_tiles` is a tile map of the same form over another axis (the attention backward's key
+// blocks).
+__device__ __forceinline__ bool past_last_tile(const AttentionParams& p, int64_t tile, const int32_t* cu_tiles) {
+  return tile >= int64_t(cu_tiles[p.batch]);
+}
 __device__ __forceinline__ bool past_last_tile(const AttentionParams& p, int64_t tile) {
-  return tile >= int64_t(reinterpret_cast<const int32_t*>(p.cu_tiles)[p.batch]);
+  return past_last_tile(p, tile, reinterpret_cast<const int32_t*>(p.cu_tiles));
 }
 
-// Which sequence and row block grid.x tile `tile` is (binary search in cu_tiles).
-__device__ inline Sequence locate(const AttentionParams& p, int64_t tile) {
-  const int32_t* cu_tiles = reinterpret_cast<const int32_t*>(p.cu_tiles);
+// Which sequence and block grid.x tile `tile` of the tile map `cu_tiles` is (binary search).
+__device__ inline Sequence locate(const AttentionParams& p, int64_t tile, const int32_t* cu_tiles) {
   const int32_t* cu_q = reinterpret_cast<const int32_t*>(p.cu_seqlens_q);
   const int32_t* cu_k = reinterpret_cast<const int32_t*>(p.cu_seqlens_k);
   int64_t lo = 0, hi = p.batch;  // cu_tiles[lo] <= tile < cu_tiles[hi]
@@ -47,6 +51,11 @@ __device__ inline Sequence locate(const AttentionParams& p, int64_t tile) {
   s.block = tiles - 1 - (tile - cu_tiles[lo]);  // heaviest (last) causal block first
   s.index = lo;
   return s;
+}
+
+// Which sequence and row block grid.x tile `tile` is (the query tile map p.cu_tiles).
+__device__ inline Sequence locate(const AttentionParams& p, int64_t tile) {
+  return locate(p, tile, reinterpret_cast<const int32_t*>(p.cu_tiles));
 }
 
 // The keys the query at `pos` attends, and its base-2 score scale (attention_math.cuh).

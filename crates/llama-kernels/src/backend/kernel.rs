@@ -85,6 +85,7 @@ kernel_params!(
     crate::ffi::params::AttentionParams,
     crate::ffi::params::AttentionSm90Params,
     crate::ffi::params::AttentionPlanParams,
+    crate::ffi::params::AttentionBackwardParams,
     crate::ffi::params::KvAppendParams,
     crate::ffi::params::PagedDecodeParams,
     crate::ffi::params::MergeStatesParams,

@@ -4,6 +4,7 @@
 //! and every PTX kernel is reachable from exactly one row).
 
 pub mod attention;
+pub mod attention_backward;
 pub mod attention_sm90;
 pub mod cross_entropy;
 pub mod embedding;
@@ -128,6 +129,7 @@ pub fn all() -> Vec<KernelRef> {
     v.chain(embedding::symbols())
         .chain(attention::symbols())
         .chain(attention_sm90::symbols())
+        .chain(attention_backward::symbols())
         .chain(paged_attention::symbols())
         .chain(moe::symbols())
         .chain(sampling::symbols())

@@ -152,3 +152,84 @@ pub fn nan_exposed_rows(
     }
     Ok(exposed)
 }
+
+/// The inputs of an attention gradient: the forward's inputs and offsets, the upstream gradient
+/// `d_out` (shaped as the output) and, optionally, the forward's saved output and log-sum-exp.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionGradInputs<'a> {
+    /// `[total_q, q_heads, head_dim]`.
+    pub q: &'a [f64],
+    /// `[total_k, kv_heads, head_dim]`.
+    pub k: &'a [f64],
+    /// `[total_k, kv_heads, head_dim]`.
+    pub v: &'a [f64],
+    /// `[total_q, q_heads, head_dim]`.
+    pub d_out: &'a [f64],
+    /// Cumulative query offsets.
+    pub cu_seqlens_q: &'a [i32],
+    /// Cumulative key offsets.
+    pub cu_seqlens_k: &'a [i32],
+    /// `(out, lse)` as a forward kernel saved them, or `None`: computed here, exactly.
+    pub saved: Option<(&'a [f64], &'a [f64])>,
+}
+
+/// The gradient of [`attention`]: `(dq, dk, dv)`, shaped as q, k and v. With the row's
+/// `c_i` = scale times its temperature, over the allowed keys of row i (its q head's KV head):
+/// `P_ij = exp(c_i <q_i, k_j> - lse_i)`, `dP_ij = <dO_i, v_j>`, `D_i = <dO_i, O_i>` (which is
+/// `sum_j P_ij dP_ij` for the exact O) and `dS_ij = P_ij (dP_ij - D_i)`; then
+/// `dq_i = c_i sum_j dS_ij k_j`, `dk_j = sum_i c_i dS_ij q_i`, `dv_j = sum_i P_ij dO_i`, the sums
+/// over i running over every q head of k_j's group. A row with no allowed key contributes nothing.
+///
+/// With `saved` the output and log-sum-exp are the given ones (the state a backward kernel reads:
+/// this is exactly what it computes, in f64); without, the exact ones, which makes this the
+/// derivative of `<d_out, attention(q, k, v)>`.
+pub fn attention_backward(
+    inputs: &AttentionGradInputs<'_>,
+    spec: &AttentionSpec,
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+    let AttentionGradInputs { q, k, v, d_out, cu_seqlens_q, cu_seqlens_k, saved } = *inputs;
+    let AttentionSpec { q_heads, kv_heads, head_dim: d, mask, scale, temperature: temp } = *spec;
+    let (exact_out, exact_lse);
+    let (out, lse) = match saved {
+        Some(s) => s,
+        None => {
+            (exact_out, exact_lse) = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, spec)?;
+            (&exact_out[..], &exact_lse[..])
+        }
+    };
+    let total_q = *cu_seqlens_q.last().unwrap_or(&0) as usize;
+    check_len("d_out", d_out.len(), total_q * q_heads * d)?;
+    check_len("out", out.len(), total_q * q_heads * d)?;
+    check_len("lse", lse.len(), total_q * q_heads)?;
+    let group = q_heads / kv_heads;
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    let at = |row: usize, heads: usize, head: usize| (row * heads + head) * d..(row * heads + head + 1) * d;
+    for b in 0..cu_seqlens_q.len() - 1 {
+        let (q0, q1) = (cu_seqlens_q[b] as usize, cu_seqlens_q[b + 1] as usize);
+        let (k0, k1) = (cu_seqlens_k[b] as usize, cu_seqlens_k[b + 1] as usize);
+        let (q_len, k_len) = ((q1 - q0) as i64, (k1 - k0) as i64);
+        for h in 0..q_heads {
+            let kh = h / group;
+            for i in 0..q_len {
+                let pos = k_len - q_len + i;
+                let row = q0 + i as usize;
+                let c = scale * temp.map_or(1.0, |t| temperature(&t, pos));
+                let (qv, go) = (&q[at(row, q_heads, h)], &d_out[at(row, q_heads, h)]);
+                let l = lse[h * total_q + row];
+                let delta = dot(go, &out[at(row, q_heads, h)]);
+                for j in (0..k_len).filter(|&j| allowed(mask, pos, j, k_len)) {
+                    let kr = at(k0 + j as usize, kv_heads, kh);
+                    let p = (c * dot(qv, &k[kr.clone()]) - l).exp();
+                    let ds = p * (dot(go, &v[kr.clone()]) - delta);
+                    for e in 0..d {
+                        dq[row * q_heads * d + h * d + e] += c * ds * k[kr.start + e];
+                        dk[kr.start + e] += c * ds * qv[e];
+                        dv[kr.start + e] += p * go[e];
+                    }
+                }
+            }
+        }
+    }
+    Ok((dq, dk, dv))
+}

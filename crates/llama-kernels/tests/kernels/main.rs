@@ -3,6 +3,7 @@
 //! binary, so that the device code it embeds is linked once.
 
 mod attention;
+mod attention_backward;
 mod common;
 mod cross_entropy;
 mod devices_and_tensors;

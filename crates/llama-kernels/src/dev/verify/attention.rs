@@ -163,42 +163,9 @@ impl SampledAttention<'_> {
 pub const LSE_TOLERANCE: Tolerance = Tolerance { atol: 1e-4, rtol: 1e-5 };
 
 pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResult> {
-    let AttentionCase {
-        dtype,
-        ref seqlens,
-        q_heads,
-        kv_heads,
-        head_dim: d,
-        opts,
-        with_lse,
-        fused_qkv,
-        device_offsets,
-        paged,
-        seed,
-    } = *case;
-    let mut cu_q = vec![0i32];
-    let mut cu_k = vec![0i32];
-    for &(ql, kl) in seqlens {
-        cu_q.push(cu_q[cu_q.len() - 1] + ql as i32);
-        cu_k.push(cu_k[cu_k.len() - 1] + kl as i32);
-    }
-    let (tq, tk) = (cu_q[cu_q.len() - 1] as usize, cu_k[cu_k.len() - 1] as usize);
-    let mut rng = Rng::new(seed ^ (tq as u64) << 20 ^ (d as u64) << 40 ^ (q_heads as u64) << 8);
-    let q = rng.normal_vec(tq * q_heads * d, 1.0, dtype);
-    let k = rng.normal_vec(tk * kv_heads * d, 1.0, dtype);
-    let v = rng.normal_vec(tk * kv_heads * d, 1.0, dtype);
-    let (qt, kt, vt) = if fused_qkv {
-        if tq != tk {
-            return Err(crate::Error::invalid("verify", "fused_qkv", "q_len != k_len", "needs q_len == k_len"));
-        }
-        fused_qkv_views(device, dtype, [&q, &k, &v], tq, q_heads, kv_heads, d)?
-    } else {
-        (
-            Tensor::from_f64(device, dtype, &q, &[tq, q_heads, d])?,
-            Tensor::from_f64(device, dtype, &k, &[tk, kv_heads, d])?,
-            Tensor::from_f64(device, dtype, &v, &[tk, kv_heads, d])?,
-        )
-    };
+    let AttentionCase { dtype, q_heads, kv_heads, head_dim: d, opts, with_lse, device_offsets, paged, .. } = *case;
+    let CaseInputs { cu_q, cu_k, tq, tk, mut rng, q, k, v } = case_inputs(case);
+    let (qt, kt, vt) = qkv_tensors(device, case, [&q, &k, &v], tq, tk)?;
     let out = Tensor::poisoned(device, dtype, &[tq, q_heads, d])?;
     let lse = if with_lse { Some(Tensor::poisoned(device, DType::F32, &[q_heads, tq])?) } else { None };
     let mut ws = AttentionWorkspace::new(device);
@@ -257,7 +224,58 @@ pub fn attention_case(device: &Device, case: &AttentionCase) -> Result<CaseResul
     })
 }
 
-/// The attention cases `verify` runs.
+/// The seeded inputs of a case: offsets, token totals, q, k and v (rounded to the dtype), and
+/// the generator for whatever else the case draws.
+pub(crate) struct CaseInputs {
+    pub cu_q: Vec<i32>,
+    pub cu_k: Vec<i32>,
+    pub tq: usize,
+    pub tk: usize,
+    pub rng: Rng,
+    pub q: Vec<f64>,
+    pub k: Vec<f64>,
+    pub v: Vec<f64>,
+}
+
+pub(crate) fn case_inputs(case: &AttentionCase) -> CaseInputs {
+    let AttentionCase { dtype, ref seqlens, q_heads, kv_heads, head_dim: d, seed, .. } = *case;
+    let mut cu_q = vec![0i32];
+    let mut cu_k = vec![0i32];
+    for &(ql, kl) in seqlens {
+        cu_q.push(cu_q[cu_q.len() - 1] + ql as i32);
+        cu_k.push(cu_k[cu_k.len() - 1] + kl as i32);
+    }
+    let (tq, tk) = (cu_q[cu_q.len() - 1] as usize, cu_k[cu_k.len() - 1] as usize);
+    let mut rng = Rng::new(seed ^ (tq as u64) << 20 ^ (d as u64) << 40 ^ (q_heads as u64) << 8);
+    let q = rng.normal_vec(tq * q_heads * d, 1.0, dtype);
+    let k = rng.normal_vec(tk * kv_heads * d, 1.0, dtype);
+    let v = rng.normal_vec(tk * kv_heads * d, 1.0, dtype);
+    CaseInputs { cu_q, cu_k, tq, tk, rng, q, k, v }
+}
+
+/// Tensors holding `[q, k, v]`-shaped values: three contiguous tensors, or (`fused_qkv`) views
+/// into one fused QKV buffer.
+pub(crate) fn qkv_tensors(
+    device: &Device,
+    case: &AttentionCase,
+    [q, k, v]: [&[f64]; 3],
+    tq: usize,
+    tk: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let AttentionCase { dtype, q_heads, kv_heads, head_dim: d, fused_qkv, .. } = *case;
+    if fused_qkv {
+        if tq != tk {
+            return Err(crate::Error::invalid("verify", "fused_qkv", "q_len != k_len", "needs q_len == k_len"));
+        }
+        return fused_qkv_views(device, dtype, [q, k, v], tq, q_heads, kv_heads, d);
+    }
+    Ok((
+        Tensor::from_f64(device, dtype, q, &[tq, q_heads, d])?,
+        Tensor::from_f64(device, dtype, k, &[tk, kv_heads, d])?,
+        Tensor::from_f64(device, dtype, v, &[tk, kv_heads, d])?,
+    ))
+}
+
 /// The host data of a paged case: K and V (contiguous), the offsets, and the pool geometry.
 struct PagedInputs<'a> {
     k: &'a [f64],
@@ -330,7 +348,7 @@ fn run_paged(
 }
 
 /// The `verify` row's shape text of a case.
-fn case_label(case: &AttentionCase, tq: usize, tk: usize) -> String {
+pub(crate) fn case_label(case: &AttentionCase, tq: usize, tk: usize) -> String {
     let AttentionCase { ref seqlens, q_heads, kv_heads, head_dim: d, opts, fused_qkv, device_offsets, paged, .. } =
         *case;
     let mask = match opts.mask {

@@ -6,6 +6,7 @@
 //! gaps between rows were not written. The same case functions back the test suite.
 
 pub(crate) mod attention;
+pub(crate) mod attention_backward;
 pub(crate) mod backward;
 pub(crate) mod common;
 pub(crate) mod elementwise;
@@ -16,6 +17,7 @@ pub(crate) mod qlinear;
 pub(crate) mod sampling;
 
 pub use attention::*;
+pub use attention_backward::*;
 pub use backward::*;
 pub use common::{CaseResult, Outcome, gaps_poisoned, rows_tensor, table};
 pub use elementwise::*;
@@ -43,6 +45,10 @@ pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
     out.extend(
         attention_cases(quick).into_iter().map(|c| attention_case(device, &c).map_err(|e| (format!("{c:?}"), e))),
     );
+    out.extend(attention_backward_cases(quick).into_iter().map(|c| {
+        let r = attention_backward_case(device, &c);
+        r.map_err(|e| (format!("{c:?}"), e))
+    }));
     // On the emulator standing for sm_90, whose bf16/f16 prefill runs the Hopper kernel, the
     // mma.sync kernel too: the same cases on an emulated A100.
     if device.target() == crate::backend::Target::Emulated && device.has_sm90a_features() {

@@ -141,6 +141,7 @@
 //! `o = e^(lse_a - lse) o_a + e^(lse_b - lse) o_b`: the split merge as a public op, for cascade
 //! attention over a shared prefix.
 
+mod backward;
 mod decode;
 pub(crate) mod decode_launch;
 mod merge;
@@ -152,6 +153,7 @@ mod variant;
 pub use crate::kernels::attention::SUPPORTED_HEAD_DIMS;
 pub use crate::ops::error_flag::ErrorFlag;
 pub use crate::spec::attention::{AttentionMask, Llama4Temperature};
+pub use backward::{AttentionBackwardArgs, AttentionBackwardTensors, backward_rows};
 #[doc(hidden)]
 pub use decode::plan_splits;
 pub use decode::{DecodeTensors, MAX_Q_LEN, MAX_SPLITS, PagedDecodeOptions, PagedDecodeWorkspace};

@@ -110,10 +110,12 @@ const MEANINGS: &Meanings = &[
     ),
 ];
 
-/// Offsets of the workspace buffer (i32 elements): the error flag, then three arrays of
-/// `capacity` entries.
+/// Offsets of the workspace buffer (i32 elements): the error flag, then [`ARRAY_COUNT`] arrays
+/// of `capacity` entries: the q and k offsets, the query tile map, and the key tile map of the
+/// backward's dK/dV launch.
 const FLAG: usize = 0;
 const ARRAYS: usize = 4;
+const ARRAY_COUNT: usize = 4;
 
 /// Reusable per-call state: a small device buffer for the sequence offsets, the tile map and a
 /// device-side error flag, and a pinned staging buffer for host offsets. Plan it once with
@@ -127,12 +129,21 @@ pub struct AttentionWorkspace {
     capacity: usize,
     host: Vec<i32>,
     staging: Option<PinnedStaging>,
+    /// The backward's delta = rowsum(dO * O), `[q_heads, total_q]` f32 (grown on demand).
+    delta: Option<Tensor>,
 }
 
 impl AttentionWorkspace {
     /// An empty workspace on `device`; the first call allocates (see [`AttentionWorkspace::plan`]).
     pub fn new(device: &Device) -> AttentionWorkspace {
-        AttentionWorkspace { device: device.clone(), buf: None, capacity: 0, host: Vec::new(), staging: None }
+        AttentionWorkspace {
+            device: device.clone(),
+            buf: None,
+            capacity: 0,
+            host: Vec::new(),
+            staging: None,
+            delta: None,
+        }
     }
     /// Preallocates room for batches of up to `max_batch` sequences.
     pub fn plan(device: &Device, max_batch: usize) -> Result<AttentionWorkspace> {
@@ -140,21 +151,24 @@ impl AttentionWorkspace {
         ws.reserve(max_batch)?;
         Ok(ws)
     }
-    fn reserve(&mut self, batch: usize) -> Result<()> {
+    pub(super) fn device(&self) -> &Device {
+        &self.device
+    }
+    pub(super) fn reserve(&mut self, batch: usize) -> Result<()> {
         let need = batch.checked_add(1).ok_or_else(|| Error::invalid(OP, "batch", batch, "too large"))?;
         if self.buf.is_none() || self.capacity < need {
             let capacity = need.next_power_of_two();
             let elems = capacity
-                .checked_mul(3)
+                .checked_mul(ARRAY_COUNT)
                 .and_then(|n| n.checked_add(ARRAYS))
                 .ok_or_else(|| Error::invalid(OP, "batch", batch, "too large"))?;
             self.buf = Some(Tensor::zeros(&self.device, DType::I32, &[elems])?);
-            self.staging = PinnedStaging::new(&self.device, 3 * capacity * 4)?;
+            self.staging = PinnedStaging::new(&self.device, ARRAY_COUNT * capacity * 4)?;
             self.capacity = capacity;
         }
         Ok(())
     }
-    fn array(&self, index: usize, len: usize) -> Result<Tensor> {
+    pub(super) fn array(&self, index: usize, len: usize) -> Result<Tensor> {
         let buf = self.buf.as_ref().ok_or(Error::InvalidView { what: OP, why: "workspace not planned".into() })?;
         buf.narrow(0, ARRAYS + index * self.capacity, len)
     }
@@ -243,7 +257,7 @@ impl AttentionWorkspace {
         let tokens_per_block = if hopper { sm90_tokens_per_block(pack) } else { tokens_per_block(dtype, d, pack) };
         let (cu_q, cu_k, grid_tiles) = match cu_seqlens {
             CuSeqlens::Host { q: cq, k: ck } => {
-                let tiles = self.stage_host_offsets(&device, cq, ck, tokens_per_block, b.qh.tokens)?;
+                let (tiles, _) = self.stage_host_offsets(&device, cq, ck, tokens_per_block, None)?;
                 (args.read_tensor("workspace", &cq_t)?, args.read_tensor("workspace", &ck_t)?, tiles)
             }
             CuSeqlens::Device { q: cq, k: ck } => {
@@ -256,7 +270,7 @@ impl AttentionWorkspace {
                     batch,
                     tokens_per_block,
                 };
-                let tiles = plan_on_device(&device, &b, plan)?;
+                let tiles = plan_on_device(&device, (b.qh.tokens, b.paged.is_none().then_some(b.kh.tokens)), plan)?;
                 (cqb.addr, ckb.addr, tiles)
             }
         };
@@ -280,36 +294,56 @@ impl AttentionWorkspace {
         args.launch(kernel(dtype, d, keys)?, dims, &params)
     }
 
-    /// Host offsets: the three arrays as they lie in the workspace (capacity entries each: the
-    /// q and k offsets and the cumulative tile map), staged and uploaded in one asynchronous
-    /// copy. Returns the number of query tiles.
-    fn stage_host_offsets(
+    /// Host offsets (validated): the arrays as they lie in the workspace (capacity entries each:
+    /// the q and k offsets, the query tile map and, with `keys_per_block`, the key tile map),
+    /// staged and uploaded in one asynchronous copy. Returns the numbers of query and key tiles.
+    pub(super) fn stage_host_offsets(
         &mut self,
         reader: &Device,
         cq: &[i32],
         ck: &[i32],
         tokens_per_block: usize,
-        total_q: usize,
-    ) -> Result<usize> {
+        keys_per_block: Option<usize>,
+    ) -> Result<(usize, usize)> {
         let cap = self.capacity;
         self.host.clear();
-        self.host.resize(3 * cap, 0);
+        self.host.resize(ARRAY_COUNT * cap, 0);
         self.host[..cq.len()].copy_from_slice(cq);
         self.host[cap..cap + ck.len()].copy_from_slice(ck);
-        let mut tiles = 0usize;
-        for (i, w) in cq.windows(2).enumerate() {
-            tiles += ((w[1] - w[0]) as usize).div_ceil(tokens_per_block);
-            self.host[2 * cap + i + 1] =
-                i32::try_from(tiles).map_err(|_| Error::invalid(OP, "total_q", total_q, "too many tiles"))?;
-        }
+        let q_tiles = tile_map(cq, tokens_per_block, &mut self.host[2 * cap..3 * cap])?;
+        let k_tiles = match keys_per_block {
+            Some(n) => tile_map(ck, n, &mut self.host[3 * cap..])?,
+            None => 0,
+        };
         let buf = self.buf.as_ref().ok_or(Error::InvalidView { what: OP, why: "workspace not planned".into() })?;
         let bytes = crate::tensor::as_bytes(&self.host);
         PinnedStaging::upload(self.staging.as_mut(), bytes, buf.storage(), ARRAYS * 4, reader)?;
-        Ok(tiles)
+        Ok((q_tiles, k_tiles))
     }
 
-    fn array_flag(&self) -> Result<Tensor> {
+    /// The backward's delta buffer, `len` f32 values (grown on demand: the only allocation of a
+    /// backward call beyond [`AttentionWorkspace::plan`]'s).
+    pub(super) fn delta(&mut self, len: usize) -> Result<Tensor> {
+        if self.delta.as_ref().is_none_or(|t| t.numel() < len) {
+            self.delta = Some(Tensor::zeros(&self.device, DType::F32, &[len.max(1)])?);
+        }
+        let t = self.delta.as_ref().ok_or(Error::InvalidView { what: OP, why: "workspace not planned".into() })?;
+        t.narrow(0, 0, len)
+    }
+
+    pub(super) fn array_flag(&self) -> Result<Tensor> {
         let buf = self.buf.as_ref().ok_or(Error::InvalidView { what: OP, why: "workspace not planned".into() })?;
         buf.narrow(0, FLAG, 1)
     }
+}
+
+/// The cumulative tile map of validated offsets `cu` in blocks of `per_block` tokens (`map[0]`
+/// stays 0); returns the number of tiles.
+fn tile_map(cu: &[i32], per_block: usize, map: &mut [i32]) -> Result<usize> {
+    let mut tiles = 0usize;
+    for (i, w) in cu.windows(2).enumerate() {
+        tiles += ((w[1] - w[0]) as usize).div_ceil(per_block);
+        map[i + 1] = i32::try_from(tiles).map_err(|_| Error::invalid(OP, "cu_seqlens", tiles, "too many tiles"))?;
+    }
+    Ok(tiles)
 }

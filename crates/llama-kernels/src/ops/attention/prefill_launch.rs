@@ -435,9 +435,14 @@ pub(super) struct DevicePlan<'r, 'a> {
 }
 
 /// Queues the plan kernel for device-resident offsets: it validates them (raising the error
-/// flag) and writes the tile map. Returns the upper bound on the tile count that sizes the grid
-/// (extra blocks exit at once).
-pub(super) fn plan_on_device(device: &Device, b: &Bound, plan: DevicePlan<'_, '_>) -> Result<usize> {
+/// flag) and writes the tile map of `cu_seqlens_q`'s sequences. `totals`: the token counts the
+/// offsets must end at (the keys' is `None` for paged K/V, where only the offsets say it).
+/// Returns the upper bound on the tile count that sizes the grid (extra blocks exit at once).
+pub(super) fn plan_on_device(
+    device: &Device,
+    totals: (usize, Option<usize>),
+    plan: DevicePlan<'_, '_>,
+) -> Result<usize> {
     let DevicePlan { cu_seqlens_q, cu_seqlens_k, cu_tiles, error_flag, batch, tokens_per_block } = plan;
     let mut plan_args = KernelArgs::new(OP, device);
     let plan = AttentionPlanParams {
@@ -446,14 +451,16 @@ pub(super) fn plan_on_device(device: &Device, b: &Bound, plan: DevicePlan<'_, '_
         cu_tiles: plan_args.write_tensor("workspace", cu_tiles)?,
         error_flag: plan_args.write_tensor("workspace", error_flag)?,
         batch: to_i64(OP, "batch", batch)?,
-        total_q: to_i64(OP, "total_q", b.qh.tokens)?,
-        // Paged: the keys' total is not a tensor's size, only the offsets say it.
-        total_k: if b.paged.is_some() { -1 } else { to_i64(OP, "total_k", b.kh.tokens)? },
+        total_q: to_i64(OP, "total_q", totals.0)?,
+        total_k: match totals.1 {
+            Some(k) => to_i64(OP, "total_k", k)?,
+            None => -1,
+        },
         tokens_per_block: to_i64(OP, "tokens per block", tokens_per_block)?,
     };
     let dims = LaunchDims { grid: (1, 1, 1), block: (32, 1, 1), smem_at_launch: 0 };
     plan_args.launch(PLAN, dims, &plan)?;
-    Ok(b.qh.tokens / tokens_per_block + batch)
+    Ok(totals.0 / tokens_per_block + batch)
 }
 
 /// Where the tile map and the offsets are on the device, and the flag.
