@@ -463,6 +463,11 @@ typedef struct AttentionPlanParams {
 #define LLK_ATTN_BWD_THREADS 128
 #define LLK_ATTN_BWD_LANES 4
 #define LLK_ATTN_BWD_LANES_HD256 8
+// The tensor-core kernels (bf16, f16 at head_dim 64 and 128): 4 warps of 16 rows, so
+// LLK_ATTN_BWD_MMA_ROWS query rows per dQ block and keys per dK/dV block; the other operand
+// streams through shared memory LLK_ATTN_BWD_MMA_TILE keys (dQ) or queries (dK/dV) at a time.
+#define LLK_ATTN_BWD_MMA_ROWS 64
+#define LLK_ATTN_BWD_MMA_TILE 32
 
 typedef struct AttentionBackwardParams {
   // The forward call: q, k, v (contiguous K/V), out = the forward's output O (read), lse (read,

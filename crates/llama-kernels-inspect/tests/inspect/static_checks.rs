@@ -272,6 +272,29 @@ fn attention_runs_on_tensor_cores() {
 }
 
 #[test]
+fn attention_backward_runs_on_tensor_cores() {
+    // The bf16/f16 gradient kernels at head_dim 64 and 128 (`_mma_`): HMMA (mma.sync), LDSM and
+    // LDSM.MT (ldmatrix, .trans for the products whose B operand is the staged tile itself),
+    // 16-byte global loads into shared memory, no local memory. The SIMT kernels (every other
+    // head dim, and f32) never touch the tensor cores.
+    let funcs = per_function(&sass("attention_backward"));
+    let mma: Vec<_> = funcs.iter().filter(|f| f.0.contains("_mma_")).cloned().collect();
+    assert_listed("attention_backward", &mma, |n| n.contains("_mma_"));
+    for (name, ops) in &funcs {
+        let has = |prefix: &str| ops.iter().any(|o| o.starts_with(prefix));
+        assert!(!has("LDL") && !has("STL"), "{name} uses local memory");
+        if !name.contains("_mma_") {
+            assert!(!has("HMMA"), "{name} should not use tensor cores");
+            continue;
+        }
+        let hmma = if name.ends_with("_bf16") { "HMMA.16816.F32.BF16" } else { "HMMA.16816.F32" };
+        assert!(has(hmma), "{name}: no {hmma}");
+        assert!(has("LDSM.16.M88.4") && has("LDSM.16.MT88.4"), "{name}: no ldmatrix x4 / x4.trans");
+        assert!(has("LDG.E.128") && has("STS.128"), "{name}: tiles not staged in 16-byte accesses");
+    }
+}
+
+#[test]
 fn paged_decode_runs_on_tensor_cores() {
     // bf16/f16 q with same-dtype or fp8 pages (and the 2-stage kernels of 16-bit pages at
     // head_dim 96 and 128): HMMA, LDSM (K) and LDSM.MT (V), 16-byte LDGSTS, no local memory; the

@@ -12,33 +12,48 @@ pub enum AttentionBackwardKernel {
     DkDv,
 }
 
+/// How a backward launch computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionBackwardPath {
+    /// CUDA cores, f32 math (every dtype and head dim).
+    Simt,
+    /// Tensor cores (mma.sync m16n8k16, ldmatrix): bf16 and f16 at head_dim 64 and 128.
+    MmaSync,
+}
+
 macro_rules! head_dims {
-    ($(($d:literal, $dq:literal, $dkdv:literal)),*) => {
-        &[$(
-            ((AttentionBackwardKernel::Dq, $d, DType::BF16), concat!($dq, "_bf16")),
-            ((AttentionBackwardKernel::Dq, $d, DType::F16), concat!($dq, "_f16")),
-            ((AttentionBackwardKernel::Dq, $d, DType::F32), concat!($dq, "_f32")),
-            ((AttentionBackwardKernel::DkDv, $d, DType::BF16), concat!($dkdv, "_bf16")),
-            ((AttentionBackwardKernel::DkDv, $d, DType::F16), concat!($dkdv, "_f16")),
-            ((AttentionBackwardKernel::DkDv, $d, DType::F32), concat!($dkdv, "_f32")),
-        )*]
+    ($(($d:literal, $dq:literal, $dkdv:literal, [$($dtype:ident: $suffix:literal),*])),*) => {
+        &[$($(
+            ((AttentionBackwardKernel::Dq, $d, DType::$dtype), concat!($dq, $suffix)),
+            ((AttentionBackwardKernel::DkDv, $d, DType::$dtype), concat!($dkdv, $suffix)),
+        )*)*]
     };
 }
 
-/// Every kernel, by (launch, head_dim, dtype): the forward's head dims and dtypes.
+/// The SIMT kernels ([`AttentionBackwardPath::Simt`]), by (launch, head_dim, dtype): the
+/// forward's head dims and dtypes.
 pub static KERNELS: KernelTable<(AttentionBackwardKernel, usize, DType)> = KernelTable {
     module: "attention_backward",
     entries: head_dims!(
-        (32, "attention_bwd_dq_hd32", "attention_bwd_dkdv_hd32"),
-        (64, "attention_bwd_dq_hd64", "attention_bwd_dkdv_hd64"),
-        (96, "attention_bwd_dq_hd96", "attention_bwd_dkdv_hd96"),
-        (128, "attention_bwd_dq_hd128", "attention_bwd_dkdv_hd128"),
-        (256, "attention_bwd_dq_hd256", "attention_bwd_dkdv_hd256")
+        (32, "attention_bwd_dq_hd32", "attention_bwd_dkdv_hd32", [BF16: "_bf16", F16: "_f16", F32: "_f32"]),
+        (64, "attention_bwd_dq_hd64", "attention_bwd_dkdv_hd64", [BF16: "_bf16", F16: "_f16", F32: "_f32"]),
+        (96, "attention_bwd_dq_hd96", "attention_bwd_dkdv_hd96", [BF16: "_bf16", F16: "_f16", F32: "_f32"]),
+        (128, "attention_bwd_dq_hd128", "attention_bwd_dkdv_hd128", [BF16: "_bf16", F16: "_f16", F32: "_f32"]),
+        (256, "attention_bwd_dq_hd256", "attention_bwd_dkdv_hd256", [BF16: "_bf16", F16: "_f16", F32: "_f32"])
+    ),
+};
+
+/// The tensor-core kernels ([`AttentionBackwardPath::MmaSync`]), by (launch, head_dim, dtype).
+pub static MMA_KERNELS: KernelTable<(AttentionBackwardKernel, usize, DType)> = KernelTable {
+    module: "attention_backward",
+    entries: head_dims!(
+        (64, "attention_bwd_dq_mma_hd64", "attention_bwd_dkdv_mma_hd64", [BF16: "_bf16", F16: "_f16"]),
+        (128, "attention_bwd_dq_mma_hd128", "attention_bwd_dkdv_mma_hd128", [BF16: "_bf16", F16: "_f16"])
     ),
 };
 
 /// The symbols of this family, for static checks.
 #[cfg(feature = "dev")]
 pub fn symbols() -> impl Iterator<Item = crate::backend::KernelRef> {
-    KERNELS.symbols()
+    KERNELS.symbols().chain(MMA_KERNELS.symbols())
 }

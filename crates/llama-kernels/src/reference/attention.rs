@@ -10,6 +10,7 @@
 //! and `lse = -inf`. q heads map to kv heads by `h / (q_heads / kv_heads)`.
 
 use super::check_len;
+use crate::dtype::{DType, round_to};
 use crate::error::{Error, Result};
 use crate::spec::attention::{AttentionMask, Llama4Temperature};
 
@@ -171,6 +172,10 @@ pub struct AttentionGradInputs<'a> {
     pub cu_seqlens_k: &'a [i32],
     /// `(out, lse)` as a forward kernel saved them, or `None`: computed here, exactly.
     pub saved: Option<(&'a [f64], &'a [f64])>,
+    /// Computes as a 16-bit framework does (PyTorch's bf16 autograd, FlashAttention's tensor
+    /// cores): P and dS rounded to this dtype where they enter the products, each gradient
+    /// rounded to it at the end. `None`: exact.
+    pub rounded: Option<DType>,
 }
 
 /// The gradient of [`attention`]: `(dq, dk, dv)`, shaped as q, k and v. With the row's
@@ -180,14 +185,17 @@ pub struct AttentionGradInputs<'a> {
 /// `dq_i = c_i sum_j dS_ij k_j`, `dk_j = sum_i c_i dS_ij q_i`, `dv_j = sum_i P_ij dO_i`, the sums
 /// over i running over every q head of k_j's group. A row with no allowed key contributes nothing.
 ///
-/// With `saved` the output and log-sum-exp are the given ones (the state a backward kernel reads:
+/// With `rounded`, P and dS are rounded to that dtype where they enter the products and the
+/// gradients at the end (the error a 16-bit computation makes; FlashAttention's test rule bounds
+/// a kernel's error by twice it). With `saved` the output and log-sum-exp are the given ones (the state a backward kernel reads:
 /// this is exactly what it computes, in f64); without, the exact ones, which makes this the
 /// derivative of `<d_out, attention(q, k, v)>`.
 pub fn attention_backward(
     inputs: &AttentionGradInputs<'_>,
     spec: &AttentionSpec,
 ) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
-    let AttentionGradInputs { q, k, v, d_out, cu_seqlens_q, cu_seqlens_k, saved } = *inputs;
+    let AttentionGradInputs { q, k, v, d_out, cu_seqlens_q, cu_seqlens_k, saved, rounded } = *inputs;
+    let round = |x: f64| rounded.map_or(x, |dt| round_to(dt, x));
     let AttentionSpec { q_heads, kv_heads, head_dim: d, mask, scale, temperature: temp } = *spec;
     let (exact_out, exact_lse);
     let (out, lse) = match saved {
@@ -221,14 +229,20 @@ pub fn attention_backward(
                 for j in (0..k_len).filter(|&j| allowed(mask, pos, j, k_len)) {
                     let kr = at(k0 + j as usize, kv_heads, kh);
                     let p = (c * dot(qv, &k[kr.clone()]) - l).exp();
-                    let ds = p * (dot(go, &v[kr.clone()]) - delta);
+                    let ds = round(c * p * (dot(go, &v[kr.clone()]) - delta));
+                    let pr = round(p);
                     for e in 0..d {
-                        dq[row * q_heads * d + h * d + e] += c * ds * k[kr.start + e];
-                        dk[kr.start + e] += c * ds * qv[e];
-                        dv[kr.start + e] += p * go[e];
+                        dq[row * q_heads * d + h * d + e] += ds * k[kr.start + e];
+                        dk[kr.start + e] += ds * qv[e];
+                        dv[kr.start + e] += pr * go[e];
                     }
                 }
             }
+        }
+    }
+    if rounded.is_some() {
+        for x in dq.iter_mut().chain(dk.iter_mut()).chain(dv.iter_mut()) {
+            *x = round(*x);
         }
     }
     Ok((dq, dk, dv))

@@ -7,7 +7,7 @@ use crate::error::Result;
 /// Rows `ids` of `table` (`[vocab, hidden]` row-major), and whether any id was outside
 /// `[0, vocab)` (those rows are zeros).
 pub fn embedding(table: &[f64], hidden: usize, ids: &[i64]) -> Result<(Vec<f64>, bool)> {
-    let vocab = if hidden == 0 { 0 } else { table.len() / hidden };
+    let vocab = table.len().checked_div(hidden).unwrap_or(0);
     check_len("table", table.len(), vocab * hidden)?;
     let mut out = Vec::with_capacity(ids.len() * hidden);
     let mut bad = false;

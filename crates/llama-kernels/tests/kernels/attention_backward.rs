@@ -10,8 +10,8 @@ use crate::common;
 use llama_kernels::dev::testing::{Rng, Tolerance, compare};
 use llama_kernels::dev::verify::{AttentionCase, attention_backward_case};
 use llama_kernels::ops::attention::{
-    AttentionBackwardTensors, AttentionMask, AttentionOptions, AttentionTensors, AttentionWorkspace, KvTensors,
-    Llama4Temperature, Offsets,
+    AttentionBackwardPath, AttentionBackwardTensors, AttentionMask, AttentionOptions, AttentionTensors,
+    AttentionWorkspace, KvTensors, Llama4Temperature, Offsets, backward_path,
 };
 use llama_kernels::reference::attention::{AttentionGradInputs, AttentionSpec, attention, attention_backward};
 use llama_kernels::{DType, Device, Error, Tensor};
@@ -144,6 +144,7 @@ fn the_reference_gradient_matches_central_differences() {
             cu_seqlens_q: &cu_q,
             cu_seqlens_k: &cu_k,
             saved: None,
+            rounded: None,
         };
         let (dq, dk, dv) = attention_backward(&inputs, &spec).unwrap();
         let loss = |q: &[f64], k: &[f64], v: &[f64]| {
@@ -200,6 +201,7 @@ fn gradients_match_pytorch_autograd_in_float64() {
             cu_seqlens_q: &cu_q,
             cu_seqlens_k: &cu_k,
             saved: None,
+            rounded: None,
         };
         let (rq, rk, rv) = attention_backward(&inputs, &spec).unwrap();
         let tight = Tolerance { atol: 1e-12, rtol: 1e-12 };
@@ -247,12 +249,14 @@ fn gradients_match_pytorch_autograd_in_float64() {
     assert_eq!(checked, 3);
 }
 
-/// A non-finite K or V value at a key some rows do not attend (another chunk) reaches none of
-/// their gradients: masked pairs are skipped, not multiplied by 0. The saved state is the
-/// reference's (the forward's own NaN contract is tested with the forward).
+/// On the SIMT path (head_dim 96 here, every dtype) a non-finite K or V value at a key some rows
+/// do not attend (another chunk) reaches none of their gradients: masked pairs are skipped, not
+/// multiplied by 0. The saved state is the reference's (the forward's own NaN contract, which
+/// the tensor-core path shares, is tested with the forward).
 #[test]
-fn non_finite_keys_outside_a_rows_chunk_never_reach_its_gradients() {
-    let (q_heads, kv_heads, d, len, chunk) = (2, 1, 64, 20, 8);
+fn non_finite_keys_outside_a_rows_chunk_never_reach_its_gradients_on_the_simt_path() {
+    let (q_heads, kv_heads, d, len, chunk) = (2, 1, 96, 20, 8);
+    assert_eq!(backward_path(DType::BF16, d), AttentionBackwardPath::Simt);
     let mask = AttentionMask::ChunkedCausal { chunk_size: chunk };
     let spec = AttentionSpec { q_heads, kv_heads, head_dim: d, mask, scale: 0.125, temperature: None };
     let cu = [0, len as i32];
@@ -303,6 +307,7 @@ fn non_finite_keys_outside_a_rows_chunk_never_reach_its_gradients() {
                 cu_seqlens_q: &cu,
                 cu_seqlens_k: &cu,
                 saved: Some((&so, &sl)),
+                rounded: None,
             };
             let (rq, rk, rv) = attention_backward(&inputs, &spec).unwrap();
             // Rows (tokens) 8.. attend chunks 1 and 2 only; keys 8.. are attended by them only.

@@ -10,8 +10,8 @@ use crate::dev::testing::{Tolerance, compare};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::attention::{
-    AttentionBackwardTensors, AttentionMask, AttentionTensors, AttentionWorkspace, KvTensors, Llama4Temperature,
-    Offsets,
+    AttentionBackwardPath, AttentionBackwardTensors, AttentionMask, AttentionTensors, AttentionWorkspace, KvTensors,
+    Llama4Temperature, Offsets, backward_path,
 };
 use crate::reference;
 use crate::reference::attention::{AttentionGradInputs, AttentionSpec};
@@ -23,6 +23,19 @@ use crate::tensor::Tensor;
 /// the largest reference gradient.
 pub fn attention_gradient_tolerance(dtype: DType, n: usize, scale: f64) -> Tolerance {
     super::backward::gradient_tolerance(dtype, n, scale)
+}
+
+/// FlashAttention's test rule for gradients computed with 16-bit operands: the kernel's largest
+/// error against the `exact` gradient at most twice the largest error of `framework` (the same
+/// gradient as a 16-bit framework computes it: [`reference::attention::attention_backward`] with
+/// `rounded`), plus one unit of roundoff of the gradient's root-mean-square (at least the
+/// absolute floor of a 16-bit output, [`Tolerance::rounded_output`]: where the exact gradient
+/// vanishes, as with a single key, f32 sums in another order are not exactly 0).
+pub fn flash_attention_rule(dtype: DType, exact: &[f64], framework: &[f64]) -> Tolerance {
+    let err = exact.iter().zip(framework).fold(0.0f64, |m, (e, f)| m.max((e - f).abs()));
+    let rms = (exact.iter().map(|x| x * x).sum::<f64>() / exact.len().max(1) as f64).sqrt();
+    let small = (dtype.unit_roundoff() * rms).max(Tolerance::rounded_output(dtype).atol);
+    Tolerance { atol: 2.0 * err + small, rtol: 0.0 }
 }
 
 fn max_abs(v: &[f64]) -> f64 {
@@ -87,17 +100,38 @@ pub fn attention_backward_case(device: &Device, case: &AttentionCase) -> Result<
         cu_seqlens_q: &cu_q,
         cu_seqlens_k: &cu_k,
         saved: Some((&saved_out, &saved_lse)),
+        rounded: None,
     };
-    let (rq, rk, rv) = reference::attention::attention_backward(&inputs, &spec)?;
     let (gq, gk, gv) = (dq.to_f64_vec()?, dk.to_f64_vec()?, dv.to_f64_vec()?);
-    // The longest sums: dQ over a sequence's keys, dK and dV over its queries times the group.
-    let longest = |i: usize| case.seqlens.iter().map(|s| [s.1, s.0 * (q_heads / kv_heads)][i]).max().unwrap_or(0);
-    let tol = |n: usize, r: &[f64]| attention_gradient_tolerance(dtype, n, max_abs(r));
-    let parts = vec![
-        (compare(&gq, &rq, tol(longest(0), &rq)), vec![tq, q_heads, d]),
-        (compare(&gk, &rk, tol(longest(1), &rk)), vec![tk, kv_heads, d]),
-        (compare(&gv, &rv, tol(longest(1), &rv)), vec![tk, kv_heads, d]),
-    ];
+    let shapes = [vec![tq, q_heads, d], vec![tk, kv_heads, d], vec![tk, kv_heads, d]];
+    let path = backward_path(dtype, d);
+    let parts: Vec<_> = if path == AttentionBackwardPath::Simt {
+        // f32 math from the saved state: the saved-state reference, tightly.
+        let (rq, rk, rv) = reference::attention::attention_backward(&inputs, &spec)?;
+        // The longest sums: dQ over a sequence's keys, dK and dV over its queries times the group.
+        let longest = |i: usize| case.seqlens.iter().map(|s| [s.1, s.0 * (q_heads / kv_heads)][i]).max().unwrap_or(0);
+        let tol = |n: usize, r: &[f64]| attention_gradient_tolerance(dtype, n, max_abs(r));
+        let (nq, nk) = (longest(0), longest(1));
+        [(&gq, rq, nq), (&gk, rk, nk), (&gv, rv, nk)]
+            .into_iter()
+            .zip(shapes)
+            .map(|((g, r, n), shape)| (compare(g, &r, tol(n, &r)), shape))
+            .collect()
+    } else {
+        // Tensor cores round P and dS to the dtype: FlashAttention's rule, against the exact
+        // gradient, with the error of the same computation done as a 16-bit framework does it.
+        let exact = AttentionGradInputs { saved: None, ..inputs };
+        let (eq, ek, ev) = reference::attention::attention_backward(&exact, &spec)?;
+        let (o, l) = reference::attention::attention(&q, &k, &v, &cu_q, &cu_k, &spec)?;
+        let o16: Vec<f64> = o.iter().map(|&x| crate::dtype::round_to(dtype, x)).collect();
+        let framework = AttentionGradInputs { saved: Some((&o16, &l)), rounded: Some(dtype), ..inputs };
+        let (fq, fk, fv) = reference::attention::attention_backward(&framework, &spec)?;
+        [(&gq, eq, fq), (&gk, ek, fk), (&gv, ev, fv)]
+            .into_iter()
+            .zip(shapes)
+            .map(|((g, e, f), shape)| (compare(g, &e, flash_attention_rule(dtype, &e, &f)), shape))
+            .collect()
+    };
     Ok(result("attention_backward", dtype, case_label(case, tq, tk), parts, true, millis, vec![gq, gk, gv]))
 }
 

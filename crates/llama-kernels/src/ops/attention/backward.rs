@@ -16,11 +16,11 @@ use crate::backend::{LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
-    AttentionBackwardParams, AttentionParams, LLK_ATTN_BWD_LANES, LLK_ATTN_BWD_LANES_HD256, LLK_ATTN_BWD_THREADS,
-    LlkKvSource,
+    AttentionBackwardParams, AttentionParams, LLK_ATTN_BWD_LANES, LLK_ATTN_BWD_LANES_HD256, LLK_ATTN_BWD_MMA_ROWS,
+    LLK_ATTN_BWD_THREADS, LlkKvSource,
 };
 use crate::kernels::attention::SUPPORTED_HEAD_DIMS;
-use crate::kernels::attention_backward::{AttentionBackwardKernel, KERNELS};
+use crate::kernels::attention_backward::{AttentionBackwardKernel, AttentionBackwardPath, KERNELS, MMA_KERNELS};
 use crate::launch::{Arg, Heads, KernelArgs, Region, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
@@ -28,11 +28,28 @@ use super::prefill::{AttentionOptions, Offsets};
 
 const OP: &str = "attention_backward";
 
-/// Rows (query token x q head) of a dQ block, and keys of a dK/dV block, at `head_dim`: the
-/// block's threads, `LLK_ATTN_BWD_LANES` per row (`LLK_ATTN_BWD_LANES_HD256` at head_dim 256).
-pub const fn backward_rows(head_dim: usize) -> usize {
-    let lanes = if head_dim <= 128 { LLK_ATTN_BWD_LANES } else { LLK_ATTN_BWD_LANES_HD256 };
-    (LLK_ATTN_BWD_THREADS / lanes) as usize
+/// The path a backward call of `dtype` at `head_dim` runs: tensor cores for bf16 and f16 at
+/// head_dim 64 and 128 (when every 16-bit row is 16-byte aligned; otherwise, and for every other
+/// case, the SIMT path, which computes the same function in f32 without rounding P and dS).
+pub fn backward_path(dtype: DType, head_dim: usize) -> AttentionBackwardPath {
+    if MMA_KERNELS.has((AttentionBackwardKernel::Dq, head_dim, dtype)) {
+        AttentionBackwardPath::MmaSync
+    } else {
+        AttentionBackwardPath::Simt
+    }
+}
+
+/// Rows (query token x q head) of a dQ block, and keys of a dK/dV block, of `path` at
+/// `head_dim`: on the SIMT path the block's threads over `LLK_ATTN_BWD_LANES` lanes per row
+/// (`LLK_ATTN_BWD_LANES_HD256` at head_dim 256); on tensor cores 16 per warp.
+pub const fn backward_rows(path: AttentionBackwardPath, head_dim: usize) -> usize {
+    match path {
+        AttentionBackwardPath::MmaSync => LLK_ATTN_BWD_MMA_ROWS as usize,
+        AttentionBackwardPath::Simt => {
+            let lanes = if head_dim <= 128 { LLK_ATTN_BWD_LANES } else { LLK_ATTN_BWD_LANES_HD256 };
+            (LLK_ATTN_BWD_THREADS / lanes) as usize
+        }
+    }
 }
 
 /// One backward call on borrowed views ([`AttentionWorkspace::backward_on`]). Shapes as the
@@ -118,6 +135,14 @@ fn bind<'a>(args: &mut KernelArgs<'a>, call: &'a mut AttentionBackwardArgs<'_, '
 }
 
 impl BoundGrad {
+    /// Whether every row of every tensor starts 16-byte aligned (the tensor-core path's 16-byte
+    /// accesses).
+    fn rows_aligned(&self) -> bool {
+        [&self.q, &self.k, &self.v, &self.out, &self.d_out, &self.dq, &self.dk, &self.dv]
+            .iter()
+            .all(|h| h.check_rows_aligned(OP, "rows").is_ok())
+    }
+
     /// Checks dtypes, shapes, head counts, alignment-free layouts and aliasing; returns the dtype
     /// and head dim.
     fn check(&self, dtype: DType) -> Result<usize> {
@@ -328,10 +353,10 @@ impl AttentionWorkspace {
             (self.array(0, n)?, self.array(1, n)?, self.array(2, n)?, self.array(3, n)?, self.array_flag()?);
 
         // Validate (one registration of every view, released before the launches).
-        let (d, totals) = {
+        let (d, totals, aligned) = {
             let mut args = KernelArgs::new(OP, &device);
             let b = bind(&mut args, &mut call)?;
-            (b.check(dtype)?, (b.q.tokens, b.k.tokens, b.q.heads, b.k.heads))
+            (b.check(dtype)?, (b.q.tokens, b.k.tokens, b.q.heads, b.k.heads), b.rows_aligned())
         };
         let (total_q, total_k, q_heads, kv_heads) = totals;
         if let CuSeqlens::Host { q: cq, k: ck } = call.cu_seqlens {
@@ -343,7 +368,11 @@ impl AttentionWorkspace {
         if q_heads == 0 || (total_q == 0 && total_k == 0) {
             return Ok(()); // nothing to write
         }
-        let rows = backward_rows(d);
+        let path = match backward_path(dtype, d) {
+            AttentionBackwardPath::MmaSync if !aligned => AttentionBackwardPath::Simt,
+            path => path,
+        };
+        let rows = backward_rows(path, d);
         let delta = self.delta(q_heads * total_q)?;
 
         let (offsets, grid_q, grid_k) = match call.cu_seqlens {
@@ -405,7 +434,11 @@ impl AttentionWorkspace {
             let params = b.params(&tiles, key_tiles, batch, pack, &variant, delta)?;
             let dims =
                 LaunchDims { grid: (grid_x(OP, grid)?, y, 1), block: (LLK_ATTN_BWD_THREADS, 1, 1), smem_at_launch: 0 };
-            args.launch(KERNELS.find(OP, "q", (kernel, d, dtype))?, dims, &params)?;
+            let table = match path {
+                AttentionBackwardPath::MmaSync => &MMA_KERNELS,
+                AttentionBackwardPath::Simt => &KERNELS,
+            };
+            args.launch(table.find(OP, "q", (kernel, d, dtype))?, dims, &params)?;
         }
         Ok(())
     }

@@ -1,4 +1,5 @@
-//! Attention: flash-style grouped-query prefill ([`AttentionWorkspace`], kernels/attention.cu),
+//! Attention: flash-style grouped-query prefill ([`AttentionWorkspace`], kernels/attention.cu)
+//! and its gradient (kernels/attention_backward.cu),
 //! the paged KV cache with split-KV decode ([`PagedKvCache`], [`PagedDecodeWorkspace`]) and the
 //! merge of attention states ([`merge_attention_states`]).
 //!
@@ -66,6 +67,53 @@
 //! finite value; other sequences and other KV groups are never affected.
 //! [`crate::reference::attention::nan_exposed_rows`] states exactly which rows may be hit.
 
+//! ## The gradient (kernels/attention_backward.cu)
+//!
+//! [`AttentionWorkspace::backward`] computes dQ, dK and dV of a prefill call from its inputs, its
+//! output O and log-sum-exp (the forward's `lse`), and dO, with the forward's options
+//! (FlashAttention-2's algorithm: P is recomputed tile by tile from the LSE, never stored).
+//!
+//! ```
+//! use llama_kernels::ops::attention::{
+//!     AttentionBackwardTensors, AttentionMask, AttentionOptions, AttentionTensors, AttentionWorkspace, KvTensors,
+//!     Offsets,
+//! };
+//! use llama_kernels::{DType, Device, Tensor};
+//! # fn main() -> llama_kernels::Result<()> {
+//! let device = Device::best();
+//! let (q_heads, kv_heads, d, tokens) = (8, 2, 64, 12);
+//! let x = |heads| Tensor::zeros(&device, DType::BF16, &[tokens, heads, d]);
+//! let (q, k, v, out, d_out) = (x(q_heads)?, x(kv_heads)?, x(kv_heads)?, x(q_heads)?, x(q_heads)?);
+//! let lse = Tensor::zeros(&device, DType::F32, &[q_heads, tokens])?;
+//! let (dq, dk, dv) = (x(q_heads)?, x(kv_heads)?, x(kv_heads)?);
+//! let cu = [0, 5, 12]; // two sequences of 5 and 7 tokens
+//! let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
+//! let cu_seqlens = Offsets::Host { q: &cu, k: &cu };
+//! let mut ws = AttentionWorkspace::new(&device);
+//! let kv = KvTensors::Contiguous { k: &k, v: &v };
+//! ws.forward(AttentionTensors { q: &q, kv, cu_seqlens, out: &out, lse: Some(&lse) }, &opts)?;
+//! let grads = AttentionBackwardTensors {
+//!     q: &q, k: &k, v: &v, out: &out, lse: &lse, d_out: &d_out, cu_seqlens, dq: &dq, dk: &dk, dv: &dv,
+//! };
+//! ws.backward(grads, &opts)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Two launches, neither with atomics, so the gradients are bit-identical from run to run: a dQ
+//! kernel over query-row blocks, which also writes `delta = rowsum(dO * O)` into the workspace,
+//! then a dK/dV kernel over key blocks of each KV head that loops over the q heads of its group
+//! (GQA's sum happens in the kernel; K and V are never repeated) and over the query tiles that
+//! can see its keys. K and V are contiguous tensors (any token and head strides); every mask,
+//! temperature, scale, head dim and offset form of the forward's contiguous path is supported,
+//! and dq, dk, dv are written (not accumulated), disjoint from every input. [`backward_path`]
+//! says which kernels serve a call: tensor cores (`mma.sync`) for bf16 and f16 at head_dim 64
+//! and 128 with 16-byte-aligned rows, rounding P and dS to the dtype for the products as
+//! FlashAttention does; a SIMT path in f32 otherwise. A non-finite K, V, Q or dO value in a
+//! tile the tensor-core path stages may reach the other rows of that tile (0 x NaN), as in the
+//! forward; the SIMT path skips masked pairs, so a value at a key a row does not attend never
+//! reaches that row's gradient.
+//!
 //! ## The paged KV cache and decode (kernels/paged_attention.cu)
 //!
 //! Appending new tokens, split-KV decode attention on tensor cores, and merging attention
@@ -151,9 +199,10 @@ pub(crate) mod prefill_launch;
 mod variant;
 
 pub use crate::kernels::attention::SUPPORTED_HEAD_DIMS;
+pub use crate::kernels::attention_backward::AttentionBackwardPath;
 pub use crate::ops::error_flag::ErrorFlag;
 pub use crate::spec::attention::{AttentionMask, Llama4Temperature};
-pub use backward::{AttentionBackwardArgs, AttentionBackwardTensors, backward_rows};
+pub use backward::{AttentionBackwardArgs, AttentionBackwardTensors, backward_path, backward_rows};
 #[doc(hidden)]
 pub use decode::plan_splits;
 pub use decode::{DecodeTensors, MAX_Q_LEN, MAX_SPLITS, PagedDecodeOptions, PagedDecodeWorkspace};
