@@ -45,6 +45,19 @@
 //   Bytes: the packed weights once per row block (from L2 after the first), x once per 128
 //   output features, y once.
 //
+// Input gradient (qgemm_dx_<format>_<dtype>, bf16 and f16): dx = dy W (+ dx), the backward of the
+//   GEMM through a frozen packed weight, from the packed bytes (QLoRA's base weights). The same
+//   kernel with the roles of W's dimensions exchanged: `x` is dy [rows, n], `y` is dx [rows, k],
+//   the 64-deep steps walk W's rows (the n outputs of the forward) and grid.y walks 128-wide
+//   blocks of W's columns. A step's weight tile is 64 rows x 4 chunks of W, the same 256 chunks
+//   as the forward's, dequantized the same way but stored as [64][128] (k rows, columns
+//   contiguous), which the products read with ldmatrix.trans (common/mma_tile.cuh, kKCols).
+//   The activations' last step copies only the bytes inside dy's row (cp.async zero-fills the
+//   rest), so n needs no alignment beyond dy's rows starting on 16-byte boundaries. No split-K:
+//   a training step has rows enough to fill the grid.
+//   Bytes: the packed weights once per 64-row block of dy (from L2 after the first), dy once
+//   per 128 columns of dx, dx once.
+//
 // Dequantize (qdequant_<format>_<dtype>): rows [row_first, row_first + n) of W into a dense
 //   [n, k] tensor of T (row stride y_row_stride); one thread per chunk, 16-byte stores.
 #include "common/mma_tile.cuh"
@@ -147,13 +160,19 @@ static_assert(kGemmThreads == 128 && kThreadChunks * kGemmThreads == kBN * kRowC
 constexpr int kGemmSmemBytes = (kStages * kBM + 2 * kBN) * kBK * 2;
 static_assert(kBM * kOutPitch * 4 <= kGemmSmemBytes, "the output tile fits in the pipeline's memory");
 
-template <LlkQuantFormat F, class T>
+// Which product a GEMM computes: y = x W^T (the forward) or y = x W (the input gradient).
+enum class Product { kXWt, kXW };
+
+template <LlkQuantFormat F, class T, Product P>
 __device__ void qgemm_kernel(const QLinearParams& p) {
+  constexpr bool kXW = P == Product::kXW;
+  // The product's depth and width: W's columns and rows for x W^T, its rows and columns for x W.
+  const int64_t depth = kXW ? p.n : p.k, width = kXW ? p.k : p.n;
   LLK_DYN_SMEM(raw);
   T* sA = reinterpret_cast<T*>(raw);   // [kStages][kBM][kBK], swizzled
-  T* sB = sA + kStages * kBM * kBK;    // [2][kBN][kBK], swizzled
+  T* sB = sA + kStages * kBM * kBK;    // [2][kBN][kBK] (x W^T) or [2][kBK][kBN] (x W), swizzled
   const int64_t m0 = int64_t(blockIdx.x) * kBM, n0 = int64_t(blockIdx.y) * kBN;
-  if (m0 >= p.rows || n0 >= p.n) return;  // the whole block, before any barrier
+  if (m0 >= p.rows || n0 >= width) return;  // the whole block, before any barrier
   __shared__ float code_smem[16];
   const float* code = code_book<F>(p, code_smem);
   const int valid = int(min(int64_t(kBM), p.rows - m0));
@@ -161,11 +180,11 @@ __device__ void qgemm_kernel(const QLinearParams& p) {
   const int wm = warp / 2, wn = warp % 2;
   // This split's steps [s0, s0 + ksteps) (all of k when k_splits is 1); an empty split still
   // writes its zero partial tile, so the reduce kernel reads every split.
-  const int64_t all_steps = (p.k + kBK - 1) / kBK;
+  const int64_t all_steps = (depth + kBK - 1) / kBK;
   const int64_t s0 = min(all_steps, int64_t(blockIdx.z) * p.k_steps_per_split);
   const int64_t ksteps = min(all_steps - s0, int64_t(p.k_steps_per_split));
   const T* x = reinterpret_cast<const T*>(p.x) + m0 * p.x_row_stride + s0 * kBK;
-  const int64_t k_end = p.k - s0 * kBK;  // k past this split's start (zero-fill beyond it)
+  const int64_t k_end = depth - s0 * kBK;  // depth past this split's start (zero-fill beyond it)
 
   auto load_a = [&](int64_t ks, int stage) {
     const int64_t k0 = ks * kBK;
@@ -173,44 +192,59 @@ __device__ void qgemm_kernel(const QLinearParams& p) {
 #pragma unroll
     for (int i = tid; i < kBM * kBK / 8; i += kGemmThreads) {
       const int r = i / (kBK / 8), c = i % (kBK / 8);
-      const bool ok = r < valid && k0 + c * 8 < k_end;
-      llk::cp_async_16(a + llk::swizzled<kBK>(r, c), ok ? x + r * p.x_row_stride + k0 + c * 8 : x, ok ? 16 : 0);
+      // The bytes inside the row, none past the rows or the depth: x W^T's depth (k) is whole
+      // chunks, so a vector is all in or all out; x W's (n) may end inside a vector, which is
+      // then copied in part (cp.async zero-fills the rest).
+      int bytes;
+      if constexpr (kXW) {
+        const int64_t inside = r < valid ? k_end - (k0 + c * 8) : 0;
+        bytes = int(max(int64_t(0), min(int64_t(8), inside))) * 2;
+      } else {
+        bytes = r < valid && k0 + c * 8 < k_end ? 16 : 0;
+      }
+      llk::cp_async_16(a + llk::swizzled<kBK>(r, c), bytes > 0 ? x + r * p.x_row_stride + k0 + c * 8 : x, bytes);
     }
   };
-  // Weight chunk i of this thread in step ks: row n0 + r of W, chunk ks * kRowChunks + c.
-  auto chunk_of = [&](int i, int64_t ks, int& r, int64_t& chunk) {
+  // Weight chunk i of this thread in step ks: chunk `chunk` of W's row `row`, stored from 16-byte
+  // vector c0 of tile row r. x W^T: row n0 + r, chunk ks * kRowChunks + c; x W: row ks * kBK + r,
+  // the chunk c of the block's columns.
+  constexpr int kTileCols = kXW ? kBN : kBK;  // a tile row's elements
+  constexpr int kTileRowChunks = kTileCols / kChunk;
+  auto chunk_of = [&](int i, int64_t ks, int& r, int64_t& row, int64_t& chunk) {
     const int e = tid + i * kGemmThreads;
-    r = e / kRowChunks;
-    chunk = (s0 + ks) * kRowChunks + e % kRowChunks;
-    return n0 + r < p.n && chunk * kChunk < p.k;
+    r = e / kTileRowChunks;
+    const int c = e % kTileRowChunks;
+    row = kXW ? (s0 + ks) * kBK + r : n0 + r;
+    chunk = kXW ? n0 / kChunk + c : (s0 + ks) * kRowChunks + c;
+    return row < p.n && chunk * kChunk < p.k;
   };
   RawChunk next[kThreadChunks]{};
   auto load_b = [&](int64_t ks) {
 #pragma unroll
     for (int i = 0; i < kThreadChunks; ++i) {
       int r;
-      int64_t chunk;
-      if (chunk_of(i, ks, r, chunk)) load_chunk<F>(p, n0 + r, chunk, next[i]);
+      int64_t row, chunk;
+      if (chunk_of(i, ks, r, row, chunk)) load_chunk<F>(p, row, chunk, next[i]);
     }
   };
   auto store_b = [&](int64_t ks, int buf) {
 #pragma unroll
     for (int i = 0; i < kThreadChunks; ++i) {
       int r;
-      int64_t chunk;
+      int64_t row, chunk;
       float w[kChunk];
-      if (chunk_of(i, ks, r, chunk)) {
+      if (chunk_of(i, ks, r, row, chunk)) {
         decode_chunk<F>(code, next[i], w);
       } else {
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) w[j] = 0.f;
       }
       T* tile = sB + buf * kBN * kBK;
-      const int c0 = int(chunk % kRowChunks) * (kChunk / 8);  // the chunk's first 16-byte vector
+      const int c0 = int(chunk % kTileRowChunks) * (kChunk / 8);  // the chunk's first 16-byte vector
 #pragma unroll
       for (int v = 0; v < kChunk / 8; ++v) {  // 8 values rounded to T: one 16-byte shared store
         const float* e = w + 8 * v;
-        *reinterpret_cast<uint4*>(tile + llk::swizzled<kBK>(r, c0 + v)) =
+        *reinterpret_cast<uint4*>(tile + llk::swizzled<kTileCols>(r, c0 + v)) =
             make_uint4(llk::pack_pair<T>(e[0], e[1]), llk::pack_pair<T>(e[2], e[3]), llk::pack_pair<T>(e[4], e[5]),
                        llk::pack_pair<T>(e[6], e[7]));
       }
@@ -242,9 +276,10 @@ __device__ void qgemm_kernel(const QLinearParams& p) {
     if (ks + kStages - 1 < ksteps) load_a(ks + kStages - 1, int((ks + kStages - 1) % kStages));
     llk::cp_async_commit();
     if (mt_active > 0) {
-      llk::warp_mma_stage<T, kMTiles, kNTiles, kBK>(
-          acc, sA + int(ks % kStages) * kBM * kBK, wm * kWarpRows, sB + int(ks % 2) * kBN * kBK,
-          [&](int j) { return wn * kWarpCols + 8 * j; }, mt_active);
+      constexpr llk::BLayout kB = kXW ? llk::BLayout::kKCols : llk::BLayout::kColsK;
+      auto col = [&](int j) { return wn * kWarpCols + 8 * j; };
+      llk::warp_mma_stage<T, kMTiles, kNTiles, kBK, decltype(col), kB, kBN>(
+          acc, sA + int(ks % kStages) * kBM * kBK, wm * kWarpRows, sB + int(ks % 2) * kBN * kBK, col, mt_active);
     }
   }
   llk::cp_async_wait<0>();
@@ -262,8 +297,8 @@ __device__ void qgemm_kernel(const QLinearParams& p) {
         *reinterpret_cast<float2*>(sC + r * kOutPitch + c) = make_float2(acc[mi][j][2 * h], acc[mi][j][2 * h + 1]);
       }
   __syncthreads();
-  const int cols = int(min(int64_t(kBN), p.n - n0));
-  if (p.k_splits > 1) {  // block-uniform: the f32 partial tile of this split, for the reduce kernel
+  const int cols = int(min(int64_t(kBN), width - n0));
+  if (!kXW && p.k_splits > 1) {  // block-uniform: the f32 partial tile of this split, for the reduce kernel
     float* part = reinterpret_cast<float*>(p.partial) + (int64_t(blockIdx.z) * p.rows + m0) * p.n + n0;
     for (int i = tid; i < kBM * kBN; i += kGemmThreads) {
       const int r = i / kBN, c = i % kBN;
@@ -273,7 +308,7 @@ __device__ void qgemm_kernel(const QLinearParams& p) {
   }
   T* y = reinterpret_cast<T*>(p.y) + m0 * p.y_row_stride + n0;
   constexpr int V = llk::kVec16<T>;
-  const bool vec = p.y % 16 == 0 && p.y_row_stride % V == 0 && p.n % V == 0;  // block-uniform
+  const bool vec = p.y % 16 == 0 && p.y_row_stride % V == 0 && width % V == 0;  // block-uniform
   if (vec) {
     for (int i = tid; i < kBM * kBN / V; i += kGemmThreads) {
       const int r = i / (kBN / V), c = (i % (kBN / V)) * V;
@@ -327,14 +362,20 @@ __device__ void qdequant_kernel(const QLinearParams& p) {
 
 }  // namespace
 
-// Symbols: qgemv_<format>_<dtype>, qgemm_<format>_<f16|bf16>, qdequant_<format>_<dtype> and
-// qsplit_reduce_<f16|bf16>.
+// Symbols: qgemv_<format>_<dtype>, qgemm_<format>_<f16|bf16>, qgemm_dx_<format>_<f16|bf16>,
+// qdequant_<format>_<dtype> and qsplit_reduce_<f16|bf16>.
 #define QLINEAR_FORMAT(X, fmt, F)                                                                            \
   X(qgemv_##fmt##_f32, QLinearParams, (kWarps * 32), LLK_SMEM_NONE, (qgemv_kernel<F, float>))                             \
   X(qgemv_##fmt##_f16, QLinearParams, (kWarps * 32), LLK_SMEM_NONE, (qgemv_kernel<F, __half>))                            \
   X(qgemv_##fmt##_bf16, QLinearParams, (kWarps * 32), LLK_SMEM_NONE, (qgemv_kernel<F, __nv_bfloat16>))                    \
-  X(qgemm_##fmt##_f16, QLinearParams, (kGemmThreads), LLK_SMEM_FIXED(kGemmSmemBytes), (qgemm_kernel<F, __half>))                          \
-  X(qgemm_##fmt##_bf16, QLinearParams, (kGemmThreads), LLK_SMEM_FIXED(kGemmSmemBytes), (qgemm_kernel<F, __nv_bfloat16>))                   \
+  X(qgemm_##fmt##_f16, QLinearParams, (kGemmThreads), LLK_SMEM_FIXED(kGemmSmemBytes),                               \
+    (qgemm_kernel<F, __half, Product::kXWt>))                                                                        \
+  X(qgemm_##fmt##_bf16, QLinearParams, (kGemmThreads), LLK_SMEM_FIXED(kGemmSmemBytes),                              \
+    (qgemm_kernel<F, __nv_bfloat16, Product::kXWt>))                                                                 \
+  X(qgemm_dx_##fmt##_f16, QLinearParams, (kGemmThreads), LLK_SMEM_FIXED(kGemmSmemBytes),                            \
+    (qgemm_kernel<F, __half, Product::kXW>))                                                                         \
+  X(qgemm_dx_##fmt##_bf16, QLinearParams, (kGemmThreads), LLK_SMEM_FIXED(kGemmSmemBytes),                           \
+    (qgemm_kernel<F, __nv_bfloat16, Product::kXW>))                                                                  \
   X(qdequant_##fmt##_f32, QLinearParams, (LLK_QDEQUANT_THREADS), LLK_SMEM_NONE, (qdequant_kernel<F, float>))              \
   X(qdequant_##fmt##_f16, QLinearParams, (LLK_QDEQUANT_THREADS), LLK_SMEM_NONE, (qdequant_kernel<F, __half>))             \
   X(qdequant_##fmt##_bf16, QLinearParams, (LLK_QDEQUANT_THREADS), LLK_SMEM_NONE, (qdequant_kernel<F, __nv_bfloat16>))

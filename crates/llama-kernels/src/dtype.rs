@@ -106,8 +106,8 @@ macro_rules! element {
     };
 }
 element!(f32, DType::F32, |x| x as f64, |v| v as f32);
-element!(f16, DType::F16, |x| x.to_f64(), |v| f16::from_f64(v));
-element!(bf16, DType::BF16, |x| x.to_f64(), |v| bf16::from_f64(v));
+element!(f16, DType::F16, |x| x.to_f64(), |v| f16::from_f32(f32_round_to_odd(v)));
+element!(bf16, DType::BF16, |x| x.to_f64(), |v| bf16::from_f32(f32_round_to_odd(v)));
 element!(i32, DType::I32, |x| x as f64, |v| v as i32);
 element!(i64, DType::I64, |x| x as f64, |v| v as i64);
 element!(u8, DType::U8, |x| f64::from(x), |v| v as u8);
@@ -167,13 +167,29 @@ pub fn f8e4m3_encode(x: f64) -> u8 {
     sign | (((e + 7) << 3) | q) as u8
 }
 
+/// `v` rounded to f32 toward zero, with the last bit of the significand set when that was
+/// inexact ("round to odd"). Rounding this to f16 or bf16 (nearest even) gives `v` correctly
+/// rounded to them: the odd bit stands for every f64 bit the f32 drops, so a value just above a
+/// halfway point never looks like a tie. (half's `from_f64` reads only the top 32 bits of an
+/// f64 and rounds such a value down: 0x3d808005 as f32 to bf16 gives 0.0625, not 0.06298828.)
+fn f32_round_to_odd(v: f64) -> f32 {
+    let f = v as f32; // nearest even
+    if !f.is_finite() || f64::from(f) == v {
+        return f;
+    }
+    // Toward zero: step back one ulp when nearest rounded away from zero.
+    let bits = f.to_bits();
+    let toward_zero = if f64::from(f).abs() > v.abs() { bits - 1 } else { bits };
+    f32::from_bits(toward_zero | 1)
+}
+
 /// Rounds an f64 to the nearest value representable in `dtype` (round to nearest even), as a
 /// kernel storing into that dtype would.
 pub fn round_to(dtype: DType, v: f64) -> f64 {
     match dtype {
         DType::F32 => v as f32 as f64,
-        DType::F16 => f16::from_f64(v).to_f64(),
-        DType::BF16 => bf16::from_f64(v).to_f64(),
+        DType::F16 => f16::from_f32(f32_round_to_odd(v)).to_f64(),
+        DType::BF16 => bf16::from_f32(f32_round_to_odd(v)).to_f64(),
         DType::F8E4M3 => f8e4m3_decode(f8e4m3_encode(v)),
         DType::I32 | DType::I64 => v.round(),
         DType::U8 => v.round().clamp(0.0, 255.0),

@@ -551,8 +551,9 @@ fn tensor_core_gemv_streams_packed_weights_into_mma_without_local_memory() {
 
 #[test]
 fn packed_gemm_runs_on_tensor_cores_from_dequantized_shared_tiles() {
-    // Every qgemm kernel (bf16, f16; each format): mma.sync (HMMA.16816 of its dtype) fed by
-    // ldmatrix.x4 from shared memory, activations by 16-byte cp.async (LDGSTS), the packed
+    // Every qgemm kernel (bf16, f16; each format; y = x W^T and the input gradient dx = dy W):
+    // mma.sync (HMMA.16816 of its dtype) fed by ldmatrix.x4 from shared memory, activations by
+    // 16-byte cp.async (LDGSTS), the packed
     // weights by 128-bit read-only loads, the dequantized tile stored with 128-bit shared stores,
     // and no local memory.
     let funcs = per_function(&sass("qlinear"));
@@ -563,7 +564,10 @@ fn packed_gemm_runs_on_tensor_cores_from_dequantized_shared_tiles() {
         let has = |op: &str| ops.iter().any(|o| o == op);
         assert!(has(hmma), "{name}: no {hmma}");
         assert!(has("LDSM.16.M88.4"), "{name}: no ldmatrix.x4");
-        assert!(ops.iter().any(|o| o.starts_with("LDGSTS") && o.ends_with(".128")), "{name}: no 16-byte cp.async");
+        // The input gradient (qgemm_dx_) reads its [k][n] weight tile with ldmatrix.trans.
+        assert_eq!(has("LDSM.16.MT88.4"), name.starts_with("qgemm_dx_"), "{name}: ldmatrix.trans where W is [k][n]");
+        // 16-byte copies; the input gradient's may end inside dy's row (.ZFILL: partial copies).
+        assert!(ops.iter().any(|o| o.starts_with("LDGSTS") && o.contains(".128")), "{name}: no 16-byte cp.async");
         assert!(has("LDG.E.128.CONSTANT"), "{name}: no 128-bit read-only weight load");
         assert!(has("STS.128"), "{name}: no 128-bit shared store of the dequantized tile");
         assert!(!ops.iter().any(|o| o.starts_with("LDL") || o.starts_with("STL")), "{name}: local memory");

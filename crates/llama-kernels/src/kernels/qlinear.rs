@@ -11,6 +11,8 @@ pub enum QKernel {
     Gemv,
     /// The tensor-core GEMM over weight tiles dequantized in shared memory (bf16, f16).
     Gemm,
+    /// The input gradient `dx = dy W` on the same GEMM, W's dimensions exchanged (bf16, f16).
+    GemmInputGrad,
     /// A band of weight rows expanded to the activation dtype.
     Dequantize,
 }
@@ -23,6 +25,8 @@ macro_rules! rows {
             ((QKernel::Gemv, QuantFormat::$fmt, DType::BF16), concat!("qgemv_", $name, "_bf16")),
             ((QKernel::Gemm, QuantFormat::$fmt, DType::F16), concat!("qgemm_", $name, "_f16")),
             ((QKernel::Gemm, QuantFormat::$fmt, DType::BF16), concat!("qgemm_", $name, "_bf16")),
+            ((QKernel::GemmInputGrad, QuantFormat::$fmt, DType::F16), concat!("qgemm_dx_", $name, "_f16")),
+            ((QKernel::GemmInputGrad, QuantFormat::$fmt, DType::BF16), concat!("qgemm_dx_", $name, "_bf16")),
             ((QKernel::Dequantize, QuantFormat::$fmt, DType::F32), concat!("qdequant_", $name, "_f32")),
             ((QKernel::Dequantize, QuantFormat::$fmt, DType::F16), concat!("qdequant_", $name, "_f16")),
             ((QKernel::Dequantize, QuantFormat::$fmt, DType::BF16), concat!("qdequant_", $name, "_bf16")),

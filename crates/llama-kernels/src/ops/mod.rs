@@ -22,6 +22,7 @@ pub mod linear_backward;
 pub mod moe;
 pub mod optimizer;
 pub mod qlinear;
+pub mod qlinear_backward;
 pub mod rms_norm;
 pub mod rms_norm_backward;
 pub mod rope;
@@ -46,6 +47,7 @@ pub use moe::{
     GemmGroups, MoeAlign, MoeFfnConfig, MoeResidual, MoeRouting, WeightLayout, moe_combine, moe_combine_on, moe_gather,
     moe_gather_on, moe_grouped_gemm, moe_grouped_gemm_on, moe_route, moe_route_on,
 };
+pub use qlinear_backward::{qlinear_backward_input, qlinear_backward_input_on};
 pub use rms_norm::{fused_add_rms_norm, fused_add_rms_norm_on, rms_norm, rms_norm_on};
 pub use rms_norm_backward::{WeightGrad, rms_norm_backward};
 pub use rope::{Llama3Scaling, Rope, RopeConfig, RopeLayout};

@@ -342,6 +342,10 @@ fn partial_elems(w: &QWeight) -> usize {
 }
 
 impl QScratch {
+    /// The dense band buffer.
+    pub(super) fn band(&self) -> &Tensor {
+        &self.band
+    }
     /// A scratch of `dtype` large enough for a band of every weight in `weights` (the
     /// dequantize-and-GEMM path) and, for bf16 and f16, the partial products of their split GEMMs.
     pub fn new(device: &Device, dtype: DType, weights: &[&QWeight]) -> Result<QScratch> {
@@ -572,8 +576,8 @@ fn run(
     Ok(())
 }
 
-/// The GEMM's grid for `rows` x `out` with `k_splits` splits of `in` (grid.z).
-fn gemm_dims(op: &'static str, rows: usize, out: usize, k_splits: usize) -> Result<LaunchDims> {
+/// The GEMM's grid for `rows` x `out` (the output's columns) with `k_splits` splits of `in` (grid.z).
+pub(super) fn gemm_dims(op: &'static str, rows: usize, out: usize, k_splits: usize) -> Result<LaunchDims> {
     let grid = (
         grid_x(op, rows.div_ceil(LLK_QGEMM_BLOCK_M as usize))?,
         grid_y(op, "out features", out.div_ceil(LLK_QGEMM_BLOCK_N as usize))?,
@@ -587,7 +591,7 @@ fn to_i32(op: &'static str, name: &'static str, v: usize) -> Result<i32> {
 }
 
 /// Rows `[first, first + n)` of `w`, dequantized into the start of `band` (`[n, in]`).
-fn dequantize_band(device: &Device, w: &QWeight, band: &Tensor, first: usize, n: usize) -> Result<()> {
+pub(super) fn dequantize_band(device: &Device, w: &QWeight, band: &Tensor, first: usize, n: usize) -> Result<()> {
     let dtype = band.dtype();
     let mut args = KernelArgs::new(OP, device);
     let ob = args.write_tensor("scratch", band)?;

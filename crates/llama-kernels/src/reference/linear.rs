@@ -30,19 +30,35 @@ pub fn linear(x: &[f64], w: &[f64], bias: Option<&[f64]>, d_in: usize, d_out: us
 /// The backward of [`linear`]: from `dy` `[tokens, d_out]`, the input gradient `dx = dy w`
 /// `[tokens, d_in]` and the weight gradient `dw = dyᵀ x` `[d_out, d_in]`.
 pub fn linear_backward(dy: &[f64], x: &[f64], w: &[f64], d_in: usize, d_out: usize) -> Result<(Vec<f64>, Vec<f64>)> {
-    check_len("w", w.len(), d_out * d_in)?;
+    let dx = linear_backward_input(dy, w, d_in, d_out)?;
     let tokens = dy.len().checked_div(d_out).unwrap_or(0);
-    check_len("dy", dy.len(), tokens * d_out)?;
     check_len("x", x.len(), tokens * d_in)?;
-    let (mut dx, mut dw) = (vec![0.0; tokens * d_in], vec![0.0; d_out * d_in]);
+    let mut dw = vec![0.0; d_out * d_in];
     for t in 0..tokens {
         for o in 0..d_out {
             let g = dy[t * d_out + o];
             for i in 0..d_in {
-                dx[t * d_in + i] += g * w[o * d_in + i];
                 dw[o * d_in + i] += g * x[t * d_in + i];
             }
         }
     }
     Ok((dx, dw))
+}
+
+/// The input gradient alone, `dx = dy w` `[tokens, d_in]`, from `dy` `[tokens, d_out]` (with
+/// `d_out == 0`, `dy` must be empty and there are no tokens).
+pub fn linear_backward_input(dy: &[f64], w: &[f64], d_in: usize, d_out: usize) -> Result<Vec<f64>> {
+    check_len("w", w.len(), d_out * d_in)?;
+    let tokens = dy.len().checked_div(d_out).unwrap_or(0);
+    check_len("dy", dy.len(), tokens * d_out)?;
+    let mut dx = vec![0.0; tokens * d_in];
+    for t in 0..tokens {
+        for o in 0..d_out {
+            let g = dy[t * d_out + o];
+            for i in 0..d_in {
+                dx[t * d_in + i] += g * w[o * d_in + i];
+            }
+        }
+    }
+    Ok(dx)
 }

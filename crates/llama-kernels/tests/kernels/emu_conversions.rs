@@ -437,3 +437,37 @@ fn fmt_subnormal(fmt: Fmt, v: f32) -> bool {
     };
     v != 0.0 && v.abs() < min_normal
 }
+
+#[test]
+fn the_reference_rounding_from_f64_is_correctly_rounded() {
+    // `dtype::round_to` and `Element::from_f64` (what references and uploads round with) agree
+    // with the f32 narrowing on every f32 input above that is not a NaN, the values just past a
+    // midpoint included (f32 bit 0 set beyond bf16's round bit: a conversion that reads only the
+    // top half of the f64 sees a tie there); and f64 values within an f32 ulp of a midpoint round
+    // away from it, as the exact value says.
+    use llama_kernels::dtype::round_to;
+    use llama_kernels::{DType, Element};
+    for (fmt, dtype) in [(Fmt::F16, DType::F16), (Fmt::Bf16, DType::BF16)] {
+        let mut bad = Vec::new();
+        for x in narrowing_inputs(fmt).into_iter().filter(|x| !x.is_nan()) {
+            let want = fmt.ref_widen(fmt.ref_narrow(x)) as f64;
+            let via_element = match fmt {
+                Fmt::F16 => <f16 as Element>::from_f64(f64::from(x)).to_f64(),
+                Fmt::Bf16 => <bf16 as Element>::from_f64(f64::from(x)).to_f64(),
+            };
+            let got = round_to(dtype, f64::from(x));
+            if got != want || via_element != want {
+                bad.push((x, got, want));
+            }
+        }
+        assert!(bad.is_empty(), "{}: {} wrong, first {:?}", fmt.name(), bad.len(), &bad[..bad.len().min(4)]);
+        // 1 + half an ulp of the format, plus or minus 2^-40 (far below an f32 ulp at 1).
+        let half_ulp = match fmt {
+            Fmt::F16 => 2f64.powi(-11),
+            Fmt::Bf16 => 2f64.powi(-8),
+        };
+        assert_eq!(round_to(dtype, 1.0 + half_ulp + 2f64.powi(-40)), 1.0 + 2.0 * half_ulp, "{}", fmt.name());
+        assert_eq!(round_to(dtype, 1.0 + half_ulp - 2f64.powi(-40)), 1.0, "{}", fmt.name());
+        assert_eq!(round_to(dtype, -(1.0 + half_ulp + 2f64.powi(-40))), -(1.0 + 2.0 * half_ulp), "{}", fmt.name());
+    }
+}

@@ -23,6 +23,7 @@ mod prebuilt_fresh;
 mod properties;
 mod ptx_wrappers;
 mod qlinear;
+mod qlinear_backward;
 mod rms_norm;
 mod rms_norm_backward;
 mod rope;

@@ -70,6 +70,9 @@ pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
     out.extend(sample_cases(quick).into_iter().map(|c| outcome(c, sample_case(device, c))));
     out.extend(qlinear_cases(quick).into_iter().map(|c| outcome(c, qlinear_case(device, c))));
     out.extend(
+        qlinear_backward_input_cases(quick).into_iter().map(|c| outcome(c, qlinear_backward_input_case(device, c))),
+    );
+    out.extend(
         crate::spec::quant::QuantFormat::ALL
             .into_iter()
             .map(|f| qdequant_case(device, f, 67, 512).map_err(|e| (format!("dequantize {f}"), e))),

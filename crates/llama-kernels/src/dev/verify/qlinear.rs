@@ -13,6 +13,7 @@ use crate::dev::testing::{Rng, Tolerance, compare};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::qlinear::{QPath, QScratch, QWeight, dequantize, qlinear, qlinear_add};
+use crate::ops::qlinear_backward::qlinear_backward_input;
 use crate::reference;
 use crate::spec::quant::{PackedWeight, QuantFormat};
 use crate::tensor::Tensor;
@@ -110,6 +111,83 @@ pub fn qlinear_case(device: &Device, case: QLinearCase) -> Result<CaseResult> {
         millis,
         outputs: vec![got],
     })
+}
+
+/// The input gradient of `case` (`dx (+)= dy W`, [`qlinear_backward_input`]): `rows` rows of
+/// `dy` (`n` wide) through the `[n, k]` weight into `dx` (`k` wide), both `pad` elements apart
+/// beyond their width, against the f64 product with the weight the path multiplies by.
+pub fn qlinear_backward_input_case(device: &Device, case: QLinearCase) -> Result<CaseResult> {
+    let QLinearCase { format, dtype, rows, n, k, pad, accumulate } = case;
+    let mut rng = Rng::new(0xb4c ^ (rows as u64) << 40 ^ (n as u64) << 20 ^ k as u64 ^ format as u64);
+    let packed = random_packed(&mut rng, format, n, k)?;
+    let w = QWeight::new(device, &packed)?;
+    let scratch = QScratch::new(device, dtype, &[&w])?;
+    let dy = rng.normal_vec(rows * n, 1.0, dtype);
+    let dx0 = rng.normal_vec(rows * k, 1.0, dtype);
+    let (dyt, _) = rows_tensor(device, dtype, &dy, rows, n, pad)?;
+    let (dxt, dxfull) = if accumulate {
+        rows_tensor(device, dtype, &dx0, rows, k, pad)?
+    } else {
+        let full = Tensor::poisoned(device, dtype, &[rows, k + pad])?;
+        (full.narrow(1, 0, k)?, full)
+    };
+    let start = Instant::now();
+    qlinear_backward_input(&dyt, &w, &dxt, accumulate, Some(&scratch))?;
+    device.synchronize()?;
+    let millis = start.elapsed().as_secs_f64() * 1e3;
+    let path = QPath::for_input_grad(dtype, (n + pad) % dtype.vec16() == 0);
+    let wd = path.weight_values(format).of(&packed, dtype);
+    let mut expected = reference::linear::linear_backward_input(&dy, &wd, k, n)?;
+    if accumulate {
+        expected.iter_mut().zip(&dx0).for_each(|(e, d)| *e += d);
+    }
+    let dymax = dy.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let wmax = wd.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let got = dxt.to_f64_vec()?;
+    let comparison = compare(&got, &expected, linear_tolerance(dtype, n, dymax * wmax));
+    let gaps = accumulate || gaps_poisoned(&dxfull, k)?;
+    Ok(CaseResult {
+        op: format!("qlinear backward dx {format}{}", if accumulate { " +=" } else { "" }),
+        dtype,
+        shape: format!("{rows}x{n} @ {n}x{k} ({path}){}", if pad > 0 { " strided" } else { "" }),
+        pass: comparison.pass && gaps,
+        comparison,
+        worst_shape: vec![rows, k],
+        gaps_untouched: gaps,
+        millis,
+        outputs: vec![got],
+    })
+}
+
+/// The input-gradient cases `verify` runs: per format and dtype, a prefill-sized gradient with
+/// partial row and column blocks and an output width (n) that is not a multiple of 8 (the
+/// activations' last step is a partial copy), a strided accumulating one, and rows that are not
+/// 16-byte aligned (the dequantize path); not `quick`: NF4 through a Llama-sized 1024 x 4096
+/// projection.
+pub fn qlinear_backward_input_cases(quick: bool) -> Vec<QLinearCase> {
+    let mut v = Vec::new();
+    for format in QuantFormat::ALL {
+        let k = if format.default_block() == 32 { 160 } else { 256 };
+        for dtype in DType::FLOATS {
+            v.push(QLinearCase { format, dtype, rows: 70, n: 75, k, pad: 0, accumulate: false });
+            v.push(QLinearCase { format, dtype, rows: 9, n: 64, k: 2 * k, pad: 8, accumulate: true });
+            v.push(QLinearCase { format, dtype, rows: 5, n: 40, k, pad: 3, accumulate: false });
+        }
+    }
+    if !quick {
+        for dtype in [DType::BF16, DType::F16] {
+            v.push(QLinearCase {
+                format: QuantFormat::NF4,
+                dtype,
+                rows: 64,
+                n: 1024,
+                k: 4096,
+                pad: 0,
+                accumulate: true,
+            });
+        }
+    }
+    v
 }
 
 /// The device dequantization of a random `[n, k]` weight against the specification, exactly.
