@@ -13,6 +13,7 @@
 #![allow(missing_docs)]
 
 pub mod attention_model;
+pub mod backward_model;
 pub mod coverage;
 pub mod h200;
 pub mod hopper_report;

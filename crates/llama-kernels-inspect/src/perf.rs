@@ -386,6 +386,7 @@ pub fn report() -> String {
     }
     s += &hopper_text(prefill_attention_model().ok());
     s += &super::qlinear_model::qlinear_text();
+    s += &super::backward_model::backward_text();
     s += &super::coverage::coverage_text();
     s += "Shared memory per architecture (bytes per block; per GPU: blocks per SM by shared memory, \
           and for attention whether the op uses that configuration there):\n";

@@ -3,6 +3,7 @@
 //! model of an H200 (src/inspect/perf.rs), not a measurement. One module per part: kernel levers,
 //! calibrations against peers, the packed kernels and layers, the JSON and text report.
 
+mod backward;
 mod calibration;
 mod json;
 mod levers;
