@@ -238,3 +238,13 @@ fn every_validation_error_is_named() {
     empty.step(Lr::Host(1e-3)).unwrap();
     assert_eq!(empty.stats().unwrap().step, 1);
 }
+
+#[test]
+fn the_verify_rows_pass() {
+    // What `verify` prints for AdamW: every parameter dtype, with and without an f32 master.
+    let device = Device::emulated();
+    for case in llama_kernels::dev::verify::adamw_cases(true) {
+        let r = llama_kernels::dev::verify::adamw_case(&device, case).unwrap();
+        assert!(r.pass, "{case:?}: {}", r.describe());
+    }
+}

@@ -493,3 +493,102 @@ pub fn embedding_backward_cases(quick: bool) -> Vec<EmbeddingBackwardCase> {
     }
     v
 }
+
+/// One AdamW case: `steps` steps of one parameter tensor of `numel` values (`param` dtype, with
+/// an f32 master copy when `master`) from gradients of `grad` dtype, global-norm clipping at 1
+/// and weight decay 0.1, against the f64 reference (`reference::optimizer::adamw_step`).
+#[derive(Clone, Copy, Debug)]
+pub struct AdamWCase {
+    pub param: DType,
+    pub grad: DType,
+    pub master: bool,
+    pub numel: usize,
+    pub steps: usize,
+}
+
+/// Runs `case` on `device`: the parameter after the last step against the reference (and the
+/// master copy, when there is one, against the reference's f32-exact values).
+pub fn adamw_case(device: &Device, case: AdamWCase) -> Result<CaseResult> {
+    use crate::ops::optimizer::{AdamW, AdamWConfig, Lr, ParamSlot};
+    use reference::optimizer::{AdamWSpec, Slot, adamw_step};
+    let AdamWCase { param: pt, grad: gt, master, numel: n, steps } = case;
+    let config = AdamWConfig { weight_decay: 0.1, max_grad_norm: Some(1.0), ..AdamWConfig::default() };
+    let spec = AdamWSpec {
+        beta1: f64::from(config.beta1),
+        beta2: f64::from(config.beta2),
+        eps: f64::from(config.eps),
+        weight_decay: f64::from(config.weight_decay),
+        max_norm: config.max_grad_norm.map(f64::from),
+    };
+    let mut rng = Rng::new(0xada ^ (n as u64) << 8 ^ steps as u64);
+    let p0 = rng.normal_vec(n, 1.0, pt);
+    let param = Tensor::from_f64(device, pt, &p0, &[n])?;
+    let grad = Tensor::zeros(device, gt, &[n])?;
+    let m = if master { Some(Tensor::from_f64(device, DType::F32, &p0, &[n])?) } else { None };
+    let opt = AdamW::new(device, &[ParamSlot { param: &param, grad: &grad, master: m.as_ref() }], config)?;
+    let mut refs = vec![Slot { param: p0, m: vec![0.0; n], v: vec![0.0; n] }];
+    let mut millis = 0.0;
+    let lr_of = |step: usize| 1e-3 * (step + 1) as f32;
+    for step in 0..steps {
+        let lr = lr_of(step);
+        let g = rng.normal_vec(n, 3.0, gt);
+        grad.copy_from_f64(&g)?;
+        let start = Instant::now();
+        opt.step(Lr::Host(lr))?;
+        device.synchronize()?;
+        millis += start.elapsed().as_secs_f64() * 1e3;
+        adamw_step(&mut refs, &[g], 1.0, step as u64, f64::from(lr), &spec);
+    }
+    // f32 math on f32 state: a few ulps per step; a parameter without a master is rounded to its
+    // dtype every step (an error of u |p| at each, where |p| is at most the final value plus
+    // the updates still to come: lr (|m/sqrt(v)| <= 3 + wd |p|) per step), one with a master
+    // once at the end.
+    let s = steps as f64;
+    let p_max = refs[0].param.iter().fold(0.0f64, |a, v| a.max(v.abs())) + 1.0;
+    let drift: f64 = (0..steps).map(|k| f64::from(lr_of(k)) * (3.0 + spec.weight_decay * p_max)).sum();
+    let f32_tol = Tolerance { atol: 1e-6 * s, rtol: 1e-6 * s };
+    let (want, tol) = if master {
+        let want = refs[0].param.iter().map(|&v| crate::dtype::round_to(pt, v)).collect();
+        (want, Tolerance { atol: f32_tol.atol, rtol: f32_tol.rtol + pt.unit_roundoff() })
+    } else if pt == DType::F32 {
+        (refs[0].param.clone(), f32_tol)
+    } else {
+        let u = pt.unit_roundoff();
+        (refs[0].param.clone(), Tolerance { atol: s * u * drift, rtol: s * u * 1.01 })
+    };
+    let got = param.to_f64_vec()?;
+    let mut comparison = compare(&got, &want, tol);
+    let mut outputs = vec![got];
+    if let Some(m) = &m {
+        let master_values = m.to_f64_vec()?;
+        let c = compare(&master_values, &refs[0].param, f32_tol);
+        if !c.pass || c.worst_ratio > comparison.worst_ratio {
+            comparison = c;
+        }
+        outputs.push(master_values);
+    }
+    Ok(CaseResult {
+        op: format!("adamw step x{steps}{}", if master { " (f32 master)" } else { "" }),
+        dtype: pt,
+        shape: format!("{n} ({gt} grads, clip 1.0)"),
+        pass: comparison.pass,
+        comparison,
+        worst_shape: vec![n],
+        gaps_untouched: true,
+        millis,
+        outputs,
+    })
+}
+
+/// The AdamW cases `verify` runs: each parameter dtype, with and without an f32 master, f32 and
+/// 16-bit gradients, several chunks of the fused launch.
+pub fn adamw_cases(quick: bool) -> Vec<AdamWCase> {
+    let numel = if quick { 5000 } else { 1 << 20 };
+    vec![
+        AdamWCase { param: DType::F32, grad: DType::F32, master: false, numel, steps: 3 },
+        AdamWCase { param: DType::BF16, grad: DType::BF16, master: true, numel, steps: 3 },
+        AdamWCase { param: DType::BF16, grad: DType::BF16, master: false, numel: 4097, steps: 3 },
+        AdamWCase { param: DType::F16, grad: DType::F32, master: false, numel: 4097, steps: 3 },
+        AdamWCase { param: DType::F16, grad: DType::F16, master: true, numel: 9, steps: 3 },
+    ]
+}

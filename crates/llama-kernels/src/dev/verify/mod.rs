@@ -41,6 +41,7 @@ pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
     out.extend(cross_entropy_cases(quick).into_iter().map(|c| outcome(c, cross_entropy_case(device, c))));
     out.extend(linear_backward_cases(quick).into_iter().map(|c| outcome(c, linear_backward_case(device, c))));
     out.extend(embedding_backward_cases(quick).into_iter().map(|c| outcome(c, embedding_backward_case(device, c))));
+    out.extend(adamw_cases(quick).into_iter().map(|c| outcome(c, adamw_case(device, c))));
     out.extend(embedding_cases(quick).into_iter().map(|c| outcome(c, embedding_case(device, c))));
     out.extend(
         attention_cases(quick).into_iter().map(|c| attention_case(device, &c).map_err(|e| (format!("{c:?}"), e))),
