@@ -60,6 +60,7 @@ pub const CRATES: [Layers; 3] = [
             "attention_model",
             "wgmma_model",
             "qlinear_model",
+            "backward_model",
             "coverage",
             "smem",
             "layer_model",

@@ -291,6 +291,13 @@ pub fn predict_gemm(format: QuantFormat) -> Result<MmaLoopPrediction, String> {
     predict_mma_loop("qlinear", &kernel, LLK_QGEMM_THREADS, super::declared_smem(&kernel)?)
 }
 
+/// `qgemm_dx_<format>_bf16`'s loop: the input gradient `dx = dy W` (the same kernel with W's
+/// dimensions exchanged, its weight tile read with ldmatrix.trans).
+pub fn predict_gemm_input_grad(format: QuantFormat) -> Result<MmaLoopPrediction, String> {
+    let kernel = format!("qgemm_dx_{}_bf16", format.name());
+    predict_mma_loop("qlinear", &kernel, LLK_QGEMM_THREADS, super::declared_smem(&kernel)?)
+}
+
 /// The dense peer's loop ([`DENSE_PEER`]).
 pub fn predict_dense_peer() -> Result<MmaLoopPrediction, String> {
     use llama_kernels::dev::geometry::params::LLK_MOE_GEMM_THREADS;
@@ -374,10 +381,12 @@ pub fn qlinear_text() -> String {
             );
         }
     }
-    s += "GEMM (prefill, first order at the tensor-loaded clock, next to our dense mma.sync GEMM):\n";
+    s += "GEMM (prefill, and the input gradient dx = dy W as qgemm_dx_; first order at the tensor-loaded clock,\n\
+          \x20 next to our dense mma.sync GEMM):\n";
     let peer = predict_dense_peer();
     let mut rows: Vec<Result<MmaLoopPrediction, String>> = vec![peer.clone()];
     rows.extend(QuantFormat::ALL.iter().map(|&f| predict_gemm(f)));
+    rows.extend(QuantFormat::ALL.iter().map(|&f| predict_gemm_input_grad(f)));
     for r in rows {
         match r {
             Ok(p) => {

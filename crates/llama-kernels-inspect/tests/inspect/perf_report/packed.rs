@@ -43,6 +43,22 @@ fn packed_gemm_reaches_70_percent_of_the_dense_mma_sync_rate() {
     }
 }
 
+/// The input gradient through a packed weight is the forward GEMM with W's dimensions exchanged:
+/// the same chunks dequantized per step and the same HMMA, its B fragments by ldmatrix.trans, so
+/// its loop costs the forward's issue slots and shared-memory bytes per HMMA within 10%.
+#[test]
+fn packed_input_gradient_costs_what_the_forward_gemm_costs() {
+    use llama_kernels::spec::quant::QuantFormat;
+    use llama_kernels_inspect::qlinear_model::{predict_gemm, predict_gemm_input_grad};
+    for format in QuantFormat::ALL {
+        let (f, b) = (predict_gemm(format).unwrap(), predict_gemm_input_grad(format).unwrap());
+        assert_eq!((b.hmma, b.blocks_per_sm), (f.hmma, f.blocks_per_sm), "{b:?} vs {f:?}");
+        assert!(b.slots_per_hmma <= 1.10 * f.slots_per_hmma, "{b:?} vs {f:?}");
+        assert!(b.smem_bytes_per_hmma <= 1.10 * f.smem_bytes_per_hmma, "{b:?} vs {f:?}");
+        println!("{format}: forward {:.0} TFLOP/s, input gradient {:.0} TFLOP/s", f.tflops, b.tflops);
+    }
+}
+
 /// Whole-layer predictions: finite, shares of the step summing to 1, the graph cheaper than
 /// eager launches, and decode at batch 1 dominated by the stages that stream weights.
 #[test]
