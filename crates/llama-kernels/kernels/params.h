@@ -182,6 +182,28 @@ typedef struct SwiGluBackwardParams {
   LlkGateUpLayout layout;
 } SwiGluBackwardParams;
 
+// ---------------------------------------------------------------------------- Dropout
+// out = x * scale where a seeded Philox mask keeps the element, 0 where it drops it (dropout.cu).
+// Element (t, i) drops when word i % 4 of Philox-4x32-10 at counter {i / 4, t, stream lo,
+// stream hi} with key {seed lo, seed hi} is below drop_threshold (round(p 2^32)): the mask is a
+// pure function of (seed, stream, t, i), the same on every target and for every access width.
+// The host folds 1 / (1 - p) and any other factor (LoRA's alpha / r) into scale; accumulate adds
+// the product to out (a backward adding its branch's share into an input gradient).
+#define LLK_DROPOUT_THREADS 256
+typedef struct DropoutParams {
+  uint64_t x;    // [tokens, d]
+  uint64_t out;  // [tokens, d]; may be x itself (each element is read before it is written)
+  int64_t tokens;
+  int64_t d;
+  int64_t x_row_stride;
+  int64_t out_row_stride;
+  uint64_t seed;
+  uint64_t stream;          // one mask per (seed, stream): a call site's own counter space
+  uint32_t drop_threshold;  // an element drops when its word is below this; 0 keeps them all
+  float scale;
+  int32_t accumulate;  // 1 = out += the product (one rounding of the sum), 0 = out = the product
+} DropoutParams;
+
 // ---------------------------------------------------------------------------- Embedding
 // out[t] = table[ids[t]], a row gather; see embedding.cu.
 #define LLK_EMBEDDING_THREADS 256

@@ -78,6 +78,7 @@ kernel_params!(
     crate::ffi::params::RopeParams,
     crate::ffi::params::SwiGluParams,
     crate::ffi::params::SwiGluBackwardParams,
+    crate::ffi::params::DropoutParams,
     crate::ffi::params::CrossEntropyParams,
     crate::ffi::params::OptimizerParams,
     crate::ffi::params::EmbeddingParams,

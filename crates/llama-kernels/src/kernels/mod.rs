@@ -7,6 +7,7 @@ pub mod attention;
 pub mod attention_backward;
 pub mod attention_sm90;
 pub mod cross_entropy;
+pub mod dropout;
 pub mod embedding;
 pub mod moe;
 pub mod optimizer;
@@ -136,6 +137,7 @@ pub fn all() -> Vec<KernelRef> {
         .chain(qlinear::symbols())
         .chain(cross_entropy::symbols())
         .chain(optimizer::symbols())
+        .chain(dropout::symbols())
         .collect()
 }
 

@@ -14,11 +14,13 @@
 
 pub mod attention;
 pub mod cross_entropy;
+pub mod dropout;
 pub mod embedding;
 pub mod embedding_backward;
 mod error_flag;
 pub mod linear;
 pub mod linear_backward;
+pub mod lora;
 pub mod moe;
 pub mod optimizer;
 pub mod qlinear;

@@ -7,8 +7,10 @@
 pub mod attention;
 pub mod block;
 pub mod cross_entropy;
+pub mod dropout;
 pub mod embedding;
 pub mod linear;
+pub mod lora;
 pub mod moe;
 pub mod optimizer;
 pub mod paged_attention;

@@ -3,7 +3,9 @@
 //! knows how a kernel is launched.
 
 pub mod attention;
+pub mod dropout;
 pub mod layer;
+pub mod lora;
 pub mod moe;
 pub mod quant;
 pub mod quant_nf4;

@@ -15,6 +15,7 @@ mod gpu_graph;
 mod interop;
 mod linear;
 mod linear_backward;
+mod lora;
 mod mbarrier;
 mod moe;
 mod optimizer;

@@ -11,6 +11,7 @@ pub(crate) mod backward;
 pub(crate) mod common;
 pub(crate) mod elementwise;
 pub(crate) mod embedding;
+pub(crate) mod lora;
 pub(crate) mod moe;
 pub(crate) mod paged;
 pub(crate) mod qlinear;
@@ -22,6 +23,7 @@ pub use backward::*;
 pub use common::{CaseResult, Outcome, gaps_poisoned, rows_tensor, table};
 pub use elementwise::*;
 pub use embedding::*;
+pub use lora::*;
 pub use moe::*;
 pub use paged::*;
 pub use qlinear::*;
@@ -42,6 +44,8 @@ pub fn run_all(device: &Device, quick: bool) -> Vec<Outcome> {
     out.extend(linear_backward_cases(quick).into_iter().map(|c| outcome(c, linear_backward_case(device, c))));
     out.extend(embedding_backward_cases(quick).into_iter().map(|c| outcome(c, embedding_backward_case(device, c))));
     out.extend(adamw_cases(quick).into_iter().map(|c| outcome(c, adamw_case(device, c))));
+    out.extend(dropout_cases(quick).into_iter().map(|c| outcome(c, dropout_case(device, c))));
+    out.extend(lora_cases(quick).into_iter().map(|c| outcome(c, lora_case(device, c))));
     out.extend(embedding_cases(quick).into_iter().map(|c| outcome(c, embedding_case(device, c))));
     out.extend(
         attention_cases(quick).into_iter().map(|c| attention_case(device, &c).map_err(|e| (format!("{c:?}"), e))),
