@@ -47,7 +47,7 @@ pub const CRATES: [Layers; 3] = [
     },
     Layers {
         dir: "crates/llama-model",
-        layers: &["error", "formats", "text", "block", "model", "dev"],
+        layers: &["error", "formats", "text", "block", "model", "train", "dev"],
         reference: None,
     },
     Layers {

@@ -29,6 +29,7 @@ pub mod error;
 pub mod formats;
 pub mod model;
 pub mod text;
+pub mod train;
 
 pub use error::{Error, Result};
 pub use formats::{Checkpoint, GgufFile, ModelConfig};

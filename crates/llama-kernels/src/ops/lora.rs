@@ -23,14 +23,14 @@
 //! ```
 //!
 //! The branch runs as three launches: the dropout kernel writes `xs = dropout(x) · scaling`
-//! (one pass, [`dropout`](super::dropout)), then two products on
-//! [`linear`](super::linear)'s GEMM engine, `h = xs Aᵀ` and `y += h Bᵀ`. The backward
+//! (one pass, [`dropout`](mod@super::dropout)), then two products on
+//! [`linear`](mod@super::linear)'s GEMM engine, `h = xs Aᵀ` and `y += h Bᵀ`. The backward
 //! regenerates `xs` and `h` from `x` and the mask's key instead of storing them (`r` is small:
 //! recomputing `h` costs `2 r / out` of the base's forward FLOPs), then
 //! `dB (+)= dyᵀ h`, `dh = dy B`, `dA (+)= dhᵀ xs`, and `dx += dropout(dh A) · scaling` with the
 //! forward's mask. The base's own input gradient (dense:
-//! [`linear_backward_input`](super::linear_backward), packed:
-//! [`qlinear_backward_input`](super::qlinear_backward)) writes `dx` first.
+//! [`linear_backward_input`](mod@super::linear_backward), packed:
+//! [`qlinear_backward_input`](mod@super::qlinear_backward)) writes `dx` first.
 //!
 //! Shapes: `x` `[tokens, in]`, `y` and `dy` `[tokens, out]`, `A` `[r, in]`, `B` `[out, r]`; rows
 //! may be strided. One float dtype for activations and adapter weights; the gradients of `A` and

@@ -13,8 +13,8 @@ use half::{bf16, f16};
 use crate::error::{Error, Result};
 use llama_kernels::backend::Device;
 use llama_kernels::dtype::DType;
-use llama_kernels::ops::linear;
 use llama_kernels::ops::qlinear::{self, QScratch, QWeight};
+use llama_kernels::ops::{linear, linear_backward, qlinear_backward};
 use llama_kernels::spec::quant::PackedWeight;
 use llama_kernels::spec::weights::HostTensor;
 use llama_kernels::tensor::Tensor;
@@ -114,6 +114,33 @@ impl Proj {
                     let n = w.shape()[0];
                     let yp = y.narrow(last, first, n)?;
                     if add { qlinear::qlinear_add(x, w, &yp, scratch) } else { qlinear::qlinear(x, w, &yp, scratch) }?;
+                    first += n;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Proj {
+    /// The input gradient of [`Proj::forward`]: `dx = dy W` (or `dx += dy W` when `add`), from
+    /// the packed bytes for a packed weight (never a dense copy of it). `scratch` as for the
+    /// forward (the f32 and misaligned paths of a packed weight dequantize bands into it).
+    pub(crate) fn backward_input(&self, dy: &Tensor, dx: &Tensor, add: bool, scratch: Option<&QScratch>) -> Result<()> {
+        match self {
+            Proj::Dense(w) => Ok(linear_backward::linear_backward_input(dy, w, dx, add)?),
+            Proj::Packed(parts) => {
+                let last = dy.rank().saturating_sub(1);
+                let mut first = 0;
+                for (i, w) in parts.iter().enumerate() {
+                    let n = w.shape()[0];
+                    qlinear_backward::qlinear_backward_input(
+                        &dy.narrow(last, first, n)?,
+                        w,
+                        dx,
+                        add || i > 0,
+                        scratch,
+                    )?;
                     first += n;
                 }
                 Ok(())

@@ -33,7 +33,7 @@ const INDEX: &str = "model.safetensors.index.json";
 const MAX_HEADER_BYTES: u64 = 100_000_000;
 
 /// One safetensors file and its parsed header.
-struct Shard {
+pub(crate) struct Shard {
     file: ModelFile,
     /// Where the tensor data starts (8 + header length).
     data_start: u64,
@@ -52,7 +52,7 @@ fn is_plain_file_name(name: &str) -> bool {
 impl Shard {
     /// Opens `path` and reads its header: an 8-byte length (at most [`MAX_HEADER_BYTES`]), the
     /// JSON tensor table, and data whose length the table accounts for exactly.
-    fn open(path: &Path) -> Result<Shard> {
+    pub(crate) fn open(path: &Path) -> Result<Shard> {
         let file = ModelFile::open(path)?;
         let bad = |why: String| Error::Io {
             path: path.display().to_string(),
@@ -73,6 +73,54 @@ impl Shard {
             return Err(bad(format!("the header accounts for {} data bytes, the file holds {data}", meta.data_len())));
         }
         Ok(Shard { file, data_start: 8 + n, meta })
+    }
+
+    /// Reads tensor `name`, checks its shape, and converts it to `dtype` (values returned as f32,
+    /// exactly representable in `dtype`).
+    pub(crate) fn tensor(&self, name: &str, shape: &[usize], dtype: DType) -> Result<HostTensor> {
+        let m = self;
+        let err = |why: String| Error::Checkpoint { tensor: name.to_string(), why };
+        let info = m.meta.info(name).ok_or_else(|| err(format!("not in {}", m.file.path())))?;
+        if info.shape != shape {
+            return Err(err(format!("shape {:?} disagrees with the config (expected {shape:?})", info.shape)));
+        }
+        let (start, end) = info.data_offsets;
+        let bytes = m.read(start, end)?;
+        let n: usize = shape.iter().product();
+        let width = match info.dtype {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::BF16 => 2,
+            Dtype::F64 => 8,
+            other => {
+                return Err(err(format!(
+                    "dtype {other:?} cannot be converted to {dtype} (supported: F32, F16, BF16, F64)"
+                )));
+            }
+        };
+        if bytes.len() != n * width {
+            return Err(err(format!("{} data bytes for {n} {:?} values", bytes.len(), info.dtype)));
+        }
+        let round = |v: f64| round_to(dtype, v) as f32;
+        let data: Vec<f32> = match info.dtype {
+            Dtype::F32 => {
+                bytes.chunks_exact(4).map(|c| round(f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))).collect()
+            }
+            Dtype::F16 => bytes.chunks_exact(2).map(|c| round(f16::from_le_bytes([c[0], c[1]]).to_f64())).collect(),
+            Dtype::BF16 => bytes.chunks_exact(2).map(|c| round(bf16::from_le_bytes([c[0], c[1]]).to_f64())).collect(),
+            _ => bytes
+                .chunks_exact(8)
+                .map(|c| round(f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])))
+                .collect(),
+        };
+        if let Some(i) = data.iter().position(|v| !v.is_finite()) {
+            return Err(err(format!("element {i} is not finite after conversion to {dtype}")));
+        }
+        Ok(HostTensor { shape: shape.to_vec(), data })
+    }
+
+    /// The names of the tensors the file holds.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.meta.tensors().into_keys().collect()
     }
 
     /// The bytes at `start..end` of the data section.
@@ -207,44 +255,7 @@ impl Checkpoint {
     /// Reads tensor `name`, checks its shape, and converts it to `dtype` (values returned as f32,
     /// exactly representable in `dtype`).
     pub fn tensor(&self, name: &str, shape: &[usize], dtype: DType) -> Result<HostTensor> {
-        let m = self.file(name)?;
-        let err = |why: String| Error::Checkpoint { tensor: name.to_string(), why };
-        let info = m.meta.info(name).ok_or_else(|| err("listed in the index but not in its file".into()))?;
-        if info.shape != shape {
-            return Err(err(format!("shape {:?} disagrees with the config (expected {shape:?})", info.shape)));
-        }
-        let (start, end) = info.data_offsets;
-        let bytes = m.read(start, end)?;
-        let n: usize = shape.iter().product();
-        let width = match info.dtype {
-            Dtype::F32 => 4,
-            Dtype::F16 | Dtype::BF16 => 2,
-            Dtype::F64 => 8,
-            other => {
-                return Err(err(format!(
-                    "dtype {other:?} cannot be converted to {dtype} (supported: F32, F16, BF16, F64)"
-                )));
-            }
-        };
-        if bytes.len() != n * width {
-            return Err(err(format!("{} data bytes for {n} {:?} values", bytes.len(), info.dtype)));
-        }
-        let round = |v: f64| round_to(dtype, v) as f32;
-        let data: Vec<f32> = match info.dtype {
-            Dtype::F32 => {
-                bytes.chunks_exact(4).map(|c| round(f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))).collect()
-            }
-            Dtype::F16 => bytes.chunks_exact(2).map(|c| round(f16::from_le_bytes([c[0], c[1]]).to_f64())).collect(),
-            Dtype::BF16 => bytes.chunks_exact(2).map(|c| round(bf16::from_le_bytes([c[0], c[1]]).to_f64())).collect(),
-            _ => bytes
-                .chunks_exact(8)
-                .map(|c| round(f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])))
-                .collect(),
-        };
-        if let Some(i) = data.iter().position(|v| !v.is_finite()) {
-            return Err(err(format!("element {i} is not finite after conversion to {dtype}")));
-        }
-        Ok(HostTensor { shape: shape.to_vec(), data })
+        self.file(name)?.tensor(name, shape, dtype)
     }
 
     /// Tensor `name` as stored: its safetensors dtype, shape and bytes, for formats read byte for byte (bitsandbytes' packed weights, `block::bnb`).

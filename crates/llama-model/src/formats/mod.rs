@@ -9,6 +9,8 @@
 //! * [`bnb`]: bitsandbytes NF4 weights in those checkpoints, kept packed
 //!   ([`Checkpoint::packed`]).
 //! * [`gguf`]: llama.cpp's GGUF files: metadata, tensor directory, data.
+//! * [`peft`]: LoRA adapters in peft's format (`adapter_config.json`,
+//!   `adapter_model.safetensors`), read and written.
 //! * [`files`]: opening and reading files inside a checkpoint: regular files only, JSON read up
 //!   to a cap, weights by positioned reads.
 
@@ -17,6 +19,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod files;
 pub mod gguf;
+pub mod peft;
 
 pub use checkpoint::Checkpoint;
 pub use config::{Llama4TextConfig, LlamaConfig, ModelConfig};

@@ -12,4 +12,6 @@ mod hf_fixtures;
 mod hostile;
 mod model;
 mod nf4;
+mod peft;
 mod tokenizer;
+mod train;

@@ -1,0 +1,319 @@
+//! The LoRA training step over a whole model: embedding, the layers' forward keeping their
+//! activations, the final norm and the fused LM-head cross-entropy (no full logits), the
+//! backward through every layer in reverse, and AdamW on the adapters.
+
+use std::collections::BTreeMap;
+
+use super::batch::Batch;
+use super::layer::{GradScratch, LoraParams, StepCtx, TrainLayer};
+use crate::block::proj::upload;
+use crate::block::weights::LayerWeights;
+use crate::error::{Error, Result};
+use crate::formats::peft::{Adapter, LoraPair};
+use crate::model::HostModel;
+use llama_kernels::backend::Device;
+use llama_kernels::dtype::DType;
+use llama_kernels::ops;
+use llama_kernels::ops::ErrorFlag;
+use llama_kernels::ops::attention::AttentionWorkspace;
+use llama_kernels::ops::cross_entropy::{CrossEntropyOptions, FusedLinearCrossEntropy, LmHeadGrads};
+use llama_kernels::ops::lora::LoraScratch;
+use llama_kernels::ops::optimizer::{AdamW, AdamWConfig, Lr, OptimStats, ParamSlot};
+use llama_kernels::ops::qlinear::QScratch;
+use llama_kernels::spec::weights::HostTensor;
+use llama_kernels::tensor::Tensor;
+
+const OP: &str = "LoraTrainer";
+
+/// Adapter gradients as host values: `(layer, projection)` → `(dA, dB)`.
+pub type AdapterGrads = BTreeMap<(usize, crate::formats::peft::Projection), (Vec<f64>, Vec<f64>)>;
+
+/// Sizes planned once: the longest micro-batch and its number of sequences.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrainPlan {
+    /// Tokens of the longest micro-batch (its sequences packed end to end).
+    pub max_tokens: usize,
+    /// Sequences in a micro-batch.
+    pub max_seqs: usize,
+}
+
+/// The optimizer and the randomness of a run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TrainConfig {
+    /// AdamW's hyper-parameters, clipping and loss scaling.
+    pub adamw: AdamWConfig,
+    /// Micro-batches per optimizer step: each micro-batch's mean loss is divided by it, as
+    /// Hugging Face's Trainer does.
+    pub grad_accum: usize,
+    /// Keys every dropout mask.
+    pub seed: u64,
+}
+
+/// A model with a LoRA adapter, ready to train it (see the module docs of [`crate::train`]).
+#[derive(Debug)]
+pub struct LoraTrainer {
+    device: Device,
+    dtype: DType,
+    plan: TrainPlan,
+    config: TrainConfig,
+    adapter_config: crate::formats::peft::AdapterConfig,
+    layers: Vec<TrainLayer>,
+    embed: Tensor,
+    norm: Tensor,
+    eps: f32,
+    lm_head: Tensor,
+    /// The residual stream: `[max_tokens, hidden]` before each layer and after the last.
+    stream: Vec<Tensor>,
+    normed: Tensor,
+    /// Gradients of the stream: two buffers, taken in turn.
+    d_stream: [Tensor; 2],
+    grads: GradScratch,
+    lora_scratch: LoraScratch,
+    attention: AttentionWorkspace,
+    qscratch: Option<QScratch>,
+    head: FusedLinearCrossEntropy,
+    loss: Tensor,
+    errors: ErrorFlag,
+    ids: Tensor,
+    labels: Tensor,
+    positions: Tensor,
+    cu_seqlens: Tensor,
+    optimizer: AdamW,
+    micro_step: u64,
+    /// Micro-batches since the last optimizer step.
+    pending: usize,
+}
+
+impl LoraTrainer {
+    /// Uploads `host` in `dtype` (its projections as stored: dense, or packed NF4 / GGUF
+    /// formats) with `adapter`, and plans every buffer for `plan`.
+    pub fn new(
+        device: &Device,
+        host: &HostModel,
+        dtype: DType,
+        adapter: &Adapter,
+        config: TrainConfig,
+        plan: TrainPlan,
+    ) -> Result<LoraTrainer> {
+        host.validate()?;
+        if plan.max_tokens == 0 || plan.max_seqs == 0 {
+            return Err(Error::invalid(OP, "plan", format!("{plan:?}"), "every size must be > 0"));
+        }
+        if config.grad_accum == 0 {
+            return Err(Error::invalid(OP, "grad_accum", 0, "must be > 0"));
+        }
+        let t = plan.max_tokens;
+        let lora = adapter.config.lora;
+        let mut layers = Vec::with_capacity(host.layers.len());
+        let mut widest = 0;
+        for (spec, w) in &host.layers {
+            spec.check()?;
+            let weights = LayerWeights::upload(device, dtype, spec, w)?;
+            let mut params = BTreeMap::new();
+            for &p in &adapter.config.targets {
+                let pair = adapter.weights.get(&(spec.index, p)).ok_or_else(|| {
+                    Error::invalid(OP, "adapter", spec.index, format!("has no {} for this layer", p.module()))
+                })?;
+                let [d_out, d_in] = p.shape(spec)?;
+                if pair.a.shape != [lora.r, d_in] || pair.b.shape != [d_out, lora.r] {
+                    return Err(Error::shape(
+                        OP,
+                        "adapter",
+                        pair.a.shape.clone(),
+                        format!("[{}, {d_in}] for {}", lora.r, p.module()),
+                    ));
+                }
+                params.insert(p, LoraParams::upload(device, dtype, &pair.a, &pair.b)?);
+            }
+            widest = widest.max(spec.hidden).max(spec.q_heads * spec.head_dim).max(spec.intermediate());
+            layers.push(TrainLayer::new(device, dtype, *spec, weights, lora, params, t)?);
+        }
+        let first =
+            host.layers.first().map(|(s, _)| *s).ok_or_else(|| Error::invalid(OP, "model", 0, "has no layers"))?;
+        let packed: Vec<_> = layers.iter().flat_map(|l| l.packed_weights()).collect();
+        let qscratch = match packed.first() {
+            Some(w) => Some(QScratch::new(w.device(), dtype, &packed)?),
+            None => None,
+        };
+        let mut slots = Vec::new();
+        for l in &layers {
+            for p in l.adapters().values() {
+                let (ma, mb) = match &p.master {
+                    Some((a, b)) => (Some(a), Some(b)),
+                    None => (None, None),
+                };
+                slots.push(ParamSlot { param: &p.a, grad: &p.da, master: ma });
+                slots.push(ParamSlot { param: &p.b, grad: &p.db, master: mb });
+            }
+        }
+        let optimizer = AdamW::new(device, &slots, config.adamw)?;
+        let hidden = host.hidden();
+        let up = |h: &HostTensor| upload(device, dtype, &h.data, &h.shape);
+        let z = |cols: usize| Tensor::zeros(device, dtype, &[t, cols]);
+        let chunk = FusedLinearCrossEntropy::chunk_rows_for(host.vocab(), dtype, 64 << 20).min(t);
+        Ok(LoraTrainer {
+            device: device.clone(),
+            dtype,
+            plan,
+            config,
+            adapter_config: adapter.config.clone(),
+            embed: up(&host.embed)?,
+            norm: up(&host.norm)?,
+            eps: host.eps,
+            lm_head: up(host.lm_head())?,
+            stream: (0..=layers.len()).map(|_| z(hidden)).collect::<llama_kernels::Result<Vec<_>>>()?,
+            normed: z(hidden)?,
+            d_stream: [z(hidden)?, z(hidden)?],
+            grads: GradScratch::new(device, dtype, &first, t)?,
+            lora_scratch: LoraScratch::new(device, dtype, t, widest, lora.r)?,
+            attention: AttentionWorkspace::plan(device, plan.max_seqs)?,
+            qscratch,
+            head: FusedLinearCrossEntropy::new(device, dtype, host.vocab(), t, chunk)?,
+            loss: Tensor::zeros(device, DType::F32, &[1])?,
+            errors: ErrorFlag::new(device)?,
+            ids: Tensor::zeros(device, DType::I32, &[t])?,
+            labels: Tensor::zeros(device, DType::I32, &[t])?,
+            positions: Tensor::zeros(device, DType::I32, &[t])?,
+            cu_seqlens: Tensor::zeros(device, DType::I32, &[plan.max_seqs + 1])?,
+            optimizer,
+            micro_step: 0,
+            pending: 0,
+            layers,
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The run dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// One micro-batch: forward, loss, backward; the adapters' gradients are added to those of
+    /// the step's earlier micro-batches. The loss stays on the device ([`LoraTrainer::loss`]).
+    pub fn micro_step(&mut self, batch: &Batch) -> Result<()> {
+        self.run(batch, true)
+    }
+
+    /// The loss of `batch` without gradients (nothing accumulates).
+    pub fn eval(&mut self, batch: &Batch) -> Result<f32> {
+        self.run(batch, false)?;
+        self.loss()
+    }
+
+    fn run(&mut self, batch: &Batch, train: bool) -> Result<()> {
+        let t = batch.tokens();
+        let seqs = batch.seq_lens.len();
+        if t > self.plan.max_tokens || seqs > self.plan.max_seqs {
+            return Err(Error::invalid(
+                OP,
+                "batch",
+                format!("{t} tokens in {seqs} sequences"),
+                format!("exceeds the plan ({:?})", self.plan),
+            ));
+        }
+        if t == 0 {
+            return Err(Error::invalid(OP, "batch", "0 tokens", "a micro-batch needs at least one token"));
+        }
+        self.ids.narrow(0, 0, t)?.copy_from_slice(&batch.ids)?;
+        self.labels.narrow(0, 0, t)?.copy_from_slice(&batch.labels)?;
+        self.positions.narrow(0, 0, t)?.copy_from_slice(&batch.positions())?;
+        let cu = self.cu_seqlens.narrow(0, 0, seqs + 1)?;
+        cu.copy_from_slice(&batch.cu_seqlens())?;
+        let rows = |b: &Tensor| b.narrow(0, 0, t);
+        ops::embedding(&self.embed, &rows(&self.ids)?, &rows(&self.stream[0])?, &self.errors)?;
+        let ctx = StepCtx {
+            tokens: t,
+            positions: &rows(&self.positions)?,
+            cu_seqlens: &cu,
+            seed: self.config.seed,
+            micro_step: self.micro_step,
+            accumulate: self.pending > 0,
+        };
+        for (l, layer) in self.layers.iter().enumerate() {
+            let (x, out) = (rows(&self.stream[l])?, rows(&self.stream[l + 1])?);
+            layer.forward(&ctx, &mut self.attention, &self.lora_scratch, self.qscratch.as_ref(), &x, &out)?;
+        }
+        let last = rows(&self.stream[self.layers.len()])?;
+        let normed = rows(&self.normed)?;
+        ops::rms_norm(&last, &self.norm, self.eps, &normed)?;
+        let options =
+            CrossEntropyOptions { grad_scale: 1.0 / self.config.grad_accum as f32, ..CrossEntropyOptions::default() };
+        let d = rows(&self.d_stream[0])?;
+        let grads = LmHeadGrads { d_hidden: train.then_some(&d), d_weight: None, accumulate_weight: false };
+        self.head.forward(&normed, &self.lm_head, &rows(&self.labels)?, &self.loss, grads, &options)?;
+        if !train {
+            return Ok(());
+        }
+        // d_stream[0] holds d normed; the final norm's backward takes it to d last.
+        let d_last = rows(&self.d_stream[1])?;
+        ops::rms_norm_backward(&d, &last, &self.norm, self.eps, &d_last, None, None)?;
+        let mut cur = 1;
+        for (l, layer) in self.layers.iter().enumerate().rev() {
+            let (d_out, d_x) = (rows(&self.d_stream[cur])?, rows(&self.d_stream[1 - cur])?);
+            let x = rows(&self.stream[l])?;
+            layer.backward(
+                &ctx,
+                &mut self.attention,
+                &self.lora_scratch,
+                self.qscratch.as_ref(),
+                &self.grads,
+                &x,
+                &d_out,
+                &d_x,
+            )?;
+            cur = 1 - cur;
+        }
+        self.micro_step += 1;
+        self.pending += 1;
+        Ok(())
+    }
+
+    /// The last micro-batch's loss (mean over its labelled tokens, before the `1 / grad_accum`
+    /// scaling of its gradient); waits for the device.
+    pub fn loss(&self) -> Result<f32> {
+        self.errors.check("embedding")?;
+        self.head.check_labels()?;
+        Ok(self.loss.to_f64_vec()?.first().copied().unwrap_or(f64::NAN) as f32)
+    }
+
+    /// AdamW on the adapters with the gradients summed since the last step, at learning rate
+    /// `lr`; returns what the step found (waits for the device).
+    pub fn step(&mut self, lr: f32) -> Result<OptimStats> {
+        if self.pending == 0 {
+            return Err(Error::invalid(OP, "step", "no micro-batch", "run micro_step first"));
+        }
+        self.optimizer.step(Lr::Host(lr))?;
+        self.pending = 0;
+        Ok(self.optimizer.stats()?)
+    }
+
+    /// The adapter as it stands (its f32 masters when the run is 16-bit), ready to save.
+    pub fn adapter(&self) -> Result<Adapter> {
+        let mut weights = BTreeMap::new();
+        for l in &self.layers {
+            for (&p, params) in l.adapters() {
+                let [a, b] = params.values()?;
+                let pair =
+                    LoraPair { a: HostTensor::new(params.a.shape(), a)?, b: HostTensor::new(params.b.shape(), b)? };
+                weights.insert((l.spec().index, p), pair);
+            }
+        }
+        Ok(Adapter { config: self.adapter_config.clone(), weights })
+    }
+
+    /// The gradients of the adapters summed since the last step (f32 host values), by layer and
+    /// projection: `(dA, dB)`.
+    pub fn gradients(&self) -> Result<AdapterGrads> {
+        let mut out = BTreeMap::new();
+        for l in &self.layers {
+            for (&p, params) in l.adapters() {
+                out.insert((l.spec().index, p), (params.da.to_f64_vec()?, params.db.to_f64_vec()?));
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,169 @@
+//! LoRA training against peft + transformers in float64 (tests/fixtures/peft, from
+//! scripts/make_peft_fixtures.py): the first step's loss and every adapter gradient, and the
+//! losses of three AdamW steps; a same-seed run repeated bit for bit; bf16 and an NF4 base
+//! (QLoRA) training the same adapter down; peft's zero-initialized B giving exactly zero dA.
+
+use std::path::{Path, PathBuf};
+
+use llama_kernels::dev::testing::{Tolerance, compare};
+use llama_kernels::ops::optimizer::AdamWConfig;
+use llama_kernels::spec::lora::LoraConfig;
+use llama_kernels::{DType, Device};
+use llama_model::formats::peft::{Adapter, AdapterConfig, Projection};
+use llama_model::model::HostModel;
+use llama_model::train::{Batch, Example, LoraTrainer, TrainConfig, TrainPlan};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/peft")
+}
+
+fn reference() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture().join("reference.json")).unwrap()).unwrap()
+}
+
+fn batch(reference: &serde_json::Value, vocab: usize) -> Batch {
+    let examples: Vec<Example> = reference["examples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| Example {
+            ids: e["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect(),
+            labels: e["labels"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap() as i32).collect(),
+        })
+        .collect();
+    Batch::pack(&examples, vocab).unwrap()
+}
+
+fn config(seed: u64) -> TrainConfig {
+    let adamw = AdamWConfig { weight_decay: 0.01, max_grad_norm: Some(1.0), ..AdamWConfig::default() };
+    TrainConfig { adamw, grad_accum: 1, seed }
+}
+
+const PLAN: TrainPlan = TrainPlan { max_tokens: 32, max_seqs: 4 };
+
+fn trainer(host: &HostModel, dtype: DType, adapter: &Adapter, seed: u64) -> LoraTrainer {
+    LoraTrainer::new(&Device::emulated(), host, dtype, adapter, config(seed), PLAN).unwrap()
+}
+
+#[test]
+fn gradients_and_losses_match_peft_in_float64() {
+    let r = reference();
+    let host = HostModel::from_checkpoint(fixture().join("base"), DType::F32).unwrap();
+    let adapter = Adapter::load(fixture().join("adapter"), &host.config, DType::F32).unwrap();
+    assert_eq!(adapter.config.targets, Projection::ALL);
+    assert_eq!(adapter.config.lora, LoraConfig { r: 4, alpha: 8.0, dropout: 0.0, rslora: false });
+    let b = batch(&r, host.vocab());
+    let mut t = trainer(&host, DType::F32, &adapter, 0);
+    t.micro_step(&b).unwrap();
+    let loss = f64::from(t.loss().unwrap());
+    let want = r["loss"].as_f64().unwrap();
+    println!("loss {loss} against peft's {want}");
+    assert!((loss - want).abs() < 1e-5 * want.abs(), "{loss} vs {want}");
+    let grads = t.gradients().unwrap();
+    assert_eq!(grads.len(), 14);
+    let mut worst = 0.0f64;
+    for ((layer, p), (da, db)) in &grads {
+        let [an, bn] = p.tensor_names(*layer);
+        for (name, got) in [(an, da), (bn, db)] {
+            let want: Vec<f64> = crate::gguf_hf::base64(r["grads"][&name].as_str().unwrap())
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            // f32 arithmetic through two layers: relative to the tensor's largest gradient.
+            let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let tol = Tolerance { atol: 2e-5 * scale + 1e-7, rtol: 1e-4 };
+            let cmp = compare(got, &want, tol);
+            worst = worst.max(cmp.max_abs / scale);
+            assert!(cmp.pass, "{name}: {}", cmp.describe(&[got.len()]));
+        }
+    }
+    println!("largest gradient difference / the tensor's largest gradient: {worst:.2e}");
+    // Three AdamW steps (clipped to norm 1, weight decay 0.01) on the same batch.
+    let lr = r["adamw"]["lr"].as_f64().unwrap() as f32;
+    let losses: Vec<f64> = r["losses"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let mut t = trainer(&host, DType::F32, &adapter, 0);
+    for (k, want) in losses.iter().enumerate() {
+        t.micro_step(&b).unwrap();
+        let got = f64::from(t.loss().unwrap());
+        println!("step {k}: loss {got} against peft's {want}");
+        assert!((got - want).abs() < 1e-4 * want, "step {k}: {got} vs {want}");
+        t.step(lr).unwrap();
+    }
+}
+
+#[test]
+fn a_same_seed_run_repeats_bit_for_bit_with_dropout() {
+    let r = reference();
+    let host = HostModel::from_checkpoint(fixture().join("base"), DType::F32).unwrap();
+    let mut adapter = Adapter::load(fixture().join("adapter"), &host.config, DType::F32).unwrap();
+    adapter.config.lora.dropout = 0.1;
+    let b = batch(&r, host.vocab());
+    let run = |seed: u64| -> Vec<f32> {
+        let mut t = trainer(&host, DType::BF16, &adapter, seed);
+        (0..3)
+            .map(|_| {
+                t.micro_step(&b).unwrap();
+                let l = t.loss().unwrap();
+                t.step(1e-2).unwrap();
+                l
+            })
+            .collect()
+    };
+    let (a, again, other) = (run(5), run(5), run(6));
+    println!("seed 5: {a:?}; seed 6: {other:?}");
+    assert_eq!(
+        a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        again.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    assert_ne!(a[1..], other[1..], "another seed draws other dropout masks");
+}
+
+#[test]
+fn bf16_and_an_nf4_base_train_the_adapter_down() {
+    let r = reference();
+    let want = r["loss"].as_f64().unwrap();
+    let mut host = HostModel::from_checkpoint(fixture().join("base"), DType::BF16).unwrap();
+    let adapter = Adapter::load(fixture().join("adapter"), &host.config, DType::F32).unwrap();
+    let b = batch(&r, host.vocab());
+    let mut dense = trainer(&host, DType::BF16, &adapter, 0);
+    dense.micro_step(&b).unwrap();
+    let first = f64::from(dense.loss().unwrap());
+    println!("bf16 loss {first} against peft's float64 {want}");
+    assert!((first - want).abs() < 0.02 * want, "{first} vs {want}");
+    host.quantize_nf4(64, DType::BF16).unwrap();
+    assert!(host.is_packed());
+    let mut q = trainer(&host, DType::BF16, &adapter, 0);
+    let mut losses = Vec::new();
+    for _ in 0..4 {
+        q.micro_step(&b).unwrap();
+        losses.push(q.loss().unwrap());
+        let stats = q.step(1e-2).unwrap();
+        assert!(!stats.found_inf && stats.grad_norm.is_finite() && stats.grad_norm > 0.0, "{stats:?}");
+    }
+    println!("QLoRA (NF4 base, bf16) losses: {losses:?}");
+    // NF4 moves the base by its quantization error: near the dense loss, then down.
+    assert!((f64::from(losses[0]) - want).abs() < 0.1 * want, "{losses:?}");
+    assert!(losses.windows(2).all(|w| w[1] < w[0]), "{losses:?}");
+}
+
+#[test]
+fn peft_initialization_gives_an_exactly_zero_first_da() {
+    let r = reference();
+    let host = HostModel::from_checkpoint(fixture().join("base"), DType::F32).unwrap();
+    let cfg = AdapterConfig::new(LoraConfig { r: 4, alpha: 8.0, dropout: 0.05, rslora: false }, &Projection::ALL, None)
+        .unwrap();
+    let adapter = Adapter::init(cfg, &host.config, 3).unwrap();
+    let mut t = trainer(&host, DType::F32, &adapter, 0);
+    t.micro_step(&batch(&r, host.vocab())).unwrap();
+    for ((layer, p), (da, db)) in t.gradients().unwrap() {
+        assert!(da.iter().all(|&v| v == 0.0), "layer {layer} {p:?}: dA of B = 0 must be 0");
+        assert!(db.iter().any(|&v| v != 0.0), "layer {layer} {p:?}: dB is not");
+    }
+    // Saved and read back, the trained adapter is the trainer's.
+    t.step(1e-2).unwrap();
+    let trained = t.adapter().unwrap();
+    let dir = std::env::temp_dir().join(format!("llk-train-{}", std::process::id()));
+    trained.save(&dir).unwrap();
+    assert_eq!(Adapter::load(&dir, &host.config, DType::F32).unwrap(), trained);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
