@@ -12,6 +12,9 @@
 //! * `generate` loads a model with its tokenizer, chat template and stop ids, and streams the
 //!   reply to stdout; stderr gets the prompt and generated token counts, the time to first
 //!   token and the decode speed.
+//! * `finetune` trains a LoRA adapter (QLoRA by default: an NF4 base) on a JSON-lines data set
+//!   with a progress bar and an optional loss log, and writes it in peft's format; `generate
+//!   --adapter` runs with it.
 //! * `info` prints the target, the device, the PTX architecture, where the device code came
 //!   from and each kernel's registers and spills; `info --model FILE` a GGUF file's
 //!   architecture, configuration, tensor types and how each runs (packed or dequantized); `info --perf` the static performance report (a
@@ -19,6 +22,8 @@
 //!   one JSON document. A build with external device code (`LLK_DEVICE_CODE_LOCATION=external`)
 //!   reads it from `$LLK_DEVICE_CODE_DIR`; `info` names that folder and fails, saying why, when
 //!   it cannot be used.
+
+mod finetune;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -48,6 +53,9 @@ enum Command {
     /// Generate text with a model (a GGUF file, or a checkpoint directory with tokenizer.json):
     /// the reply streams to stdout; counts and speeds go to stderr.
     Generate(GenerateArgs),
+    /// Train a LoRA adapter (QLoRA: an NF4 base by default) on JSON lines of {"text"} or chat
+    /// {"messages"} (the loss on assistant turns only) and write it in peft's format.
+    Finetune(finetune::FinetuneArgs),
     /// Print the target, the device, where the device code came from and each kernel's
     /// resources; or, with --perf, the static performance report.
     Info(InfoArgs),
@@ -173,6 +181,9 @@ struct GenerateArgs {
     /// How the projections run.
     #[arg(long, value_enum, default_value = "stored")]
     weights: WeightsArg,
+    /// A LoRA adapter directory in peft's format (from `finetune` or peft), merged into the base.
+    #[arg(long, value_name = "ADAPTER_DIR")]
+    adapter: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -312,8 +323,10 @@ fn run_generate(args: &GenerateArgs) -> Result<(), String> {
         SamplingConfig { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p };
     let dtype = args.dtype.map_or_else(|| default_dtype(&args.model), DType::from);
     let device = pick_device(args.target)?;
-    let mut tm = TextModel::open_with(&device, &args.model, dtype, (CONTEXT, 256), args.weights.into())
-        .map_err(|e| e.to_string())?;
+    let sizes = (CONTEXT, 256);
+    let mut tm =
+        TextModel::open_with_adapter(&device, &args.model, dtype, sizes, args.weights.into(), args.adapter.as_deref())
+            .map_err(|e| e.to_string())?;
     let ids = tm.prompt_ids(&args.prompt, args.chat).map_err(|e| e.to_string())?;
     let max_new = args.max_new_tokens as usize;
     if ids.len().saturating_add(max_new) > CONTEXT {
@@ -417,6 +430,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("generate: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Finetune(args) => match finetune::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("finetune: {e}");
                 ExitCode::FAILURE
             }
         },

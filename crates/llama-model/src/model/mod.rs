@@ -29,5 +29,5 @@ pub mod weights;
 pub use batch::BatchRequest;
 pub use generate::{GenerateOptions, Generation, SamplingConfig, StopReason};
 pub use runner::{Logits, Model, ModelPlan};
-pub use text_model::{TextModel, default_dtype};
+pub use text_model::{TextModel, TextParts, default_dtype};
 pub use weights::{HostModel, MAX_VOCAB, WeightFormat};

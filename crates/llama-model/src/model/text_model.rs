@@ -50,28 +50,28 @@ impl TextModel {
         device: &Device,
         path: &Path,
         dtype: DType,
-        (max_len, max_tokens): (usize, usize),
+        sizes: (usize, usize),
         weights: WeightFormat,
     ) -> Result<TextModel> {
-        let (host, tokenizer, template, stop) = if path.is_dir() {
-            let tokenizer = Tokenizer::from_hf_dir(path)?;
-            // No template is fine (a base model); a broken one is an error.
-            let has_template = path.join("chat_template.jinja").is_file()
-                || std::fs::read_to_string(path.join("tokenizer_config.json"))
-                    .is_ok_and(|t| t.contains("\"chat_template\""));
-            let template = has_template.then(|| ChatTemplate::from_hf_dir(path)).transpose()?;
-            (HostModel::from_checkpoint(path, dtype)?, tokenizer, template, StopIds::from_hf_dir(path)?)
-        } else {
-            let file = GgufFile::open(path)?;
-            let tokenizer = Tokenizer::from_gguf(&file)?;
-            let has_template = file.metadata().contains_key("tokenizer.chat_template");
-            let template = has_template.then(|| ChatTemplate::from_gguf(&file)).transpose()?;
-            let stop = StopIds::from_gguf(&file, &tokenizer)?;
-            drop(file);
-            (HostModel::from_gguf(path, dtype)?, tokenizer, template, stop)
-        };
-        let mut host = host;
+        TextModel::open_with_adapter(device, path, dtype, sizes, weights, None)
+    }
+
+    /// [`TextModel::open_with`] with a LoRA adapter in peft's format (a directory) merged into
+    /// the base ([`HostModel::merge_adapter`]: each adapted projection runs dense).
+    pub fn open_with_adapter(
+        device: &Device,
+        path: &Path,
+        dtype: DType,
+        (max_len, max_tokens): (usize, usize),
+        weights: WeightFormat,
+        adapter: Option<&Path>,
+    ) -> Result<TextModel> {
+        let TextParts { mut host, tokenizer, template, stop } = TextParts::open(path, dtype)?;
         host.set_weight_format(weights, dtype)?;
+        if let Some(dir) = adapter {
+            let adapter = crate::formats::peft::Adapter::load(dir, &host.config, DType::F32)?;
+            host.merge_adapter(&adapter, dtype)?;
+        }
         let plan = ModelPlan { slots: 1, max_len, max_tokens };
         Ok(TextModel { model: Model::new(device, &host, dtype, plan)?, tokenizer, template, stop })
     }
@@ -121,5 +121,43 @@ impl TextModel {
         on_text(&rest);
         text.push_str(&rest);
         Ok((text, generation))
+    }
+}
+
+/// What a GGUF file or a checkpoint directory holds besides the device model: its host weights,
+/// tokenizer, chat template (if any) and stop ids.
+#[derive(Debug)]
+pub struct TextParts {
+    /// The weights, converted to the run dtype.
+    pub host: HostModel,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The chat template, when the model has one.
+    pub template: Option<ChatTemplate>,
+    /// The ids that end a reply.
+    pub stop: StopIds,
+}
+
+impl TextParts {
+    /// Reads a GGUF file or a checkpoint directory in `dtype`.
+    pub fn open(path: &Path, dtype: DType) -> Result<TextParts> {
+        if path.is_dir() {
+            let tokenizer = Tokenizer::from_hf_dir(path)?;
+            // No template is fine (a base model); a broken one is an error.
+            let has_template = path.join("chat_template.jinja").is_file()
+                || std::fs::read_to_string(path.join("tokenizer_config.json"))
+                    .is_ok_and(|t| t.contains("\"chat_template\""));
+            let template = has_template.then(|| ChatTemplate::from_hf_dir(path)).transpose()?;
+            let stop = StopIds::from_hf_dir(path)?;
+            Ok(TextParts { host: HostModel::from_checkpoint(path, dtype)?, tokenizer, template, stop })
+        } else {
+            let file = GgufFile::open(path)?;
+            let tokenizer = Tokenizer::from_gguf(&file)?;
+            let has_template = file.metadata().contains_key("tokenizer.chat_template");
+            let template = has_template.then(|| ChatTemplate::from_gguf(&file)).transpose()?;
+            let stop = StopIds::from_gguf(&file, &tokenizer)?;
+            drop(file);
+            Ok(TextParts { host: HostModel::from_gguf(path, dtype)?, tokenizer, template, stop })
+        }
     }
 }

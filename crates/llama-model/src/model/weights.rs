@@ -103,6 +103,59 @@ impl HostModel {
     pub fn quantize_nf4(&mut self, block: usize, dtype: DType) -> Result<()> {
         Ok(self.layers.iter_mut().try_for_each(|(spec, w)| w.quantize_nf4(spec, block, dtype))?)
     }
+    /// Merges a LoRA adapter into the base: every adapted projection becomes dense,
+    /// `W + scaling · B A` rounded once to `dtype` (peft's `merge_and_unload`). A packed
+    /// projection is merged from its dequantized values and then runs dense.
+    pub fn merge_adapter(&mut self, adapter: &crate::formats::peft::Adapter, dtype: DType) -> Result<()> {
+        use crate::formats::peft::Projection;
+        let scaling = adapter.config.lora.scaling();
+        let r = adapter.config.lora.r;
+        for (spec, w) in &mut self.layers {
+            for &p in &adapter.config.targets {
+                let pair = adapter.weights.get(&(spec.index, p)).ok_or_else(|| Error::Checkpoint {
+                    tensor: p.tensor_names(spec.index)[0].clone(),
+                    why: "missing from the adapter".into(),
+                })?;
+                let [d_out, d_in] = p.shape(spec)?;
+                let base = match (p, &mut w.ffn) {
+                    (Projection::Q, _) => &mut w.q_proj,
+                    (Projection::K, _) => &mut w.k_proj,
+                    (Projection::V, _) => &mut w.v_proj,
+                    (Projection::O, _) => &mut w.o_proj,
+                    (Projection::Gate, llama_kernels::spec::weights::HostFfn::Dense { gate, .. }) => gate,
+                    (Projection::Up, llama_kernels::spec::weights::HostFfn::Dense { up, .. }) => up,
+                    (Projection::Down, llama_kernels::spec::weights::HostFfn::Dense { down, .. }) => down,
+                    _ => {
+                        return Err(Error::Unsupported { what: format!("a LoRA adapter on MoE layer {}", spec.index) });
+                    }
+                };
+                if base.shape != [d_out, d_in] || pair.a.shape != [r, d_in] || pair.b.shape != [d_out, r] {
+                    return Err(Error::Checkpoint {
+                        tensor: p.tensor_names(spec.index)[0].clone(),
+                        why: format!("does not fit the base projection {:?}", base.shape),
+                    });
+                }
+                for o in 0..d_out {
+                    let b = &pair.b.data[o * r..(o + 1) * r];
+                    for i in 0..d_in {
+                        let delta: f64 = (0..r).map(|k| f64::from(b[k]) * f64::from(pair.a.data[k * d_in + i])).sum();
+                        let v = &mut base.data[o * d_in + i];
+                        *v = round_to(dtype, f64::from(*v) + scaling * delta) as f32;
+                    }
+                }
+                // The packed form (under its Hugging Face name) is gone: the merged values run dense.
+                let name = match p {
+                    Projection::Q | Projection::K | Projection::V | Projection::O => format!("{}.weight", p.path()),
+                    Projection::Gate | Projection::Up | Projection::Down => {
+                        format!("{}.{}.weight", llama_kernels::spec::weights::ffn_prefix(spec), p.module())
+                    }
+                };
+                w.packed.remove(&name);
+            }
+        }
+        Ok(())
+    }
+
     /// The LM head: its own weight, or the embedding when tied.
     pub fn lm_head(&self) -> &HostTensor {
         self.lm_head.as_ref().unwrap_or(&self.embed)

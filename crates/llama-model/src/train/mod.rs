@@ -4,6 +4,9 @@
 //! * [`batch`]: examples packed into micro-batches (no padding), labels shifted as Hugging Face's
 //!   causal LM does.
 //! * [`layer`]: one decoder layer's forward that keeps its activations, and its backward.
+//! * [`data`]: JSON-lines training files (`text` or chat `messages`, the loss on assistant
+//!   turns only), as TRL's SFT trainer reads them.
+//! * [`schedule`]: constant, linear and cosine learning rates with a warm-up.
 //! * [`trainer`]: the whole step: embedding, layers, the fused LM-head cross-entropy, the
 //!   backward in reverse, gradient accumulation and AdamW on the adapters.
 //!
@@ -19,8 +22,12 @@
 //! whole.
 
 pub mod batch;
+pub mod data;
 pub mod layer;
+pub mod schedule;
 pub mod trainer;
 
 pub use batch::{Batch, Example, IGNORE};
+pub use data::{Encoder, micro_batches};
+pub use schedule::{LrSchedule, Schedule};
 pub use trainer::{LoraTrainer, TrainConfig, TrainPlan};

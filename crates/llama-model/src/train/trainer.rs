@@ -82,6 +82,10 @@ pub struct LoraTrainer {
     micro_step: u64,
     /// Micro-batches since the last optimizer step.
     pending: usize,
+    /// The loss scale the next micro-batches' gradients carry (1 without loss scaling).
+    loss_scale: f32,
+    /// Tokens of the last micro-batch.
+    last_tokens: usize,
 }
 
 impl LoraTrainer {
@@ -178,6 +182,8 @@ impl LoraTrainer {
             optimizer,
             micro_step: 0,
             pending: 0,
+            loss_scale: config.adamw.loss_scaling.map_or(1.0, |s| s.init_scale),
+            last_tokens: 0,
             layers,
         })
     }
@@ -223,6 +229,7 @@ impl LoraTrainer {
         self.positions.narrow(0, 0, t)?.copy_from_slice(&batch.positions())?;
         let cu = self.cu_seqlens.narrow(0, 0, seqs + 1)?;
         cu.copy_from_slice(&batch.cu_seqlens())?;
+        self.last_tokens = t;
         let rows = |b: &Tensor| b.narrow(0, 0, t);
         ops::embedding(&self.embed, &rows(&self.ids)?, &rows(&self.stream[0])?, &self.errors)?;
         let ctx = StepCtx {
@@ -240,8 +247,9 @@ impl LoraTrainer {
         let last = rows(&self.stream[self.layers.len()])?;
         let normed = rows(&self.normed)?;
         ops::rms_norm(&last, &self.norm, self.eps, &normed)?;
-        let options =
-            CrossEntropyOptions { grad_scale: 1.0 / self.config.grad_accum as f32, ..CrossEntropyOptions::default() };
+        // The gradient carries the loss scale (f16: GradScaler's), which AdamW divides out.
+        let grad_scale = self.loss_scale / self.config.grad_accum as f32;
+        let options = CrossEntropyOptions { grad_scale, ..CrossEntropyOptions::default() };
         let d = rows(&self.d_stream[0])?;
         let grads = LmHeadGrads { d_hidden: train.then_some(&d), d_weight: None, accumulate_weight: false };
         self.head.forward(&normed, &self.lm_head, &rows(&self.labels)?, &self.loss, grads, &options)?;
@@ -273,11 +281,41 @@ impl LoraTrainer {
     }
 
     /// The last micro-batch's loss (mean over its labelled tokens, before the `1 / grad_accum`
-    /// scaling of its gradient); waits for the device.
+    /// scaling of its gradient); waits for the device. Without loss scaling (bf16, f32), a loss
+    /// that is not finite is an error naming the first layer whose output overflowed; with it
+    /// (f16), the non-finite loss is returned and the step that follows is skipped.
     pub fn loss(&self) -> Result<f32> {
         self.errors.check("embedding")?;
         self.head.check_labels()?;
-        Ok(self.loss.to_f64_vec()?.first().copied().unwrap_or(f64::NAN) as f32)
+        let loss = self.loss.to_f64_vec()?.first().copied().unwrap_or(f64::NAN) as f32;
+        if loss.is_finite() || self.config.adamw.loss_scaling.is_some() {
+            return Ok(loss);
+        }
+        let t = self.last_tokens;
+        for (l, out) in self.stream.iter().enumerate().skip(1) {
+            if out.narrow(0, 0, t)?.to_f64_vec()?.iter().any(|v| !v.is_finite()) {
+                return Err(Error::invalid(
+                    OP,
+                    "loss",
+                    loss,
+                    format!(
+                        "is not finite: the activations overflowed in layer {} (its output holds inf or NaN)",
+                        l - 1
+                    ),
+                ));
+            }
+        }
+        Err(Error::invalid(
+            OP,
+            "loss",
+            loss,
+            "is not finite: every layer's output is finite, so the LM head or the loss overflowed",
+        ))
+    }
+
+    /// The loss scale the next micro-batches' gradients carry.
+    pub fn loss_scale(&self) -> f32 {
+        self.loss_scale
     }
 
     /// AdamW on the adapters with the gradients summed since the last step, at learning rate
@@ -288,7 +326,9 @@ impl LoraTrainer {
         }
         self.optimizer.step(Lr::Host(lr))?;
         self.pending = 0;
-        Ok(self.optimizer.stats()?)
+        let stats = self.optimizer.stats()?;
+        self.loss_scale = stats.loss_scale;
+        Ok(stats)
     }
 
     /// The adapter as it stands (its f32 masters when the run is 16-bit), ready to save.

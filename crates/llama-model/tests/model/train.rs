@@ -167,3 +167,148 @@ fn peft_initialization_gives_an_exactly_zero_first_da() {
     assert_eq!(Adapter::load(&dir, &host.config, DType::F32).unwrap(), trained);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_merged_adapter_gives_the_trained_models_loss() {
+    use llama_model::model::{Logits, Model, ModelPlan};
+    let r = reference();
+    let mut host = HostModel::from_checkpoint(fixture().join("base"), DType::F32).unwrap();
+    let adapter = Adapter::load(fixture().join("adapter"), &host.config, DType::F32).unwrap();
+    let b = batch(&r, host.vocab());
+    let mut t = trainer(&host, DType::F32, &adapter, 0);
+    t.micro_step(&b).unwrap();
+    t.step(1e-2).unwrap();
+    let trained = t.adapter().unwrap();
+    let in_memory = f64::from(t.eval(&b).unwrap());
+    // The same adapter merged into the base (W + alpha/r B A), run by the inference model.
+    host.merge_adapter(&trained, DType::F32).unwrap();
+    let mut model =
+        Model::new(&Device::emulated(), &host, DType::F32, ModelPlan { slots: 2, max_len: 32, max_tokens: 32 })
+            .unwrap();
+    let (mut total, mut count, mut first) = (0.0f64, 0usize, 0usize);
+    for (slot, &n) in b.seq_lens.iter().enumerate() {
+        let ids: Vec<u32> = b.ids[first..first + n].iter().map(|&i| i as u32).collect();
+        let logits = model.step(&[(slot, &ids)], Logits::All).unwrap().to_f64_vec().unwrap();
+        let vocab = host.vocab();
+        for (row, &label) in b.labels[first..first + n].iter().enumerate() {
+            if label < 0 {
+                continue;
+            }
+            let l = &logits[row * vocab..(row + 1) * vocab];
+            let max = l.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v));
+            let lse = max + l.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+            total += lse - l[label as usize];
+            count += 1;
+        }
+        first += n;
+    }
+    let merged = total / count as f64;
+    println!("loss: in memory {in_memory}, merged into the base {merged}");
+    assert!((merged - in_memory).abs() < 1e-5 * in_memory, "{merged} vs {in_memory}");
+    // And the merged model differs from the base's (the adapter does something).
+    let base = HostModel::from_checkpoint(fixture().join("base"), DType::F32).unwrap();
+    assert_ne!(base.layers[0].1.q_proj.data, host.layers[0].1.q_proj.data);
+}
+
+#[test]
+fn f16_skips_overflowing_steps_and_lowers_its_loss_scale() {
+    use llama_kernels::ops::optimizer::LossScaling;
+    let r = reference();
+    let host = HostModel::from_checkpoint(fixture().join("base"), DType::F16).unwrap();
+    let adapter = Adapter::load(fixture().join("adapter"), &host.config, DType::F32).unwrap();
+    let b = batch(&r, host.vocab());
+    // A first scale far past f16's range makes the scaled gradients overflow: GradScaler skips
+    // those steps and halves the scale until they fit.
+    let scaling = LossScaling { init_scale: 1e30, ..LossScaling::default() };
+    let cfg = TrainConfig { adamw: AdamWConfig { loss_scaling: Some(scaling), ..config(0).adamw }, ..config(0) };
+    let mut t = LoraTrainer::new(&Device::emulated(), &host, DType::F16, &adapter, cfg, PLAN).unwrap();
+    let (mut skipped, mut losses) = (0, Vec::new());
+    for _ in 0..120 {
+        t.micro_step(&b).unwrap();
+        losses.push(t.loss().unwrap());
+        let stats = t.step(1e-2).unwrap();
+        skipped += usize::from(stats.found_inf);
+        if !stats.found_inf && losses.len() > 1 && skipped > 0 && t.loss_scale() < 1e30 {
+            // Trained after the skips: two more steps must lower the loss.
+            for _ in 0..2 {
+                t.micro_step(&b).unwrap();
+                losses.push(t.loss().unwrap());
+                assert!(!t.step(1e-2).unwrap().found_inf);
+            }
+            break;
+        }
+    }
+    println!(
+        "f16: {skipped} skipped steps, loss scale now {}, losses {:?}",
+        t.loss_scale(),
+        &losses[losses.len() - 3..]
+    );
+    assert!(skipped > 0 && t.loss_scale() < 1e30);
+    let n = losses.len();
+    assert!(losses[n - 1] < losses[n - 3], "{losses:?}");
+}
+
+#[test]
+fn json_lines_become_examples_with_the_loss_on_assistant_turns() {
+    use llama_model::model::TextParts;
+    use llama_model::train::{Encoder, IGNORE};
+    let Ok(path) = llama_model::dev::testing::test_model_path() else {
+        eprintln!("skipped: the test model is not fetched (scripts/setup.sh)");
+        return;
+    };
+    let parts = TextParts::open(&path, DType::F32).unwrap();
+    let enc = Encoder { tokenizer: &parts.tokenizer, template: parts.template.as_ref(), eos: None, max_len: 256 };
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/train/chat.jsonl");
+    let examples = enc.read_jsonl(&data).unwrap();
+    assert_eq!(examples.len(), 6);
+    // The first: only the assistant's reply (and its end-of-turn marker) is trained.
+    let ex = &examples[0];
+    let trained: Vec<u32> = ex.ids.iter().zip(&ex.labels).filter(|(_, l)| **l != IGNORE).map(|(&i, _)| i).collect();
+    let text = parts.tokenizer.decode(&trained, false).unwrap();
+    assert!(text.starts_with("Paris is the capital of France."), "{text:?}");
+    assert!(!text.contains("What is the capital"), "{text:?}");
+    // Two assistant turns: both trained, the user turn between them not.
+    let two = &examples[3];
+    let trained = parts
+        .tokenizer
+        .decode(
+            &two.ids.iter().zip(&two.labels).filter(|(_, l)| **l != IGNORE).map(|(&i, _)| i).collect::<Vec<_>>(),
+            false,
+        )
+        .unwrap();
+    assert!(
+        trained.contains("Eleven") && trained.contains("Thirteen") && !trained.contains("And another"),
+        "{trained:?}"
+    );
+    // A text line trains every token.
+    assert!(examples[4].labels.iter().all(|&l| l != IGNORE));
+    // Bad files: not JSON lines, a line of neither form, an example too long: named by line.
+    let dir = std::env::temp_dir().join(format!("llk-data-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, text, why) in [
+        ("bad.jsonl", "{\"text\": \"fine\"}\nnot json\n", "line 2"),
+        ("neither.jsonl", "{\"prompt\": \"x\"}\n", "neither"),
+        ("long.jsonl", &format!("{{\"text\": \"{}\"}}\n", "word ".repeat(400)), "longer than"),
+        ("empty.jsonl", "\n\n", "no examples"),
+    ] {
+        std::fs::write(dir.join(name), text).unwrap();
+        let e = enc.read_jsonl(&dir.join(name)).unwrap_err().to_string();
+        assert!(e.contains(why), "{name}: {e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_overflowing_bf16_run_names_the_layer() {
+    let r = reference();
+    let mut host = HostModel::from_checkpoint(fixture().join("base"), DType::BF16).unwrap();
+    let adapter = Adapter::load(fixture().join("adapter"), &host.config, DType::F32).unwrap();
+    // Layer 1's down projection scaled past bf16's range: its output overflows.
+    if let llama_kernels::spec::weights::HostFfn::Dense { down, .. } = &mut host.layers[1].1.ffn {
+        down.data.iter_mut().for_each(|v| *v = 3e38);
+    }
+    let mut t = trainer(&host, DType::BF16, &adapter, 0);
+    t.micro_step(&batch(&r, host.vocab())).unwrap();
+    let e = t.loss().unwrap_err().to_string();
+    assert!(e.contains("layer 1"), "{e}");
+}
