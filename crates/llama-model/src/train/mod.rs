@@ -17,7 +17,7 @@
 //! qkv after RoPE, the attention output (q heads × head_dim), the gate|up output (2 ×
 //! intermediate), the SwiGLU output (intermediate) in the run dtype, and the log-sum-exp (q
 //! heads, f32), plus the residual stream (hidden) per layer. For Llama 3 8B in bf16 that is
-//! (3·4096 + 6144 + 4096 + 3·14336 + 4096) × 2 + 32 × 4 = 138 KiB per token and layer. The base
+//! (4·4096 + 6144 + 4096 + 3·14336) × 2 + 32 × 4 bytes = 136 KiB per token and layer. The base
 //! weights get no gradient; the LM head's product runs in chunks, so the logits never exist
 //! whole.
 
