@@ -39,6 +39,8 @@ mod docs {
     struct SharedMemory;
     #[doc = include_str!("../../docs/testing.md")]
     struct Testing;
+    #[doc = include_str!("../../docs/training.md")]
+    struct Training;
     #[doc = include_str!("../../docs/verify.md")]
     struct Verify;
 }
