@@ -39,10 +39,10 @@ use std::time::Instant;
 
 use cudarc::driver::sys::CUevent_flags;
 use llama_kernels::{DType, Device};
+use llama_model::Result;
 use llama_model::block::LayerSpec;
 use llama_model::dev::testing::test_model_path;
 use llama_model::model::{GenerateOptions, HostModel, Logits, Model, ModelPlan, SamplingConfig};
-use llama_model::Result;
 use random::{LLAMA3_8B, LLAMA3_LAYERS, LLAMA3_VOCAB, SMOLLM2, SMOLLM2_VOCAB, random_host};
 
 const PROMPTS: [usize; 3] = [128, 512, 2048];
