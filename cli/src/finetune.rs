@@ -75,6 +75,10 @@ pub struct FinetuneArgs {
     /// Tokens per micro-batch (examples packed, no padding); also the longest example.
     #[arg(long, default_value_t = 2048)]
     batch_tokens: usize,
+    /// Gradient checkpointing: keep only each layer's input and recompute its forward before its
+    /// backward (less memory, about a third more compute; the same gradients).
+    #[arg(long)]
+    recompute: bool,
     /// Micro-batches per optimizer step.
     #[arg(long, default_value_t = 1)]
     grad_accum: usize,
@@ -155,7 +159,7 @@ pub fn run(args: &FinetuneArgs) -> Result<(), String> {
         ..AdamWConfig::default()
     };
     let train = TrainConfig { adamw, grad_accum: args.grad_accum, seed: args.seed };
-    let plan = TrainPlan { max_tokens: args.batch_tokens, max_seqs };
+    let plan = TrainPlan { max_tokens: args.batch_tokens, max_seqs, recompute: args.recompute };
     let mut trainer = LoraTrainer::new(&device, &host, dtype, &adapter, train, plan).map_err(err)?;
     let schedule = LrSchedule {
         peak: args.lr,

@@ -2,7 +2,8 @@
 //! weights: tokens per second and device memory.
 //!
 //! Runs: peft's QLoRA recipe (the base quantized to NF4 in blocks of 64; LoRA r 16, alpha 32,
-//! dropout 0.05 on all seven projections) and the same adapter on a dense bf16 base; micro-batches
+//! dropout 0.05 on all seven projections), the same with each layer's forward recomputed before
+//! its backward (gradient checkpointing), and the same adapter on a dense bf16 base; micro-batches
 //! of 2048 tokens (one sequence) and 4096 (two sequences of 2048, packed). Each run times
 //! `micro_step` + `step` (forward, fused LM-head loss, backward, AdamW; the loss and the
 //! optimizer's statistics read back, as a training loop does): one warm-up, then the mean of 3,
@@ -44,7 +45,7 @@ fn free_bytes(device: &Device) -> usize {
 }
 
 /// Mean seconds of one training step over 3 (after a warm-up), and the trainer's device bytes.
-fn time_step(device: &Device, host: &HostModel, tokens: usize, seqs: usize) -> Result<(f64, usize)> {
+fn time_step(device: &Device, host: &HostModel, tokens: usize, seqs: usize, recompute: bool) -> Result<(f64, usize)> {
     let cfg = AdapterConfig::new(LoraConfig::QLORA, &Projection::ALL, None)?;
     let adapter = Adapter::init(cfg, &host.config, 1)?;
     let train = TrainConfig {
@@ -54,8 +55,14 @@ fn time_step(device: &Device, host: &HostModel, tokens: usize, seqs: usize) -> R
     };
     device.synchronize()?;
     let before = free_bytes(device);
-    let mut t =
-        LoraTrainer::new(device, host, DTYPE, &adapter, train, TrainPlan { max_tokens: tokens, max_seqs: seqs })?;
+    let mut t = LoraTrainer::new(
+        device,
+        host,
+        DTYPE,
+        &adapter,
+        train,
+        TrainPlan { max_tokens: tokens, max_seqs: seqs, recompute },
+    )?;
     device.synchronize()?;
     let taken = before.saturating_sub(free_bytes(device));
     let examples: Vec<Example> = (0..seqs)
@@ -94,7 +101,9 @@ fn main() {
         "{:<34} {:>7} {:>12} {:>12} {:>12} {:>12}",
         "run", "tokens", "step s", "tokens/s", "est. 32L s", "device GiB"
     );
-    for (base, nf4) in [("qlora nf4", true), ("lora dense", false)] {
+    for (base, nf4, recompute) in
+        [("qlora nf4", true, false), ("qlora nf4 recompute", true, true), ("lora dense", false, false)]
+    {
         for (tokens, seqs) in BATCHES {
             let mut times = Vec::new();
             let mut memory = 0;
@@ -104,7 +113,7 @@ fn main() {
                     if nf4 {
                         host.quantize_nf4(64, DTYPE)?;
                     }
-                    time_step(&device, &host, tokens, seqs)
+                    time_step(&device, &host, tokens, seqs, recompute)
                 });
                 match run {
                     Ok((secs, bytes)) => {

@@ -1,7 +1,7 @@
 //! Training data as JSON lines, as TRL's SFT trainer reads it: one example per line, either
 //! `{"text": "..."}` (every token trained) or `{"messages": [{"role": ..., "content": ...}, ...]}`
 //! rendered with the model's chat template, the loss on the assistant turns only (labels
-//! [`IGNORE`](super::batch::IGNORE) elsewhere).
+//! [`IGNORE`] elsewhere).
 //!
 //! An assistant turn's tokens are found by rendering the conversation up to it with the
 //! generation prompt and up to its end: the tokens between the two renderings are the turn's

@@ -90,9 +90,11 @@ impl LoraParams {
     }
 }
 
-/// What a layer's backward reads, for up to `max_tokens` tokens.
+/// What a layer's backward reads, for up to `max_tokens` tokens: one set per layer, or one set
+/// that every layer shares when the backward recomputes each layer's forward first (gradient
+/// checkpointing).
 #[derive(Debug)]
-struct Saved {
+pub struct Activations {
     n1: Tensor,
     qkv: Tensor,
     attn: Tensor,
@@ -102,6 +104,24 @@ struct Saved {
     n2: Tensor,
     gu: Tensor,
     act: Tensor,
+}
+
+impl Activations {
+    /// Buffers for a layer like `spec` and up to `max_tokens` tokens.
+    pub fn new(device: &Device, dtype: DType, spec: &LayerSpec, max_tokens: usize) -> Result<Activations> {
+        let z = |cols: usize| Tensor::zeros(device, dtype, &[max_tokens, cols]);
+        let i = spec.intermediate();
+        Ok(Activations {
+            n1: z(spec.hidden)?,
+            qkv: z(spec.qkv_dim())?,
+            attn: z(spec.q_heads * spec.head_dim)?,
+            lse: Tensor::zeros(device, DType::F32, &[spec.q_heads * max_tokens])?,
+            h1: z(spec.hidden)?,
+            n2: z(spec.hidden)?,
+            gu: z(2 * i)?,
+            act: z(i)?,
+        })
+    }
 }
 
 /// Gradient buffers every layer's backward shares (layers run one at a time).
@@ -156,20 +176,16 @@ pub struct TrainLayer {
     rope: Option<Rope>,
     lora: LoraConfig,
     adapters: BTreeMap<Projection, LoraParams>,
-    saved: Saved,
 }
 
 impl TrainLayer {
-    /// A layer of `weights` (dense feed-forward, no qk-norm) with `adapters`, saving activations
-    /// for up to `max_tokens`.
+    /// A layer of `weights` (dense feed-forward, no qk-norm) with `adapters`.
     pub fn new(
         device: &Device,
-        dtype: DType,
         spec: LayerSpec,
         weights: LayerWeights,
         lora: LoraConfig,
         adapters: BTreeMap<Projection, LoraParams>,
-        max_tokens: usize,
     ) -> Result<TrainLayer> {
         if matches!(spec.ffn, FfnSpec::Moe { .. }) {
             return Err(Error::Unsupported {
@@ -182,19 +198,7 @@ impl TrainLayer {
             });
         }
         let rope = spec.rope.map(|cfg| Rope::new(device, cfg)).transpose()?;
-        let z = |cols: usize| Tensor::zeros(device, dtype, &[max_tokens, cols]);
-        let i = spec.intermediate();
-        let saved = Saved {
-            n1: z(spec.hidden)?,
-            qkv: z(spec.qkv_dim())?,
-            attn: z(spec.q_heads * spec.head_dim)?,
-            lse: Tensor::zeros(device, DType::F32, &[spec.q_heads * max_tokens])?,
-            h1: z(spec.hidden)?,
-            n2: z(spec.hidden)?,
-            gu: z(2 * i)?,
-            act: z(i)?,
-        };
-        Ok(TrainLayer { spec, weights, rope, lora, adapters, saved })
+        Ok(TrainLayer { spec, weights, rope, lora, adapters })
     }
 
     /// The layer's spec.
@@ -267,26 +271,27 @@ impl TrainLayer {
         }
     }
 
-    fn lse(&self, t: usize) -> Result<Tensor> {
-        Ok(self.saved.lse.narrow(0, 0, self.spec.q_heads * t)?.reshape(&[self.spec.q_heads, t])?)
+    fn lse(&self, saved: &Activations, t: usize) -> Result<Tensor> {
+        Ok(saved.lse.narrow(0, 0, self.spec.q_heads * t)?.reshape(&[self.spec.q_heads, t])?)
     }
 
     /// The forward of `x` `[tokens, hidden]` into `out` (another buffer), keeping what the
-    /// backward reads.
+    /// backward reads in `saved`.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         ctx: &StepCtx<'_>,
         attention: &mut AttentionWorkspace,
         ls: &LoraScratch,
         qs: Option<&QScratch>,
+        saved: &Activations,
         x: &Tensor,
         out: &Tensor,
     ) -> Result<()> {
         let (s, w, t) = (&self.spec, &self.weights, ctx.tokens);
         let (d, qh, kvh, eps) = (s.head_dim, s.q_heads, s.kv_heads, s.rms_norm_eps);
         let rows = |b: &Tensor| b.narrow(0, 0, t);
-        let (n1, qkv, attn, h1) =
-            (rows(&self.saved.n1)?, rows(&self.saved.qkv)?, rows(&self.saved.attn)?, rows(&self.saved.h1)?);
+        let (n1, qkv, attn, h1) = (rows(&saved.n1)?, rows(&saved.qkv)?, rows(&saved.attn)?, rows(&saved.h1)?);
         ops::rms_norm(x, &w.input_norm, eps, &n1)?;
         w.qkv.forward(&n1, w.qkv_bias.as_ref(), &qkv, false, qs)?;
         for p in [Projection::Q, Projection::K, Projection::V] {
@@ -299,13 +304,13 @@ impl TrainLayer {
         let opts = AttentionOptions { mask: s.mask, temperature: None, scale: None, gqa_pack: None };
         let kv = KvTensors::Contiguous { k: &heads.narrow(1, qh, kvh)?, v: &heads.narrow(1, qh + kvh, kvh)? };
         let cu = Offsets::Device { q: ctx.cu_seqlens, k: ctx.cu_seqlens };
-        let (q, o, lse) = (heads.narrow(1, 0, qh)?, attn.reshape(&[t, qh, d])?, self.lse(t)?);
+        let (q, o, lse) = (heads.narrow(1, 0, qh)?, attn.reshape(&[t, qh, d])?, self.lse(saved, t)?);
         attention.forward(AttentionTensors { q: &q, kv, cu_seqlens: cu, out: &o, lse: Some(&lse) }, &opts)?;
         h1.copy_from(x)?;
         w.o.forward(&attn, w.o_bias.as_ref(), &h1, true, qs)?;
         self.lora_fwd(Projection::O, &attn, &h1, ctx, ls)?;
         let (gate_up, down) = self.dense_ffn()?;
-        let (n2, gu, act) = (rows(&self.saved.n2)?, rows(&self.saved.gu)?, rows(&self.saved.act)?);
+        let (n2, gu, act) = (rows(&saved.n2)?, rows(&saved.gu)?, rows(&saved.act)?);
         ops::rms_norm(&h1, &w.post_norm, eps, &n2)?;
         let gu_bias = match &w.ffn {
             FfnWeights::Dense { gate_up_bias, .. } => gate_up_bias.as_ref(),
@@ -324,8 +329,8 @@ impl TrainLayer {
         self.lora_fwd(Projection::Down, &act, out, ctx, ls)
     }
 
-    /// The backward: from `d_out` (the gradient of the forward's `out`) and the forward's `x`,
-    /// writes `d_x` (another buffer) and adds the adapters' gradients.
+    /// The backward: from `d_out` (the gradient of the forward's `out`), the forward's `x` and
+    /// what it kept in `saved`, writes `d_x` (another buffer) and adds the adapters' gradients.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
@@ -333,6 +338,7 @@ impl TrainLayer {
         attention: &mut AttentionWorkspace,
         ls: &LoraScratch,
         qs: Option<&QScratch>,
+        saved: &Activations,
         g: &GradScratch,
         x: &Tensor,
         d_out: &Tensor,
@@ -343,7 +349,7 @@ impl TrainLayer {
         let i = s.intermediate();
         let rows = |b: &Tensor| b.narrow(0, 0, t);
         let (gate_up, down) = self.dense_ffn()?;
-        let sv = &self.saved;
+        let sv = saved;
         // The feed-forward half.
         let (act, gu, n2, h1) = (rows(&sv.act)?, rows(&sv.gu)?, rows(&sv.n2)?, rows(&sv.h1)?);
         let (d_act, d_gu, d_n, d_h1) =
@@ -365,7 +371,7 @@ impl TrainLayer {
         let part = |h: &Tensor, first: usize, n: usize| h.narrow(1, first, n);
         let (q, k, v) = (part(&heads, 0, qh)?, part(&heads, qh, kvh)?, part(&heads, qh + kvh, kvh)?);
         let (dq, dk, dv) = (part(&d_heads, 0, qh)?, part(&d_heads, qh, kvh)?, part(&d_heads, qh + kvh, kvh)?);
-        let (o, d_o, lse) = (attn.reshape(&[t, qh, d])?, d_attn.reshape(&[t, qh, d])?, self.lse(t)?);
+        let (o, d_o, lse) = (attn.reshape(&[t, qh, d])?, d_attn.reshape(&[t, qh, d])?, self.lse(saved, t)?);
         let cu = Offsets::Device { q: ctx.cu_seqlens, k: ctx.cu_seqlens };
         attention.backward(
             AttentionBackwardTensors {

@@ -17,7 +17,10 @@
 //! qkv after RoPE, the attention output (q heads × head_dim), the gate|up output (2 ×
 //! intermediate), the SwiGLU output (intermediate) in the run dtype, and the log-sum-exp (q
 //! heads, f32), plus the residual stream (hidden) per layer. For Llama 3 8B in bf16 that is
-//! (4·4096 + 6144 + 4096 + 3·14336) × 2 + 32 × 4 bytes = 136 KiB per token and layer. The base
+//! (4·4096 + 6144 + 4096 + 3·14336) × 2 + 32 × 4 bytes = 136 KiB per token and layer. With
+//! [`TrainPlan::recompute`] (gradient checkpointing) only each layer's input stays (8 KiB per
+//! token and layer) and one layer's activations are shared, each layer's forward running again
+//! before its backward: the same gradients, bit for bit, for about a third more compute. The base
 //! weights get no gradient; the LM head's product runs in chunks, so the logits never exist
 //! whole.
 

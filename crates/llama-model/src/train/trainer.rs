@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::batch::Batch;
-use super::layer::{GradScratch, LoraParams, StepCtx, TrainLayer};
+use super::layer::{Activations, GradScratch, LoraParams, StepCtx, TrainLayer};
 use crate::block::proj::upload;
 use crate::block::weights::LayerWeights;
 use crate::error::{Error, Result};
@@ -28,13 +28,18 @@ const OP: &str = "LoraTrainer";
 /// Adapter gradients as host values: `(layer, projection)` → `(dA, dB)`.
 pub type AdapterGrads = BTreeMap<(usize, crate::formats::peft::Projection), (Vec<f64>, Vec<f64>)>;
 
-/// Sizes planned once: the longest micro-batch and its number of sequences.
+/// Sizes planned once: the longest micro-batch and its number of sequences, and whether the
+/// backward recomputes each layer's forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TrainPlan {
     /// Tokens of the longest micro-batch (its sequences packed end to end).
     pub max_tokens: usize,
     /// Sequences in a micro-batch.
     pub max_seqs: usize,
+    /// Gradient checkpointing: keep only each layer's input, and run each layer's forward again
+    /// just before its backward (one set of activation buffers for all layers, about a third
+    /// more compute). The gradients are bit for bit those of the run that keeps everything.
+    pub recompute: bool,
 }
 
 /// The optimizer and the randomness of a run.
@@ -58,6 +63,8 @@ pub struct LoraTrainer {
     config: TrainConfig,
     adapter_config: crate::formats::peft::AdapterConfig,
     layers: Vec<TrainLayer>,
+    /// One set per layer, or one shared set when recomputing.
+    saved: Vec<Activations>,
     embed: Tensor,
     norm: Tensor,
     eps: f32,
@@ -130,10 +137,14 @@ impl LoraTrainer {
                 params.insert(p, LoraParams::upload(device, dtype, &pair.a, &pair.b)?);
             }
             widest = widest.max(spec.hidden).max(spec.q_heads * spec.head_dim).max(spec.intermediate());
-            layers.push(TrainLayer::new(device, dtype, *spec, weights, lora, params, t)?);
+            layers.push(TrainLayer::new(device, *spec, weights, lora, params)?);
         }
         let first =
             host.layers.first().map(|(s, _)| *s).ok_or_else(|| Error::invalid(OP, "model", 0, "has no layers"))?;
+        let saved = match plan.recompute {
+            true => vec![Activations::new(device, dtype, &first, t)?],
+            false => layers.iter().map(|l| Activations::new(device, dtype, l.spec(), t)).collect::<Result<Vec<_>>>()?,
+        };
         let packed: Vec<_> = layers.iter().flat_map(|l| l.packed_weights()).collect();
         let qscratch = match packed.first() {
             Some(w) => Some(QScratch::new(w.device(), dtype, &packed)?),
@@ -161,6 +172,7 @@ impl LoraTrainer {
             plan,
             config,
             adapter_config: adapter.config.clone(),
+            saved,
             embed: up(&host.embed)?,
             norm: up(&host.norm)?,
             eps: host.eps,
@@ -242,7 +254,8 @@ impl LoraTrainer {
         };
         for (l, layer) in self.layers.iter().enumerate() {
             let (x, out) = (rows(&self.stream[l])?, rows(&self.stream[l + 1])?);
-            layer.forward(&ctx, &mut self.attention, &self.lora_scratch, self.qscratch.as_ref(), &x, &out)?;
+            let saved = &self.saved[l % self.saved.len()];
+            layer.forward(&ctx, &mut self.attention, &self.lora_scratch, self.qscratch.as_ref(), saved, &x, &out)?;
         }
         let last = rows(&self.stream[self.layers.len()])?;
         let normed = rows(&self.normed)?;
@@ -263,11 +276,28 @@ impl LoraTrainer {
         for (l, layer) in self.layers.iter().enumerate().rev() {
             let (d_out, d_x) = (rows(&self.d_stream[cur])?, rows(&self.d_stream[1 - cur])?);
             let x = rows(&self.stream[l])?;
+            let saved = &self.saved[l % self.saved.len()];
+            if self.plan.recompute && l + 1 < self.layers.len() {
+                // The shared buffers hold the last layer's activations: this layer's forward again
+                // (the same kernels on the same input and masks: the same bits; its output,
+                // rewritten, is the next layer's kept input).
+                let out = rows(&self.stream[l + 1])?;
+                layer.forward(
+                    &ctx,
+                    &mut self.attention,
+                    &self.lora_scratch,
+                    self.qscratch.as_ref(),
+                    saved,
+                    &x,
+                    &out,
+                )?;
+            }
             layer.backward(
                 &ctx,
                 &mut self.attention,
                 &self.lora_scratch,
                 self.qscratch.as_ref(),
+                saved,
                 &self.grads,
                 &x,
                 &d_out,

@@ -39,7 +39,7 @@ fn config(seed: u64) -> TrainConfig {
     TrainConfig { adamw, grad_accum: 1, seed }
 }
 
-const PLAN: TrainPlan = TrainPlan { max_tokens: 32, max_seqs: 4 };
+const PLAN: TrainPlan = TrainPlan { max_tokens: 32, max_seqs: 4, recompute: false };
 
 fn trainer(host: &HostModel, dtype: DType, adapter: &Adapter, seed: u64) -> LoraTrainer {
     LoraTrainer::new(&Device::emulated(), host, dtype, adapter, config(seed), PLAN).unwrap()
@@ -311,4 +311,26 @@ fn an_overflowing_bf16_run_names_the_layer() {
     t.micro_step(&batch(&r, host.vocab())).unwrap();
     let e = t.loss().unwrap_err().to_string();
     assert!(e.contains("layer 1"), "{e}");
+}
+
+#[test]
+fn recomputing_each_layer_gives_the_same_bits() {
+    let r = reference();
+    let host = HostModel::from_checkpoint(fixture().join("base"), DType::BF16).unwrap();
+    let mut adapter = Adapter::load(fixture().join("adapter"), &host.config, DType::F32).unwrap();
+    adapter.config.lora.dropout = 0.1;
+    let b = batch(&r, host.vocab());
+    let run = |recompute: bool| {
+        let plan = TrainPlan { recompute, ..PLAN };
+        let mut t = LoraTrainer::new(&Device::emulated(), &host, DType::BF16, &adapter, config(3), plan).unwrap();
+        let mut out = Vec::new();
+        for _ in 0..2 {
+            t.micro_step(&b).unwrap();
+            out.push((t.loss().unwrap().to_bits(), t.gradients().unwrap()));
+            t.step(1e-2).unwrap();
+        }
+        out
+    };
+    let (kept, recomputed) = (run(false), run(true));
+    assert!(kept == recomputed, "recomputation changed a loss or a gradient");
 }
