@@ -12,7 +12,14 @@ peft's zero initialization, so every gradient is non-trivial) and saves:
   reference.json                               a packed batch of two examples (labels -100 on a
                                                prompt), the mean loss over their labelled tokens,
                                                every lora_A / lora_B gradient (float64, base64),
-                                               and the losses of three AdamW steps on that batch
+                                               and the losses of three AdamW steps on that batch;
+                                               under "qlora", the loss and gradients of the same
+                                               adapter on the NF4 base (float32)
+  base_nf4/config.json, base_nf4/model.safetensors
+                                               QLoRA's base: the base loaded with peft's recipe,
+                                               BitsAndBytesConfig(load_in_4bit, nf4, double
+                                               quantization, compute dtype float32) by
+                                               bitsandbytes 0.49.2 on the CPU, and saved
 
 The loss is LlamaForCausalLM's: logits of every token, shifted labels, cross-entropy with
 ignore_index -100, the mean over both examples' labelled tokens (each example runs on its own,
@@ -20,7 +27,8 @@ as a packed batch with per-example attention does).
 
 Usage: PYTHONPATH=.toolchain/hf-python python3 scripts/make_peft_fixtures.py \\
            --out crates/llama-model/tests/fixtures/peft
-       (pinned: torch 2.9.0, transformers 4.57.1, peft 0.17.1; CPU)
+       (pinned: torch 2.9.0, transformers 4.57.1, peft 0.17.1, bitsandbytes 0.49.2 installed with
+       --no-deps; CPU)
 """
 
 import argparse
@@ -33,8 +41,8 @@ import numpy as np
 import torch
 import transformers
 import peft
-from peft import LoraConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -114,6 +122,34 @@ def main():
         opt.step()
     losses.append(float(loss_of(model, examples)))
 
+    # QLoRA: the same adapter on the base quantized by bitsandbytes (NF4, double quantization),
+    # in float32 on the CPU.
+    bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                             bnb_4bit_compute_dtype=torch.float32)
+    q = AutoModelForCausalLM.from_pretrained(os.path.join(args.out, "base"), quantization_config=bnb,
+                                             device_map="cpu", dtype=torch.float32)
+    q.save_pretrained(os.path.join(args.out, "base_nf4"))
+    os.remove(os.path.join(args.out, "base_nf4", "generation_config.json"))
+    # The products as bitsandbytes computes them on a GPU for more than one row: the weight
+    # dequantized (dequantize_4bit) to the compute dtype, then a plain GEMM. (Its CPU fallback in
+    # 0.49.2, without the `kernels` package, differs from that by about 4e-3 relative, more than
+    # a float32 reference allows.)
+    import bitsandbytes.functional as bnbf
+    for layer in q.model.layers:
+        for parent, names in [(layer.self_attn, ["q_proj", "k_proj", "v_proj", "o_proj"]),
+                              (layer.mlp, ["gate_proj", "up_proj", "down_proj"])]:
+            for name in names:
+                m4 = getattr(parent, name)
+                dense = torch.nn.Linear(m4.in_features, m4.out_features, bias=False, dtype=torch.float32)
+                with torch.no_grad():
+                    dense.weight.copy_(bnbf.dequantize_4bit(m4.weight.data, m4.weight.quant_state))
+                setattr(parent, name, dense)
+    q = PeftModel.from_pretrained(q, os.path.join(args.out, "adapter"), is_trainable=True)
+    qlora = {n: p for n, p in q.named_parameters() if "lora_" in n}
+    q_loss = loss_of(q, examples)
+    q_loss.backward()
+    q_grads = {n.replace(".default", ""): b64(p.grad.double()) for n, p in qlora.items()}
+
     ref = {
         "made_by": "scripts/make_peft_fixtures.py",
         "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
@@ -122,10 +158,11 @@ def main():
         "loss": float(loss), "grads": grads,
         "adamw": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01, "max_grad_norm": 1.0},
         "losses": losses,
+        "qlora": {"bitsandbytes": __import__("bitsandbytes").__version__, "loss": float(q_loss), "grads": q_grads},
     }
     with open(os.path.join(args.out, "reference.json"), "w") as f:
         json.dump(ref, f, indent=1)
-    print(f"loss {float(loss):.6f}; losses over {steps} AdamW steps: {losses}")
+    print(f"loss {float(loss):.6f}; losses over {steps} AdamW steps: {losses}; QLoRA loss {float(q_loss):.6f}")
 
 
 if __name__ == "__main__":

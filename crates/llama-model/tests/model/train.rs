@@ -34,6 +34,30 @@ fn batch(reference: &serde_json::Value, vocab: usize) -> Batch {
     Batch::pack(&examples, vocab).unwrap()
 }
 
+/// Every adapter gradient of `t` against `want` (peft's, by tensor name, float64 base64):
+/// f32 arithmetic through two layers, so relative to each tensor's largest gradient. Returns the
+/// largest difference so measured.
+fn check_gradients(t: &LoraTrainer, want: &serde_json::Value) -> f64 {
+    let grads = t.gradients().unwrap();
+    assert_eq!(grads.len(), 14);
+    let mut worst = 0.0f64;
+    for ((layer, p), (da, db)) in &grads {
+        let [an, bn] = p.tensor_names(*layer);
+        for (name, got) in [(an, da), (bn, db)] {
+            let want: Vec<f64> = crate::gguf_hf::base64(want[&name].as_str().unwrap())
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let tol = Tolerance { atol: 2e-5 * scale + 1e-7, rtol: 1e-4 };
+            let cmp = compare(got, &want, tol);
+            worst = worst.max(cmp.max_abs / scale);
+            assert!(cmp.pass, "{name}: {}", cmp.describe(&[got.len()]));
+        }
+    }
+    worst
+}
+
 fn config(seed: u64) -> TrainConfig {
     let adamw = AdamWConfig { weight_decay: 0.01, max_grad_norm: Some(1.0), ..AdamWConfig::default() };
     TrainConfig { adamw, grad_accum: 1, seed }
@@ -59,24 +83,7 @@ fn gradients_and_losses_match_peft_in_float64() {
     let want = r["loss"].as_f64().unwrap();
     println!("loss {loss} against peft's {want}");
     assert!((loss - want).abs() < 1e-5 * want.abs(), "{loss} vs {want}");
-    let grads = t.gradients().unwrap();
-    assert_eq!(grads.len(), 14);
-    let mut worst = 0.0f64;
-    for ((layer, p), (da, db)) in &grads {
-        let [an, bn] = p.tensor_names(*layer);
-        for (name, got) in [(an, da), (bn, db)] {
-            let want: Vec<f64> = crate::gguf_hf::base64(r["grads"][&name].as_str().unwrap())
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            // f32 arithmetic through two layers: relative to the tensor's largest gradient.
-            let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-            let tol = Tolerance { atol: 2e-5 * scale + 1e-7, rtol: 1e-4 };
-            let cmp = compare(got, &want, tol);
-            worst = worst.max(cmp.max_abs / scale);
-            assert!(cmp.pass, "{name}: {}", cmp.describe(&[got.len()]));
-        }
-    }
+    let worst = check_gradients(&t, &r["grads"]);
     println!("largest gradient difference / the tensor's largest gradient: {worst:.2e}");
     // Three AdamW steps (clipped to norm 1, weight decay 0.01) on the same batch.
     let lr = r["adamw"]["lr"].as_f64().unwrap() as f32;
@@ -333,4 +340,20 @@ fn recomputing_each_layer_gives_the_same_bits() {
     };
     let (kept, recomputed) = (run(false), run(true));
     assert!(kept == recomputed, "recomputation changed a loss or a gradient");
+}
+
+#[test]
+fn qlora_matches_peft_on_a_bitsandbytes_nf4_base() {
+    let r = reference();
+    // The base as bitsandbytes quantized and saved it (NF4, double quantization), kept packed.
+    let host = HostModel::from_checkpoint(fixture().join("base_nf4"), DType::F32).unwrap();
+    assert!(host.is_packed());
+    let adapter = Adapter::load(fixture().join("adapter"), &host.config, DType::F32).unwrap();
+    let mut t = trainer(&host, DType::F32, &adapter, 0);
+    t.micro_step(&batch(&r, host.vocab())).unwrap();
+    let (loss, want) = (f64::from(t.loss().unwrap()), r["qlora"]["loss"].as_f64().unwrap());
+    println!("QLoRA loss {loss} against peft + bitsandbytes' {want}");
+    assert!((loss - want).abs() < 1e-5 * want, "{loss} vs {want}");
+    let worst = check_gradients(&t, &r["qlora"]["grads"]);
+    println!("QLoRA: largest gradient difference / the tensor's largest gradient: {worst:.2e}");
 }
