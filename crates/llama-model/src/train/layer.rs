@@ -166,6 +166,8 @@ pub struct StepCtx<'a> {
     pub micro_step: u64,
     /// Gradients are added to the adapters' buffers (not the micro-batch of a step).
     pub accumulate: bool,
+    /// Training (dropout on); `false` evaluates (`model.eval()`: no dropout).
+    pub train: bool,
 }
 
 /// A decoder layer being trained (see the module docs).
@@ -234,7 +236,8 @@ impl TrainLayer {
 
     fn adapter<'a>(&'a self, p: Projection, params: &'a LoraParams, ctx: &StepCtx<'_>) -> LoraAdapter<'a> {
         let stream = (ctx.micro_step * 4096 + self.spec.index as u64) * 8 + p as u64;
-        LoraAdapter { cfg: self.lora, a: &params.a, b: &params.b, seed: ctx.seed, stream }
+        let cfg = if ctx.train { self.lora } else { LoraConfig { dropout: 0.0, ..self.lora } };
+        LoraAdapter { cfg, a: &params.a, b: &params.b, seed: ctx.seed, stream }
     }
 
     /// `y[:, cols of p] += lora_p(x)` when `p` is adapted.

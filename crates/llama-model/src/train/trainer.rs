@@ -216,7 +216,8 @@ impl LoraTrainer {
         self.run(batch, true)
     }
 
-    /// The loss of `batch` without gradients (nothing accumulates).
+    /// The loss of `batch` without gradients and without dropout (`model.eval()`); nothing
+    /// accumulates.
     pub fn eval(&mut self, batch: &Batch) -> Result<f32> {
         self.run(batch, false)?;
         self.loss()
@@ -251,6 +252,7 @@ impl LoraTrainer {
             seed: self.config.seed,
             micro_step: self.micro_step,
             accumulate: self.pending > 0,
+            train,
         };
         for (l, layer) in self.layers.iter().enumerate() {
             let (x, out) = (rows(&self.stream[l])?, rows(&self.stream[l + 1])?);
