@@ -44,11 +44,15 @@ use llama_kernels::dtype::DType;
 use llama_kernels::ops;
 use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, AttentionTensors, DecodeTensors, KvTensors};
 use llama_kernels::ops::attention::{Offsets, PagedDecodeOptions, PagedKvCache};
+use llama_kernels::ops::lora::{LoraAdapter, LoraConfig, LoraScratch, lora_forward};
 use llama_kernels::ops::moe::MoeWorkspace;
 use llama_kernels::ops::qlinear::QScratch;
 use llama_kernels::ops::rope::Rope;
 use llama_kernels::ops::swiglu::GateUp;
 use llama_kernels::tensor::Tensor;
+use std::collections::BTreeMap;
+
+use crate::formats::peft::{Adapter, Projection};
 
 use super::kv_cache::KvCache;
 use super::step::Step;
@@ -99,6 +103,16 @@ pub struct DecoderLayer {
     dtype: DType,
     weights: LayerWeights,
     rope: Option<Rope>,
+    adapter: Option<LayerAdapter>,
+}
+
+/// A LoRA adapter attached to a layer for inference, unmerged: the base weights stay as loaded
+/// (packed ones stay packed) and each adapted projection adds `alpha/r · x Aᵀ Bᵀ` (no dropout).
+#[derive(Debug)]
+struct LayerAdapter {
+    cfg: LoraConfig,
+    /// `A` `[r, in]` and `B` `[out, r]` in the run dtype, by projection.
+    weights: BTreeMap<Projection, (Tensor, Tensor)>,
 }
 
 impl DecoderLayer {
@@ -107,7 +121,58 @@ impl DecoderLayer {
         spec.check()?;
         let weights = LayerWeights::upload(device, dtype, &spec, host)?;
         let rope = spec.rope.map(|cfg| Rope::new(device, cfg)).transpose()?;
-        Ok(DecoderLayer { spec, dtype, weights, rope })
+        Ok(DecoderLayer { spec, dtype, weights, rope, adapter: None })
+    }
+
+    /// Attaches this layer's part of `adapter` (replacing any attached before); the workspace
+    /// needs [`LayerWorkspace::plan_lora`] before the next forward.
+    pub fn attach_adapter(&mut self, device: &Device, adapter: &Adapter) -> Result<()> {
+        let cfg = LoraConfig { dropout: 0.0, ..adapter.config.lora };
+        let mut weights = BTreeMap::new();
+        for &p in &adapter.config.targets {
+            let pair = adapter.weights.get(&(self.spec.index, p)).ok_or_else(|| {
+                Error::invalid(OP, "adapter", self.spec.index, format!("has no {} for this layer", p.module()))
+            })?;
+            let [d_out, d_in] = p.shape(&self.spec)?;
+            if pair.a.shape != [cfg.r, d_in] || pair.b.shape != [d_out, cfg.r] {
+                return Err(Error::shape(
+                    OP,
+                    "adapter",
+                    pair.a.shape.clone(),
+                    format!("[{}, {d_in}] for {}", cfg.r, p.module()),
+                ));
+            }
+            let up = |t: &super::HostTensor| {
+                let data: Vec<f32> =
+                    t.data.iter().map(|&v| llama_kernels::dtype::round_to(self.dtype, f64::from(v)) as f32).collect();
+                super::proj::upload(device, self.dtype, &data, &t.shape)
+            };
+            weights.insert(p, (up(&pair.a)?, up(&pair.b)?));
+        }
+        self.adapter = Some(LayerAdapter { cfg, weights });
+        Ok(())
+    }
+
+    /// Removes the attached adapter, if any.
+    pub fn detach_adapter(&mut self) {
+        self.adapter = None;
+    }
+
+    /// `y[:, columns of p] += lora_p(x)` when an attached adapter adapts `p`.
+    fn lora(&self, ws: &LayerWorkspace, p: Projection, x: &Tensor, y: &Tensor) -> Result<()> {
+        let Some(adapter) = &self.adapter else { return Ok(()) };
+        let Some((a, b)) = adapter.weights.get(&p) else { return Ok(()) };
+        let scratch = ws.lora.as_ref().ok_or_else(|| {
+            Error::invalid(
+                OP,
+                "workspace",
+                ws.id,
+                "has no LoRA scratch (LayerWorkspace::plan_lora after attaching an adapter)",
+            )
+        })?;
+        let (first, n) = p.columns(&self.spec);
+        let call = LoraAdapter { cfg: adapter.cfg, a, b, seed: 0, stream: 0 };
+        Ok(lora_forward(&call, x, &y.narrow(1, first, n)?, scratch)?)
     }
 
     /// Layer `index` of a checkpoint, converted to `dtype`.
@@ -281,6 +346,9 @@ impl DecoderLayer {
         ops::rms_norm(hidden, &w.input_norm, s.rms_norm_eps, &normed)?;
         probe.snap("norm", &normed)?;
         w.qkv.forward(&normed, w.qkv_bias.as_ref(), &qkv, false, ws.qscratch.as_ref())?;
+        for p in [Projection::Q, Projection::K, Projection::V] {
+            self.lora(ws, p, &normed, &qkv)?;
+        }
         probe.snap("qkv", &qkv)?;
         let heads = qkv.reshape(&[t, qh + 2 * kvh, d])?;
         if let Some(rope) = &self.rope {
@@ -294,6 +362,7 @@ impl DecoderLayer {
         self.attend(ws, pool, meta, step.decode, &heads.narrow(1, 0, qh)?, &attn_heads)?;
         probe.snap("attention", &attn)?;
         w.o.forward(&attn, w.o_bias.as_ref(), &proj, false, ws.qscratch.as_ref())?;
+        self.lora(ws, Projection::O, &attn, &proj)?;
         probe.snap("o_proj", &proj)?;
         ops::fused_add_rms_norm(&proj, hidden, &w.post_norm, s.rms_norm_eps, &normed)?;
         probe.snap("residual", hidden)?;
@@ -345,11 +414,14 @@ impl DecoderLayer {
             (FfnWeights::Dense { gate_up, gate_up_bias, down, down_bias }, FfnSpec::Dense { intermediate: i, .. }) => {
                 let gu = ws.gate_up.narrow(0, 0, t)?.narrow(1, 0, 2 * i)?;
                 gate_up.forward(normed, gate_up_bias.as_ref(), &gu, false, ws.qscratch.as_ref())?;
+                self.lora(ws, Projection::Gate, normed, &gu)?;
+                self.lora(ws, Projection::Up, normed, &gu)?;
                 probe.snap("gate_up", &gu)?;
                 let act = gu.narrow(1, 0, i)?;
                 ops::swiglu(GateUp::GateThenUp(&gu), &act)?;
                 probe.snap("swiglu", &act)?;
                 down.forward(&act, down_bias.as_ref(), hidden, true, ws.qscratch.as_ref())?;
+                self.lora(ws, Projection::Down, &act, hidden)?;
                 probe.snap("output", hidden)?;
                 Ok(())
             }
@@ -381,6 +453,18 @@ impl DecoderLayer {
 // Planned here rather than in workspace.rs: it reads the layers' weights, and the workspace
 // module stays below the layer.
 impl LayerWorkspace {
+    /// Sizes the scratch of LoRA branches of rank up to `r` for layers like `layers` (after
+    /// [`DecoderLayer::attach_adapter`]).
+    pub fn plan_lora(&mut self, device: &Device, layers: &[&DecoderLayer], r: usize) -> Result<()> {
+        let widest = layers
+            .iter()
+            .map(|l| l.spec.hidden.max(l.spec.q_heads * l.spec.head_dim).max(l.spec.intermediate()))
+            .max()
+            .unwrap_or(0);
+        self.lora = Some(LoraScratch::new(device, self.dtype, self.max_tokens, widest, r)?);
+        Ok(())
+    }
+
     /// Sizes the scratch that the packed projections of `layers` need for steps of more than
     /// [`MAX_GEMV_ROWS`](llama_kernels::ops::qlinear::MAX_GEMV_ROWS) tokens (a no-op when none is
     /// packed). A layer with packed weights fails such a step with a named error until this ran.

@@ -49,6 +49,8 @@ pub struct LayerWorkspace {
     /// The dense band packed projections dequantize into for prefill steps (see
     /// [`LayerWorkspace::plan_packed`]; none until then).
     pub(crate) qscratch: Option<QScratch>,
+    /// The scratch of attached LoRA adapters' branches (none until an adapter is attached).
+    pub(crate) lora: Option<llama_kernels::ops::lora::LoraScratch>,
 }
 
 /// Where a step's metadata sits in the workspace's one i32 buffer (offsets in i32 elements):
@@ -186,6 +188,7 @@ impl LayerWorkspace {
             decode,
             moe,
             qscratch: None,
+            lora: None,
         })
     }
 

@@ -114,6 +114,24 @@ impl Projection {
         })
     }
 
+    /// The columns `(first, count)` this projection writes in the output of the fused product
+    /// that computes it (q, k and v share the fused qkv output; gate and up the gate|up output;
+    /// o and down have their own).
+    pub fn columns(self, layer: &LayerSpec) -> (usize, usize) {
+        let (q, kv, h) = (layer.q_heads * layer.head_dim, layer.kv_heads * layer.head_dim, layer.hidden);
+        let i = match layer.ffn {
+            FfnSpec::Dense { intermediate, .. } | FfnSpec::Moe { intermediate, .. } => intermediate,
+        };
+        match self {
+            Projection::Q => (0, q),
+            Projection::K => (q, kv),
+            Projection::V => (q + kv, kv),
+            Projection::Gate => (0, i),
+            Projection::Up => (i, i),
+            Projection::O | Projection::Down => (0, h),
+        }
+    }
+
     /// The names of this projection's `A` and `B` in layer `index`.
     pub fn tensor_names(self, index: usize) -> [String; 2] {
         let base = format!("{PREFIX}{index}.{}", self.path());

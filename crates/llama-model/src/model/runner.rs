@@ -134,6 +134,22 @@ impl Model {
         })
     }
 
+    /// Attaches a LoRA adapter in peft's format to every layer, unmerged: the base stays as
+    /// loaded (packed projections stay packed) and each adapted projection adds its branch
+    /// (`alpha/r · x Aᵀ Bᵀ`, no dropout). Replaces any adapter attached before; on an error none
+    /// is attached. [`HostModel::merge_adapter`] merges one into the weights instead.
+    pub fn attach_adapter(&mut self, adapter: &crate::formats::peft::Adapter) -> Result<()> {
+        let attached = self.layers.iter_mut().try_for_each(|l| l.attach_adapter(&self.device, adapter));
+        let planned = attached.and_then(|()| {
+            let layers: Vec<&DecoderLayer> = self.layers.iter().collect();
+            self.ws.plan_lora(&self.device, &layers, adapter.config.lora.r)
+        });
+        if planned.is_err() {
+            self.layers.iter_mut().for_each(DecoderLayer::detach_adapter);
+        }
+        planned
+    }
+
     /// The device the model runs on.
     pub fn device(&self) -> &Device {
         &self.device

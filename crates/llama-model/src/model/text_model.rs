@@ -56,8 +56,9 @@ impl TextModel {
         TextModel::open_with_adapter(device, path, dtype, sizes, weights, None)
     }
 
-    /// [`TextModel::open_with`] with a LoRA adapter in peft's format (a directory) merged into
-    /// the base ([`HostModel::merge_adapter`]: each adapted projection runs dense).
+    /// [`TextModel::open_with`] with a LoRA adapter in peft's format (a directory) attached
+    /// unmerged ([`Model::attach_adapter`]: the base stays as `weights` says, packed projections
+    /// stay packed).
     pub fn open_with_adapter(
         device: &Device,
         path: &Path,
@@ -68,12 +69,12 @@ impl TextModel {
     ) -> Result<TextModel> {
         let TextParts { mut host, tokenizer, template, stop } = TextParts::open(path, dtype)?;
         host.set_weight_format(weights, dtype)?;
-        if let Some(dir) = adapter {
-            let adapter = crate::formats::peft::Adapter::load(dir, &host.config, DType::F32)?;
-            host.merge_adapter(&adapter, dtype)?;
-        }
         let plan = ModelPlan { slots: 1, max_len, max_tokens };
-        Ok(TextModel { model: Model::new(device, &host, dtype, plan)?, tokenizer, template, stop })
+        let mut model = Model::new(device, &host, dtype, plan)?;
+        if let Some(dir) = adapter {
+            model.attach_adapter(&crate::formats::peft::Adapter::load(dir, &host.config, DType::F32)?)?;
+        }
+        Ok(TextModel { model, tokenizer, template, stop })
     }
 
     /// The token ids of `prompt`: as one user turn of the chat template with the generation

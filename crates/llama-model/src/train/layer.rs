@@ -218,22 +218,6 @@ impl TrainLayer {
         &self.adapters
     }
 
-    /// The columns `[start, len)` of projection `p` in the output it writes (q, k and v share
-    /// the fused qkv output; gate and up the fused gate|up output).
-    fn columns(&self, p: Projection) -> (usize, usize) {
-        let s = &self.spec;
-        let (q, kv, i) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim, s.intermediate());
-        match p {
-            Projection::Q => (0, q),
-            Projection::K => (q, kv),
-            Projection::V => (q + kv, kv),
-            Projection::Gate => (0, i),
-            Projection::Up => (i, i),
-            Projection::O => (0, s.hidden),
-            Projection::Down => (0, s.hidden),
-        }
-    }
-
     fn adapter<'a>(&'a self, p: Projection, params: &'a LoraParams, ctx: &StepCtx<'_>) -> LoraAdapter<'a> {
         let stream = (ctx.micro_step * 4096 + self.spec.index as u64) * 8 + p as u64;
         let cfg = if ctx.train { self.lora } else { LoraConfig { dropout: 0.0, ..self.lora } };
@@ -243,7 +227,7 @@ impl TrainLayer {
     /// `y[:, cols of p] += lora_p(x)` when `p` is adapted.
     fn lora_fwd(&self, p: Projection, x: &Tensor, y: &Tensor, ctx: &StepCtx<'_>, ls: &LoraScratch) -> Result<()> {
         if let Some(params) = self.adapters.get(&p) {
-            let (c0, n) = self.columns(p);
+            let (c0, n) = p.columns(&self.spec);
             lora_forward(&self.adapter(p, params, ctx), x, &y.narrow(1, c0, n)?, ls)?;
         }
         Ok(())
@@ -260,7 +244,7 @@ impl TrainLayer {
         ls: &LoraScratch,
     ) -> Result<()> {
         if let Some(params) = self.adapters.get(&p) {
-            let (c0, n) = self.columns(p);
+            let (c0, n) = p.columns(&self.spec);
             let grads = LoraGrads { da: &params.da, db: &params.db, accumulate: ctx.accumulate };
             lora_backward(&self.adapter(p, params, ctx), x, &dy.narrow(1, c0, n)?, &grads, Some(dx), ls)?;
         }

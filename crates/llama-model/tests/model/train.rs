@@ -175,30 +175,14 @@ fn peft_initialization_gives_an_exactly_zero_first_da() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[test]
-fn the_merged_adapter_gives_the_trained_models_loss() {
-    use llama_model::model::{Logits, Model, ModelPlan};
-    let r = reference();
-    let mut host = HostModel::from_checkpoint(fixture().join("base"), DType::F32).unwrap();
-    let mut adapter = Adapter::load(fixture().join("adapter"), &host.config, DType::F32).unwrap();
-    // Trained with dropout; evaluated (and merged) without it.
-    adapter.config.lora.dropout = 0.2;
-    let b = batch(&r, host.vocab());
-    let mut t = trainer(&host, DType::F32, &adapter, 0);
-    t.micro_step(&b).unwrap();
-    t.step(1e-2).unwrap();
-    let trained = t.adapter().unwrap();
-    let in_memory = f64::from(t.eval(&b).unwrap());
-    // The same adapter merged into the base (W + alpha/r B A), run by the inference model.
-    host.merge_adapter(&trained, DType::F32).unwrap();
-    let mut model =
-        Model::new(&Device::emulated(), &host, DType::F32, ModelPlan { slots: 2, max_len: 32, max_tokens: 32 })
-            .unwrap();
+/// The mean loss of `b` through the inference model (every token's logits, on the host).
+fn model_loss(model: &mut llama_model::model::Model, b: &Batch, vocab: usize) -> f64 {
+    use llama_model::model::Logits;
     let (mut total, mut count, mut first) = (0.0f64, 0usize, 0usize);
     for (slot, &n) in b.seq_lens.iter().enumerate() {
+        model.clear(slot);
         let ids: Vec<u32> = b.ids[first..first + n].iter().map(|&i| i as u32).collect();
         let logits = model.step(&[(slot, &ids)], Logits::All).unwrap().to_f64_vec().unwrap();
-        let vocab = host.vocab();
         for (row, &label) in b.labels[first..first + n].iter().enumerate() {
             if label < 0 {
                 continue;
@@ -211,12 +195,44 @@ fn the_merged_adapter_gives_the_trained_models_loss() {
         }
         first += n;
     }
-    let merged = total / count as f64;
-    println!("loss: in memory {in_memory}, merged into the base {merged}");
-    assert!((merged - in_memory).abs() < 1e-5 * in_memory, "{merged} vs {in_memory}");
-    // And the merged model differs from the base's (the adapter does something).
-    let base = HostModel::from_checkpoint(fixture().join("base"), DType::F32).unwrap();
-    assert_ne!(base.layers[0].1.q_proj.data, host.layers[0].1.q_proj.data);
+    total / count as f64
+}
+
+#[test]
+fn inference_with_the_adapter_gives_the_trained_models_loss() {
+    use llama_model::model::{Model, ModelPlan};
+    let r = reference();
+    let plan = ModelPlan { slots: 2, max_len: 32, max_tokens: 32 };
+    for nf4 in [false, true] {
+        let mut host =
+            HostModel::from_checkpoint(fixture().join(if nf4 { "base_nf4" } else { "base" }), DType::F32).unwrap();
+        let mut adapter = Adapter::load(fixture().join("adapter"), &host.config, DType::F32).unwrap();
+        // Trained with dropout; evaluated (and merged) without it.
+        adapter.config.lora.dropout = 0.2;
+        let b = batch(&r, host.vocab());
+        let mut t = trainer(&host, DType::F32, &adapter, 0);
+        t.micro_step(&b).unwrap();
+        t.step(1e-2).unwrap();
+        let trained = t.adapter().unwrap();
+        let in_memory = f64::from(t.eval(&b).unwrap());
+        // Attached unmerged: a packed base stays packed.
+        let mut model = Model::new(&Device::emulated(), &host, DType::F32, plan).unwrap();
+        let base_loss = model_loss(&mut model, &b, host.vocab());
+        model.attach_adapter(&trained).unwrap();
+        let unmerged = model_loss(&mut model, &b, host.vocab());
+        // Merged into the weights (W + alpha/r B A): dense.
+        host.merge_adapter(&trained, DType::F32).unwrap();
+        assert!(!host.layers.iter().any(|(_, w)| !w.packed.is_empty()), "merged projections run dense");
+        let merged =
+            model_loss(&mut Model::new(&Device::emulated(), &host, DType::F32, plan).unwrap(), &b, host.vocab());
+        println!(
+            "{}: loss in memory {in_memory}, attached {unmerged}, merged {merged} (base alone {base_loss})",
+            if nf4 { "NF4 base" } else { "dense base" }
+        );
+        assert!((unmerged - in_memory).abs() < 1e-5 * in_memory, "{unmerged} vs {in_memory}");
+        assert!((merged - in_memory).abs() < 1e-5 * in_memory, "{merged} vs {in_memory}");
+        assert!((base_loss - in_memory).abs() > 1e-2, "the adapter changes the loss");
+    }
 }
 
 #[test]
