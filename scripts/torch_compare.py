@@ -13,8 +13,9 @@ targets name, and skipped (with a note) when it fails or exceeds its time budget
 
 Sections (--only): rms_norm, rope, swiglu, attention, decode, moe, layer (Hugging Face
 transformers' LlamaDecoderLayer / Llama4TextDecoderLayer; skipped with a note where transformers
-is not installed), and qlinear (F.linear in bf16 on benches/qlinear.rs's shapes, next to our
-cuBLAS row and each packed format's row).
+is not installed), qlinear (F.linear in bf16 on benches/qlinear.rs's shapes, next to our
+cuBLAS row and each packed format's row), and qlora (peft + bitsandbytes QLoRA training steps
+next to benches/train.rs's rows).
 """
 import argparse
 import inspect
@@ -669,6 +670,62 @@ def qlinear_section(torch, compiler):
     return rows
 
 
+def qlora_section(torch, compiler):
+    """peft + bitsandbytes QLoRA training steps, as benches/train.rs times ours: Llama 3 8B's first
+    2 layers with random weights, the base loaded in NF4 (double quantization, bf16 compute),
+    LoRA r 16 / alpha 32 / dropout 0.05 on the seven projections, FlashAttention-2 where
+    flash_attn is installed (else SDPA); micro-batches of 1 x 2048 and 2 x 2048 tokens. A step is
+    forward, loss, backward and torch.optim.AdamW on the adapters (mean of 3 after 5 warm-up
+    steps, CUDA events). Skipped, with a note, without transformers, peft or bitsandbytes."""
+    rows = []
+    try:
+        import os
+        import tempfile
+
+        import peft  # noqa: F401
+        from peft import LoraConfig, get_peft_model
+        from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+    except ImportError as e:
+        print(f"note: qlora section skipped ({e})")
+        return rows
+    try:
+        import flash_attn  # noqa: F401
+        attn = "flash_attention_2"
+    except ImportError:
+        attn = "sdpa"
+    if SMOKE:
+        dims = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+    else:
+        dims = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8)
+    cfg = LlamaConfig(num_hidden_layers=2, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False, **dims)
+    with tempfile.TemporaryDirectory() as tmp:
+        LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp)
+        bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                 bnb_4bit_compute_dtype=torch.bfloat16)
+        model = LlamaForCausalLM.from_pretrained(tmp, quantization_config=bnb, dtype=torch.bfloat16,
+                                                 device_map=DEVICE, attn_implementation=attn)
+    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, bias="none", task_type="CAUSAL_LM",
+                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    model = get_peft_model(model, lora)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
+    seq = 32 if SMOKE else 2048
+    for batch in [1, 2]:
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=DEVICE)
+
+        def step():
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        t = cuda_time_us(torch, step, iters=3)
+        rows.append((f"qlora-nf4-step bf16 {batch}x2048 llama3-8b-2l", {f"peft+bnb+{attn}": t}))
+    del model, opt
+    if not SMOKE:
+        torch.cuda.empty_cache()
+    return rows
+
+
 SECTIONS = {
     "rms_norm": rms_norm_section,
     "rope": rope_section,
@@ -678,6 +735,7 @@ SECTIONS = {
     "moe": moe_section,
     "layer": layer_section,
     "qlinear": qlinear_section,
+    "qlora": qlora_section,
 }
 ROW = re.compile(r"^(\S+ (?:bf16|f16|f32) \S+(?: \S+)*?)\s{2,}([0-9.]+)\s")
 # benches/layer.rs's summary rows ("<model> prefill 512   <us/layer> <tokens/s> ..."), which carry

@@ -11,7 +11,9 @@
 //! 32 layers is estimated from runs with that many layers and one fewer (the difference is one
 //! layer's time), marked `est.`. Memory: the device memory the trainer takes (free memory
 //! before and after building it: weights, adapters, optimizer state, saved activations and
-//! workspaces). Without a GPU this prints what it would measure and exits 0.
+//! workspaces). Each run also prints a summary row (`qlora-nf4-step bf16 1x2048 llama3-8b-2l  <us>`)
+//! for scripts/torch_compare.py, whose qlora section times peft + bitsandbytes on the same shapes.
+//! Without a GPU this prints what it would measure and exits 0.
 
 #[path = "../../llama-kernels/benches/common/mod.rs"]
 mod common;
