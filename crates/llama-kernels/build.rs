@@ -73,6 +73,7 @@ fn run() -> Result<(), String> {
     }
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=build/device_code.rs");
+    println!("cargo:rerun-if-changed=build/manifest.rs");
     // A folder is scanned recursively: every file under kernels/, the prebuilt copy included.
     println!("cargo:rerun-if-changed=kernels");
 

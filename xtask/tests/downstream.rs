@@ -98,10 +98,11 @@ fn a_dependent_crate_builds_from_the_package_without_cuda() {
     });
     assert!(out.status.success(), "cargo package --list failed: {}", show(&out));
     let listed: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
-    let mut required: Vec<String> = ["Cargo.toml", "build.rs", "build/device_code.rs", device_code::MANIFEST_PATH]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut required: Vec<String> =
+        ["Cargo.toml", "build.rs", "build/device_code.rs", "build/manifest.rs", device_code::MANIFEST_PATH]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
     required.extend(device_code::input_files(&root).expect("inputs"));
     required.push(device_code::PREBUILT_ARCHIVE.to_string());
     required.extend(
