@@ -30,9 +30,15 @@ pub fn lora_forward(
     mask: &Dropout,
     [d_out, d_in]: [usize; 2],
 ) -> Result<Vec<f64>> {
+    let (_, h) = branch_input(x, a, cfg, mask, d_in)?;
+    linear(&h, b, None, cfg.r, d_out)
+}
+
+/// `xs = dropout(x) · scaling` and `h = xs Aᵀ`: what the forward and the backward share.
+fn branch_input(x: &[f64], a: &[f64], cfg: &LoraConfig, mask: &Dropout, d_in: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     let xs = dropout(x, d_in, mask, cfg.scaling())?;
     let h = linear(&xs, a, None, d_in, cfg.r)?;
-    linear(&h, b, None, cfg.r, d_out)
+    Ok((xs, h))
 }
 
 /// The branch's gradients from `dy` `[tokens, out]` and the forward's inputs.
@@ -45,8 +51,7 @@ pub fn lora_backward(
     mask: &Dropout,
     [d_out, d_in]: [usize; 2],
 ) -> Result<LoraGrads> {
-    let xs = dropout(x, d_in, mask, cfg.scaling())?;
-    let h = linear(&xs, a, None, d_in, cfg.r)?;
+    let (xs, h) = branch_input(x, a, cfg, mask, d_in)?;
     let (dh, db) = linear_backward(dy, &h, b, cfg.r, d_out)?;
     let (dxs, da) = linear_backward(&dh, &xs, a, d_in, cfg.r)?;
     let dx = dropout(&dxs, d_in, mask, cfg.scaling())?;

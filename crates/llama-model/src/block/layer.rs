@@ -130,18 +130,7 @@ impl DecoderLayer {
         let cfg = LoraConfig { dropout: 0.0, ..adapter.config.lora };
         let mut weights = BTreeMap::new();
         for &p in &adapter.config.targets {
-            let pair = adapter.weights.get(&(self.spec.index, p)).ok_or_else(|| {
-                Error::invalid(OP, "adapter", self.spec.index, format!("has no {} for this layer", p.module()))
-            })?;
-            let [d_out, d_in] = p.shape(&self.spec)?;
-            if pair.a.shape != [cfg.r, d_in] || pair.b.shape != [d_out, cfg.r] {
-                return Err(Error::shape(
-                    OP,
-                    "adapter",
-                    pair.a.shape.clone(),
-                    format!("[{}, {d_in}] for {}", cfg.r, p.module()),
-                ));
-            }
+            let pair = adapter.pair(&self.spec, p)?;
             let up = |t: &super::HostTensor| {
                 let data: Vec<f32> =
                     t.data.iter().map(|&v| llama_kernels::dtype::round_to(self.dtype, f64::from(v)) as f32).collect();

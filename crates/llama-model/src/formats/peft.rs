@@ -164,6 +164,18 @@ impl AdapterConfig {
         Ok(AdapterConfig { lora, targets, base_model })
     }
 
+    /// Every adapter slot of `model`: each layer's index, each target, and its `[out, in]`.
+    pub fn slots(&self, model: &ModelConfig) -> Result<Vec<(usize, Projection, [usize; 2])>> {
+        let mut out = Vec::with_capacity(model.num_layers() * self.targets.len());
+        for index in 0..model.num_layers() {
+            let layer = model.layer(index)?;
+            for &p in &self.targets {
+                out.push((index, p, p.shape(&layer)?));
+            }
+        }
+        Ok(out)
+    }
+
     /// peft's `adapter_config.json` for this config.
     pub fn to_json(&self) -> Value {
         json!({
@@ -302,18 +314,12 @@ impl Adapter {
         };
         let mut weights = BTreeMap::new();
         let r = config.lora.r;
-        for index in 0..model.num_layers() {
-            let layer = model.layer(index)?;
-            for &p in &config.targets {
-                let [d_out, d_in] = p.shape(&layer)?;
-                let bound = LoraConfig::a_init_bound(d_in);
-                let a = (0..r * d_in).map(|_| uniform(bound)).collect();
-                let pair = LoraPair {
-                    a: HostTensor::new(&[r, d_in], a)?,
-                    b: HostTensor::new(&[d_out, r], vec![0.0; d_out * r])?,
-                };
-                weights.insert((index, p), pair);
-            }
+        for (index, p, [d_out, d_in]) in config.slots(model)? {
+            let bound = LoraConfig::a_init_bound(d_in);
+            let a = (0..r * d_in).map(|_| uniform(bound)).collect();
+            let pair =
+                LoraPair { a: HostTensor::new(&[r, d_in], a)?, b: HostTensor::new(&[d_out, r], vec![0.0; d_out * r])? };
+            weights.insert((index, p), pair);
         }
         Ok(Adapter { config, weights })
     }
@@ -329,17 +335,12 @@ impl Adapter {
         let mut expected = std::collections::BTreeSet::new();
         let mut weights = BTreeMap::new();
         let r = config.lora.r;
-        for index in 0..model.num_layers() {
-            let layer = model.layer(index)?;
-            for &p in &config.targets {
-                let [d_out, d_in] = p.shape(&layer)?;
-                let [an, bn] = p.tensor_names(index);
-                let pair =
-                    LoraPair { a: file.tensor(&an, &[r, d_in], dtype)?, b: file.tensor(&bn, &[d_out, r], dtype)? };
-                expected.insert(an);
-                expected.insert(bn);
-                weights.insert((index, p), pair);
-            }
+        for (index, p, [d_out, d_in]) in config.slots(model)? {
+            let [an, bn] = p.tensor_names(index);
+            let pair = LoraPair { a: file.tensor(&an, &[r, d_in], dtype)?, b: file.tensor(&bn, &[d_out, r], dtype)? };
+            expected.insert(an);
+            expected.insert(bn);
+            weights.insert((index, p), pair);
         }
         if let Some(extra) = file.names().into_iter().filter(|n| !expected.contains(n)).min() {
             return Err(Error::Checkpoint {
@@ -351,6 +352,27 @@ impl Adapter {
             });
         }
         Ok(Adapter { config, weights })
+    }
+
+    /// The matrices of projection `p` of `layer`, checked against its shape: a missing or
+    /// misshapen pair is an error naming its tensor.
+    pub fn pair(&self, layer: &LayerSpec, p: Projection) -> Result<&LoraPair> {
+        let name = || p.tensor_names(layer.index)[0].clone();
+        let pair = self
+            .weights
+            .get(&(layer.index, p))
+            .ok_or_else(|| Error::Checkpoint { tensor: name(), why: "missing from the adapter".into() })?;
+        let ([d_out, d_in], r) = (p.shape(layer)?, self.config.lora.r);
+        if pair.a.shape != [r, d_in] || pair.b.shape != [d_out, r] {
+            return Err(Error::Checkpoint {
+                tensor: name(),
+                why: format!(
+                    "A {:?} and B {:?} do not fit the projection [{d_out}, {d_in}] at rank {r}",
+                    pair.a.shape, pair.b.shape
+                ),
+            });
+        }
+        Ok(pair)
     }
 
     /// Writes the adapter into `dir` in peft's format (f32 tensors). The files go to a temporary

@@ -112,10 +112,7 @@ impl HostModel {
         let r = adapter.config.lora.r;
         for (spec, w) in &mut self.layers {
             for &p in &adapter.config.targets {
-                let pair = adapter.weights.get(&(spec.index, p)).ok_or_else(|| Error::Checkpoint {
-                    tensor: p.tensor_names(spec.index)[0].clone(),
-                    why: "missing from the adapter".into(),
-                })?;
+                let pair = adapter.pair(spec, p)?;
                 let [d_out, d_in] = p.shape(spec)?;
                 let base = match (p, &mut w.ffn) {
                     (Projection::Q, _) => &mut w.q_proj,
@@ -129,7 +126,7 @@ impl HostModel {
                         return Err(Error::Unsupported { what: format!("a LoRA adapter on MoE layer {}", spec.index) });
                     }
                 };
-                if base.shape != [d_out, d_in] || pair.a.shape != [r, d_in] || pair.b.shape != [d_out, r] {
+                if base.shape != [d_out, d_in] {
                     return Err(Error::Checkpoint {
                         tensor: p.tensor_names(spec.index)[0].clone(),
                         why: format!("does not fit the base projection {:?}", base.shape),

@@ -258,6 +258,12 @@ impl TrainLayer {
         }
     }
 
+    /// The attention call's options and offsets (the forward's and the backward's).
+    fn attention_setup<'a>(&self, ctx: &'a StepCtx<'_>) -> (AttentionOptions, Offsets<'a>) {
+        let opts = AttentionOptions { mask: self.spec.mask, temperature: None, scale: None, gqa_pack: None };
+        (opts, Offsets::Device { q: ctx.cu_seqlens, k: ctx.cu_seqlens })
+    }
+
     fn lse(&self, saved: &Activations, t: usize) -> Result<Tensor> {
         Ok(saved.lse.narrow(0, 0, self.spec.q_heads * t)?.reshape(&[self.spec.q_heads, t])?)
     }
@@ -288,9 +294,8 @@ impl TrainLayer {
         if let Some(rope) = &self.rope {
             rope.apply(&heads.narrow(1, 0, qh + kvh)?, None, ctx.positions)?;
         }
-        let opts = AttentionOptions { mask: s.mask, temperature: None, scale: None, gqa_pack: None };
+        let (opts, cu) = self.attention_setup(ctx);
         let kv = KvTensors::Contiguous { k: &heads.narrow(1, qh, kvh)?, v: &heads.narrow(1, qh + kvh, kvh)? };
-        let cu = Offsets::Device { q: ctx.cu_seqlens, k: ctx.cu_seqlens };
         let (q, o, lse) = (heads.narrow(1, 0, qh)?, attn.reshape(&[t, qh, d])?, self.lse(saved, t)?);
         attention.forward(AttentionTensors { q: &q, kv, cu_seqlens: cu, out: &o, lse: Some(&lse) }, &opts)?;
         h1.copy_from(x)?;
@@ -354,12 +359,11 @@ impl TrainLayer {
         w.o.backward_input(&d_h1, &d_attn, false, qs)?;
         self.lora_bwd(Projection::O, &attn, &d_h1, &d_attn, ctx, ls)?;
         let (heads, d_heads) = (qkv.reshape(&[t, qh + 2 * kvh, d])?, d_qkv.reshape(&[t, qh + 2 * kvh, d])?);
-        let opts = AttentionOptions { mask: s.mask, temperature: None, scale: None, gqa_pack: None };
+        let (opts, cu) = self.attention_setup(ctx);
         let part = |h: &Tensor, first: usize, n: usize| h.narrow(1, first, n);
         let (q, k, v) = (part(&heads, 0, qh)?, part(&heads, qh, kvh)?, part(&heads, qh + kvh, kvh)?);
         let (dq, dk, dv) = (part(&d_heads, 0, qh)?, part(&d_heads, qh, kvh)?, part(&d_heads, qh + kvh, kvh)?);
         let (o, d_o, lse) = (attn.reshape(&[t, qh, d])?, d_attn.reshape(&[t, qh, d])?, self.lse(saved, t)?);
-        let cu = Offsets::Device { q: ctx.cu_seqlens, k: ctx.cu_seqlens };
         attention.backward(
             AttentionBackwardTensors {
                 q: &q,

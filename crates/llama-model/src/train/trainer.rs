@@ -122,18 +122,7 @@ impl LoraTrainer {
             let weights = LayerWeights::upload(device, dtype, spec, w)?;
             let mut params = BTreeMap::new();
             for &p in &adapter.config.targets {
-                let pair = adapter.weights.get(&(spec.index, p)).ok_or_else(|| {
-                    Error::invalid(OP, "adapter", spec.index, format!("has no {} for this layer", p.module()))
-                })?;
-                let [d_out, d_in] = p.shape(spec)?;
-                if pair.a.shape != [lora.r, d_in] || pair.b.shape != [d_out, lora.r] {
-                    return Err(Error::shape(
-                        OP,
-                        "adapter",
-                        pair.a.shape.clone(),
-                        format!("[{}, {d_in}] for {}", lora.r, p.module()),
-                    ));
-                }
+                let pair = adapter.pair(spec, p)?;
                 params.insert(p, LoraParams::upload(device, dtype, &pair.a, &pair.b)?);
             }
             widest = widest.max(spec.hidden).max(spec.q_heads * spec.head_dim).max(spec.intermediate());
