@@ -51,7 +51,7 @@ pub use moe::{
 };
 pub use qlinear_backward::{qlinear_backward_input, qlinear_backward_input_on};
 pub use rms_norm::{fused_add_rms_norm, fused_add_rms_norm_on, rms_norm, rms_norm_on};
-pub use rms_norm_backward::{WeightGrad, rms_norm_backward};
+pub use rms_norm_backward::{WeightGrad, WeightGradView, rms_norm_backward, rms_norm_backward_on};
 pub use rope::{Llama3Scaling, Rope, RopeConfig, RopeLayout};
 pub use sampling::{SamplingBatch, SamplingTensors, SamplingViews, sample, sample_on};
-pub use swiglu::{GateUp, GateUpView, swiglu, swiglu_backward, swiglu_on};
+pub use swiglu::{GateUp, GateUpGrad, GateUpView, swiglu, swiglu_backward, swiglu_backward_on, swiglu_on};

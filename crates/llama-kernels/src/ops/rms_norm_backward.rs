@@ -23,7 +23,7 @@
 //! (16384 for f16/bf16 and 8192 for f32 with 16-byte aligned rows, 4096 otherwise). An empty batch writes no `dx`
 //! and, with `accumulate`, leaves `dw` as it was (otherwise zeroes it).
 
-use crate::backend::LaunchDims;
+use crate::backend::{LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{
@@ -33,7 +33,7 @@ use crate::ffi::params::{
 use crate::kernels::Access;
 use crate::kernels::rms_norm::{BACKWARD, DW_REDUCE, RmsNormKind};
 use crate::launch::{KernelArgs, Rows, check_disjoint, check_dtype, check_float, check_shape, grid_x, to_i64};
-use crate::tensor::{Tensor, TensorViewMut};
+use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 const OP: &str = "rms_norm_backward";
 /// Vectors each thread keeps: 16-byte vectors, or single elements on the scalar path.
@@ -88,6 +88,17 @@ pub struct WeightGrad<'a> {
     pub accumulate: bool,
 }
 
+/// [`WeightGrad`] on borrowed views, for [`rms_norm_backward_on`].
+#[derive(Debug)]
+pub struct WeightGradView<'r, 'a> {
+    /// `[hidden]` f32.
+    pub dw: &'r mut TensorViewMut<'a>,
+    /// f32, at least [`dw_scratch_len`] values (any shape; contiguous).
+    pub scratch: &'r mut TensorViewMut<'a>,
+    /// `dw += ...` when true, `dw = ...` otherwise.
+    pub accumulate: bool,
+}
+
 /// The backward of [`rms_norm`](super::rms_norm()) (and, with `d_residual`, of
 /// [`fused_add_rms_norm`](super::fused_add_rms_norm())): writes `dx`, and `dw` when asked. See the
 /// module docs.
@@ -100,18 +111,41 @@ pub fn rms_norm_backward(
     d_residual: Option<&Tensor>,
     dw: Option<WeightGrad<'_>>,
 ) -> Result<()> {
-    let device = dx.device();
+    let in_place = dx.shares_storage(dy) && dx.dims() == dy.dims() && dx.offset() == dy.offset();
+    let (dyv, xv, wv) = (dy.view(), x.view(), weight.view());
+    let drv = d_residual.map(Tensor::view);
+    let mut dxv = TensorViewMut::of_tensor(dx);
+    let mut grad = dw.map(|g| (TensorViewMut::of_tensor(g.dw), TensorViewMut::of_tensor(g.scratch), g.accumulate));
+    let grad = grad.as_mut().map(|(dw, scratch, accumulate)| WeightGradView { dw, scratch, accumulate: *accumulate });
+    rms_norm_backward_on(dx.device(), (!in_place).then_some(&dyv), &xv, &wv, eps, &mut dxv, drv.as_ref(), grad)
+}
+
+/// [`rms_norm_backward`] on borrowed views, queued on `queue` (a [`Device`](crate::Device) or an
+/// engine's `Arc<CudaStream>`). `dy = None` takes dy from `dx` (in place).
+pub fn rms_norm_backward_on(
+    queue: &impl Queue,
+    dy: Option<&TensorView<'_>>,
+    x: &TensorView<'_>,
+    weight: &TensorView<'_>,
+    eps: f32,
+    dx: &mut TensorViewMut<'_>,
+    d_residual: Option<&TensorView<'_>>,
+    mut dw: Option<WeightGradView<'_, '_>>,
+) -> Result<()> {
+    let device = queue.queue_device()?;
     let dtype = x.dtype();
     check_float(OP, "x", dtype)?;
-    for (what, t) in [("dy", dy), ("weight", weight), ("dx", dx)] {
-        check_dtype(OP, what, t.dtype(), dtype)?;
+    for (what, got) in [("dy", dy.map_or(dtype, TensorView::dtype)), ("weight", weight.dtype()), ("dx", dx.dtype())] {
+        check_dtype(OP, what, got, dtype)?;
     }
     let shape = x.shape().to_vec();
     let hidden = *shape.last().ok_or_else(|| Error::shape(OP, "x", shape.clone(), "[..., hidden]"))?;
     if hidden == 0 {
         return Err(Error::invalid(OP, "hidden", 0, "must be > 0"));
     }
-    check_shape(OP, "dy", dy.shape(), &shape)?;
+    if let Some(dy) = dy {
+        check_shape(OP, "dy", dy.shape(), &shape)?;
+    }
     check_shape(OP, "dx", dx.shape(), &shape)?;
     check_shape(OP, "weight", weight.shape(), &[hidden])?;
     if let Some(r) = d_residual {
@@ -126,22 +160,20 @@ pub fn rms_norm_backward(
     if !eps.is_finite() || eps <= 0.0 {
         return Err(Error::invalid(OP, "eps", eps, "must be finite and > 0"));
     }
-    let in_place = dx.shares_storage(dy) && dx.dims() == dy.dims() && dx.offset() == dy.offset();
 
-    let (xv, wv) = (x.view(), weight.view());
-    let dyv = dy.view();
-    let drv = d_residual.map(Tensor::view);
-    let mut dxv = TensorViewMut::of_tensor(dx);
-    let mut args = KernelArgs::new(OP, device);
-    let dxb = args.write("dx", &mut dxv)?;
-    let dyb = if in_place { dxb } else { args.read("dy", &dyv)? };
-    let xb = args.read("x", &xv)?;
-    let wb = args.read("weight", &wv)?;
-    let drb = drv.as_ref().map(|v| args.read("d_residual", v)).transpose()?;
+    let mut args = KernelArgs::new(OP, &device);
+    let dxb = args.write("dx", dx)?;
+    let dyb = match dy {
+        Some(dy) => args.read("dy", dy)?,
+        None => dxb.clone(),
+    };
+    let xb = args.read("x", x)?;
+    let wb = args.read("weight", weight)?;
+    let drb = d_residual.map(|v| args.read("d_residual", v)).transpose()?;
     let (dxr, dyr, xr) = (Rows::of(OP, "dx", &dxb, 1)?, Rows::of(OP, "dy", &dyb, 1)?, Rows::of(OP, "x", &xb, 1)?);
     let wr = Rows::of(OP, "weight", &wb, 1)?;
     let drr = drb.as_ref().map(|b| Rows::of(OP, "d_residual", b, 1)).transpose()?;
-    if !in_place {
+    if dy.is_some() {
         check_disjoint(OP, ("dx", dxr), ("dy", dyr))?;
     }
     check_disjoint(OP, ("dx", dxr), ("x", xr))?;
@@ -172,10 +204,10 @@ pub fn rms_norm_backward(
             ),
         )
     })?;
-    let partial = match &dw {
+    let partial = match &mut dw {
         Some(g) => {
             let need = p.blocks * hidden;
-            if g.scratch.numel() < need || !g.scratch.is_contiguous() {
+            if g.scratch.numel() < need || !g.scratch.dims().is_contiguous() {
                 return Err(Error::invalid(
                     OP,
                     "dw scratch",
@@ -183,7 +215,7 @@ pub fn rms_norm_backward(
                     format!("needs {need} contiguous f32 values (dw_scratch_len)"),
                 ));
             }
-            Some(args.write_tensor("dw scratch", g.scratch)?)
+            Some(args.write("dw scratch", g.scratch)?.addr)
         }
         None => None,
     };
@@ -211,12 +243,15 @@ pub fn rms_norm_backward(
         let dims =
             LaunchDims { grid: (grid_x(OP, p.blocks)?, 1, 1), block: (p.threads as u32, 1, 1), smem_at_launch: 0 };
         args.launch(BACKWARD.find(OP, "x", (kind, Access::of(vectorized), dtype))?, dims, &params)?;
+    } else {
+        // Nothing to launch; the registrations' borrows end here.
+        drop(args);
     }
     let Some(g) = dw else { return Ok(()) };
     // The partial rows, added in block order (an empty batch: no partials, dw = 0 or unchanged).
-    let mut args = KernelArgs::new(OP, device);
-    let dwb = args.write_tensor("dw", g.dw)?;
-    let part = args.read_tensor("dw scratch", g.scratch)?;
+    let mut args = KernelArgs::new(OP, &device);
+    let dwb = args.write("dw", g.dw)?.addr;
+    let part = args.write("dw scratch", g.scratch)?.addr;
     let params = RmsNormBackwardParams {
         dw: dwb,
         dw_partial: part,

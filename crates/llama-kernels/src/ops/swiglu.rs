@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::ffi::params::{LlkGateUpLayout, SwiGluBackwardParams, SwiGluParams};
 use crate::kernels::Access;
 use crate::kernels::swiglu::{BACKWARD, KERNELS};
-use crate::launch::KernelArgs;
+use crate::launch::{Arg, KernelArgs};
 use crate::launch::{Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
@@ -228,11 +228,91 @@ pub fn swiglu_backward(d_out: &Tensor, input: GateUp<'_>, grad: GateUp<'_>) -> R
         (Some(u), Some(v), Some(du)) => Some(if same(u, du) { dub.unwrap_or(dgb) } else { args.read("up", v)? }),
         _ => None,
     };
+    launch_backward(args, dtype, [dob, gb, dgb], [ub, dub])
+}
+
+/// The gradients' destination for [`swiglu_backward_on`], in the input's layout family (see
+/// [`swiglu_backward`]).
+#[derive(Debug)]
+pub enum GateUpGrad<'r, 'a> {
+    /// Two `[tokens, d]` views.
+    Separate {
+        /// `[tokens, d]`: the gate's gradient.
+        d_gate: &'r mut TensorViewMut<'a>,
+        /// `[tokens, d]`: up's gradient.
+        d_up: &'r mut TensorViewMut<'a>,
+    },
+    /// One `[tokens, 2d]` view, d_gate in columns `[0, d)` and d_up in `[d, 2d)`.
+    GateThenUp(&'r mut TensorViewMut<'a>),
+    /// One `[tokens, 2d]` view, d_gate at even and d_up at odd columns.
+    Interleaved(&'r mut TensorViewMut<'a>),
+}
+
+/// [`swiglu_backward`] on borrowed views, queued on `queue`. The gradients are written out of
+/// place: they may not overlap `d_out` or the input (the in-place form, a gradient over its own
+/// input, is [`swiglu_backward`]'s). `GateUpView::Separate { gate: None, .. }` has no meaning
+/// here and is an error.
+pub fn swiglu_backward_on(
+    queue: &impl Queue,
+    d_out: &TensorView<'_>,
+    input: GateUpView<'_, '_>,
+    grad: GateUpGrad<'_, '_>,
+) -> Result<()> {
+    const OP: &str = "swiglu_backward";
+    let device = queue.queue_device()?;
+    let dtype = d_out.dtype();
+    check_float(OP, "d_out", dtype)?;
+    let mut args = KernelArgs::new(OP, &device);
+    let dob = args.read("d_out", d_out)?;
+    let (gb, ub) = match input {
+        GateUpView::Separate { gate: Some(g), up } => (args.read("gate", g)?, Some(args.read("up", up)?)),
+        GateUpView::Separate { gate: None, .. } => {
+            return Err(Error::invalid(OP, "gate", "None", "the backward needs the forward's gate"));
+        }
+        GateUpView::GateThenUp(p) => {
+            let (g, u) = split_halves("gate_up", args.read("gate_up", p)?)?;
+            (g, Some(u))
+        }
+        GateUpView::Interleaved(p) => (args.read("gate_up", p)?, None),
+    };
+    let (dgb, dub) = match grad {
+        GateUpGrad::Separate { d_gate, d_up } => (args.write("d_gate", d_gate)?, Some(args.write("d_up", d_up)?)),
+        GateUpGrad::GateThenUp(p) => {
+            let (g, u) = split_halves("grad", args.write("grad", p)?)?;
+            (g, Some(u))
+        }
+        GateUpGrad::Interleaved(p) => (args.write("grad", p)?, None),
+    };
+    if ub.is_some() != dub.is_some() {
+        return Err(Error::invalid(OP, "grad", "layout", "must be interleaved exactly when the input is"));
+    }
+    for (what, b) in [("gate", Some(gb)), ("up", ub), ("d_gate", Some(dgb)), ("d_up", dub)] {
+        if let Some(b) = b {
+            check_dtype(OP, what, b.dtype, dtype)?;
+        }
+    }
+    // Out of place: a gradient that is its input would pass the shared launch's in-place rule.
+    if gb.addr == dgb.addr || ub.zip(dub).is_some_and(|(u, du)| u.addr == du.addr) {
+        return Err(Error::invalid(OP, "grad", "in place", "swiglu_backward_on writes out of place"));
+    }
+    launch_backward(args, dtype, [dob, gb, dgb], [ub, dub])
+}
+
+/// The backward's checks and launch on registered arguments: `[d_out, gate, d_gate]` and
+/// `[up, d_up]` (`None` for an interleaved input, whose gate view holds both halves). A gradient
+/// at its input's address is in place (read before written); otherwise none may overlap.
+fn launch_backward(
+    args: KernelArgs<'_>,
+    dtype: crate::dtype::DType,
+    [dob, gb, dgb]: [Arg; 3],
+    [ub, dub]: [Option<Arg>; 2],
+) -> Result<()> {
+    const OP: &str = "swiglu_backward";
     let (dor, gr, dgr) =
         (Rows::of(OP, "d_out", &dob, 1)?, Rows::of(OP, "gate", &gb, 1)?, Rows::of(OP, "d_gate", &dgb, 1)?);
     let ur = ub.as_ref().map(|b| Rows::of(OP, "up", b, 1)).transpose()?;
     let dur = dub.as_ref().map(|b| Rows::of(OP, "d_up", b, 1)).transpose()?;
-    let interleaved = up.is_none();
+    let interleaved = ub.is_none();
     if interleaved && gr.cols % 2 != 0 {
         return Err(Error::shape(OP, "gate_up", gb.shape().to_vec(), "an even last dimension [..., 2d]"));
     }
@@ -317,8 +397,14 @@ fn packed_width(what: &'static str, shape: &[usize]) -> Result<usize> {
     }
 }
 
+/// The two halves `[0, d)` and `[d, 2d)` of a packed `[..., 2d]` argument.
+fn split_halves(what: &'static str, b: Arg) -> Result<(Arg, Arg)> {
+    let width = packed_width(what, b.shape())?;
+    Ok((narrow_last(&b, 0, width / 2), narrow_last(&b, width / 2, width / 2)))
+}
+
 /// Columns `[start, start + len)` of the last dimension.
-fn narrow_last(b: &crate::launch::Arg, start: usize, len: usize) -> crate::launch::Arg {
+fn narrow_last(b: &Arg, start: usize, len: usize) -> Arg {
     let mut out = *b;
     out.addr += (start * b.dtype.size()) as u64;
     out.dims = out.dims.with_last(len);

@@ -1,0 +1,351 @@
+//! candle's storage as llama-kernels views: the one place that knows both sides.
+//!
+//! A candle op receives its inputs as backend storages (`CpuStorage`, `CudaStorage`) with a
+//! [`Layout`]. [`KernelStorage`] lends them to the kernels without a copy: a CPU storage's
+//! slice becomes a host view on the emulated target (CUDA threads as fibers on the CPU, the
+//! same `.cu` sources), a CUDA storage's `CudaSlice` becomes a device view queued on candle's
+//! own stream. Outputs are fresh storages of the same backend, allocated through candle.
+//!
+//! Every op here is a [`Kernel`]: inputs in, any number of outputs out, written once against
+//! the [`KernelStorage`] trait. A forward op is a candle `CustomOp` whose `cpu_fwd` and
+//! `cuda_fwd` both call [`Kernel::run`] ([`custom_op!`]); a backward, which may return several
+//! gradients, runs through [`launch`] on candle tensors.
+
+use std::sync::OnceLock;
+
+use candle::backend::{BackendDevice, BackendStorage};
+use candle::op::BackpropOp;
+use candle::{CpuStorage, DType, Layout, Shape, Storage, Tensor};
+use llama_kernels::{Device, TensorView, TensorViewMut};
+
+/// A llama-kernels error as a candle error: the message is the named error's (op, argument,
+/// reason).
+pub(crate) fn kernel_err(e: llama_kernels::Error) -> candle::Error {
+    candle::Error::wrap(e)
+}
+
+/// A candle error of this crate's own checks, naming the op.
+pub(crate) fn op_err(op: &'static str, why: impl std::fmt::Display) -> candle::Error {
+    candle::Error::msg(format!("{op}: {why}"))
+}
+
+/// The emulated device every CPU-backed call runs on (one per process: the emulator's
+/// workers are shared).
+fn emulated() -> &'static Device {
+    static EMULATED: OnceLock<Device> = OnceLock::new();
+    EMULATED.get_or_init(Device::emulated)
+}
+
+/// A candle backend storage the kernels can read and write in place.
+pub(crate) trait KernelStorage: BackendStorage<Device: BackendDevice<Storage = Self>> + Sized {
+    /// The llama-kernels device whose queue runs on this storage's memory: the emulated target
+    /// for the CPU, candle's own stream for CUDA.
+    fn kernel_device(&self) -> candle::Result<Device>;
+    /// A read-only view with an explicit layout (elements).
+    fn view_with<'a>(&'a self, shape: &[usize], strides: &[usize], offset: usize) -> candle::Result<TensorView<'a>>;
+    /// A writable contiguous view from the first element.
+    fn view_mut<'a>(&'a mut self, shape: &[usize]) -> candle::Result<TensorViewMut<'a>>;
+    /// This storage as candle's enum.
+    fn into_storage(self) -> Storage;
+    /// The storage of this backend inside candle's enum, if it is one.
+    fn of(storage: &Storage) -> Option<&Self>;
+}
+
+/// The typed slice of a storage enum, for each dtype the kernels take.
+macro_rules! by_dtype {
+    ($enum:ident, $s:expr, |$v:ident| $body:expr, $op:expr) => {
+        match $s {
+            $enum::F32($v) => $body,
+            $enum::F16($v) => $body,
+            $enum::BF16($v) => $body,
+            $enum::I32($v) => $body,
+            $enum::I64($v) => $body,
+            $enum::U8($v) => $body,
+            other => Err(op_err($op, format_args!("dtype {:?} is not one the kernels take", other.dtype()))),
+        }
+    };
+}
+
+impl KernelStorage for CpuStorage {
+    fn kernel_device(&self) -> candle::Result<Device> {
+        Ok(emulated().clone())
+    }
+    fn view_with<'a>(&'a self, shape: &[usize], strides: &[usize], offset: usize) -> candle::Result<TensorView<'a>> {
+        by_dtype!(
+            CpuStorage,
+            self,
+            |s| TensorView::host_strided(s, shape, strides, offset).map_err(kernel_err),
+            "view"
+        )
+    }
+    fn view_mut<'a>(&'a mut self, shape: &[usize]) -> candle::Result<TensorViewMut<'a>> {
+        by_dtype!(CpuStorage, self, |s| TensorViewMut::host(s, shape).map_err(kernel_err), "view")
+    }
+    fn into_storage(self) -> Storage {
+        Storage::Cpu(self)
+    }
+    fn of(storage: &Storage) -> Option<&Self> {
+        match storage {
+            Storage::Cpu(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl KernelStorage for candle::CudaStorage {
+    fn kernel_device(&self) -> candle::Result<Device> {
+        use llama_kernels::Queue;
+        self.device.cuda_stream().queue_device().map_err(kernel_err)
+    }
+    fn view_with<'a>(&'a self, shape: &[usize], strides: &[usize], offset: usize) -> candle::Result<TensorView<'a>> {
+        use candle::cuda_backend::CudaStorageSlice as S;
+        by_dtype!(S, &self.slice, |s| TensorView::cuda_strided(s, shape, strides, offset).map_err(kernel_err), "view")
+    }
+    fn view_mut<'a>(&'a mut self, shape: &[usize]) -> candle::Result<TensorViewMut<'a>> {
+        use candle::cuda_backend::CudaStorageSlice as S;
+        by_dtype!(S, &mut self.slice, |s| TensorViewMut::cuda(s, shape).map_err(kernel_err), "view")
+    }
+    fn into_storage(self) -> Storage {
+        Storage::Cuda(self)
+    }
+    fn of(storage: &Storage) -> Option<&Self> {
+        match storage {
+            Storage::Cuda(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// One input of a kernel: a storage and the layout candle reads it with.
+#[derive(Clone, Copy)]
+pub(crate) struct Input<'a, S> {
+    pub storage: &'a S,
+    pub layout: &'a Layout,
+}
+
+impl<'a, S: KernelStorage> Input<'a, S> {
+    /// The dimensions.
+    pub fn dims(&self) -> &'a [usize] {
+        self.layout.dims()
+    }
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.storage.dtype()
+    }
+    /// The view candle's layout describes (any strides; the kernel says which it takes).
+    pub fn view(&self) -> candle::Result<TensorView<'a>> {
+        self.storage.view_with(self.layout.dims(), self.layout.stride(), self.layout.start_offset())
+    }
+    /// The same elements read as `shape` (same count), which needs a contiguous layout.
+    pub fn view_as(&self, op: &'static str, what: &str, shape: &[usize]) -> candle::Result<TensorView<'a>> {
+        if !self.layout.is_contiguous() {
+            return Err(op_err(op, format_args!("{what} must be contiguous (call .contiguous() first)")));
+        }
+        if shape.iter().product::<usize>() != self.layout.shape().elem_count() {
+            return Err(op_err(op, format_args!("{what} {:?} cannot be read as {shape:?}", self.dims())));
+        }
+        let strides = contiguous_strides(shape);
+        self.storage.view_with(shape, &strides, self.layout.start_offset())
+    }
+    /// A zeroed storage of this input's backend and device.
+    pub fn zeros(&self, shape: &[usize], dtype: DType) -> candle::Result<S> {
+        self.storage.device().zeros_impl(&Shape::from_dims(shape), dtype)
+    }
+    /// A contiguous copy of this input (the start of an op that works in place).
+    pub fn copy(&self) -> candle::Result<S> {
+        let mut out = self.zeros(self.dims(), self.dtype())?;
+        self.storage.copy_strided_src(&mut out, 0, self.layout)?;
+        Ok(out)
+    }
+}
+
+/// Row-major strides of `shape`.
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
+}
+
+/// An op on the kernels: inputs in, outputs (storage and shape) out, for every backend.
+pub(crate) trait Kernel {
+    /// The op's name in candle's graph and in errors.
+    const NAME: &'static str;
+    /// Runs the kernels on `inputs` (as many as the op takes, in its order).
+    fn run<S: KernelStorage>(&self, inputs: &[Input<'_, S>]) -> candle::Result<Vec<(S, Shape)>>;
+}
+
+/// `inputs` as exactly `N` inputs, else an error naming the op.
+pub(crate) fn arity<'i, 'a, S, const N: usize>(
+    op: &'static str,
+    inputs: &'i [Input<'a, S>],
+) -> candle::Result<&'i [Input<'a, S>; N]> {
+    inputs.try_into().map_err(|_| op_err(op, format_args!("takes {N} inputs, got {}", inputs.len())))
+}
+
+/// The first output of a forward run (a `CustomOp` returns one tensor).
+pub(crate) fn first<S>(outputs: Vec<(S, Shape)>, op: &'static str) -> candle::Result<(S, Shape)> {
+    outputs.into_iter().next().ok_or_else(|| op_err(op, "produced no output"))
+}
+
+/// A kernel output as a candle tensor outside the autograd graph.
+pub(crate) fn tensor_of<S: KernelStorage>(storage: S, shape: Shape) -> Tensor {
+    Tensor::from_storage(storage.into_storage(), shape, BackpropOp::none(), false)
+}
+
+/// Runs `kernel` on candle tensors (all on one device) and returns its outputs as tensors that
+/// are not part of the autograd graph: how the backward passes, which return several gradients,
+/// call the kernels.
+pub(crate) fn launch<K: Kernel>(kernel: &K, inputs: &[&Tensor]) -> candle::Result<Vec<Tensor>> {
+    let guards: Vec<_> = inputs.iter().map(|t| t.storage_and_layout()).collect();
+    match guards.first().map(|(s, _)| &**s) {
+        Some(Storage::Cpu(_)) => launch_as::<CpuStorage, K>(kernel, &guards),
+        #[cfg(feature = "cuda")]
+        Some(Storage::Cuda(_)) => launch_as::<candle::CudaStorage, K>(kernel, &guards),
+        Some(other) => Err(op_err(K::NAME, format_args!("runs on CPU and CUDA tensors, not {:?}", other.device()))),
+        None => Err(op_err(K::NAME, "no inputs")),
+    }
+}
+
+fn launch_as<S: KernelStorage, K: Kernel>(
+    kernel: &K,
+    guards: &[(candle::StorageRef<'_>, &Layout)],
+) -> candle::Result<Vec<Tensor>> {
+    let inputs = guards
+        .iter()
+        .map(|(s, layout)| {
+            S::of(s).map(|storage| Input { storage, layout }).ok_or_else(|| {
+                candle::Error::DeviceMismatchBinaryOp {
+                    lhs: guards[0].0.device().location(),
+                    rhs: s.device().location(),
+                    op: K::NAME,
+                }
+                .bt()
+            })
+        })
+        .collect::<candle::Result<Vec<_>>>()?;
+    Ok(kernel.run(&inputs)?.into_iter().map(|(s, shape)| tensor_of(s, shape)).collect())
+}
+
+/// Implements candle's `CustomOp1/2/3` for a [`Kernel`] whose first output is the op's result:
+/// `cpu_fwd` and `cuda_fwd` both run [`Kernel::run`]; `bwd` calls the type's `backward`.
+macro_rules! custom_op {
+    (CustomOp1 for $ty:ty) => {
+        impl candle::CustomOp1 for $ty {
+            fn name(&self) -> &'static str {
+                <$ty as $crate::bridge::Kernel>::NAME
+            }
+            fn cpu_fwd(&self, s: &candle::CpuStorage, l: &candle::Layout) -> candle::Result<(candle::CpuStorage, candle::Shape)> {
+                self.forward(&[$crate::bridge::Input { storage: s, layout: l }])
+            }
+            #[cfg(feature = "cuda")]
+            fn cuda_fwd(&self, s: &candle::CudaStorage, l: &candle::Layout) -> candle::Result<(candle::CudaStorage, candle::Shape)> {
+                self.forward(&[$crate::bridge::Input { storage: s, layout: l }])
+            }
+            fn bwd(&self, a: &candle::Tensor, res: &candle::Tensor, grad: &candle::Tensor) -> candle::Result<Option<candle::Tensor>> {
+                let [da] = self.backward([a], res, grad)?;
+                Ok(da)
+            }
+        }
+    };
+    (CustomOp2 for $ty:ty) => {
+        impl candle::CustomOp2 for $ty {
+            fn name(&self) -> &'static str {
+                <$ty as $crate::bridge::Kernel>::NAME
+            }
+            fn cpu_fwd(
+                &self,
+                s1: &candle::CpuStorage,
+                l1: &candle::Layout,
+                s2: &candle::CpuStorage,
+                l2: &candle::Layout,
+            ) -> candle::Result<(candle::CpuStorage, candle::Shape)> {
+                use $crate::bridge::Input;
+                self.forward(&[Input { storage: s1, layout: l1 }, Input { storage: s2, layout: l2 }])
+            }
+            #[cfg(feature = "cuda")]
+            fn cuda_fwd(
+                &self,
+                s1: &candle::CudaStorage,
+                l1: &candle::Layout,
+                s2: &candle::CudaStorage,
+                l2: &candle::Layout,
+            ) -> candle::Result<(candle::CudaStorage, candle::Shape)> {
+                use $crate::bridge::Input;
+                self.forward(&[Input { storage: s1, layout: l1 }, Input { storage: s2, layout: l2 }])
+            }
+            fn bwd(
+                &self,
+                a: &candle::Tensor,
+                b: &candle::Tensor,
+                res: &candle::Tensor,
+                grad: &candle::Tensor,
+            ) -> candle::Result<(Option<candle::Tensor>, Option<candle::Tensor>)> {
+                let [da, db] = self.backward([a, b], res, grad)?;
+                Ok((da, db))
+            }
+        }
+    };
+    (CustomOp3 for $ty:ty) => {
+        impl candle::CustomOp3 for $ty {
+            fn name(&self) -> &'static str {
+                <$ty as $crate::bridge::Kernel>::NAME
+            }
+            fn cpu_fwd(
+                &self,
+                s1: &candle::CpuStorage,
+                l1: &candle::Layout,
+                s2: &candle::CpuStorage,
+                l2: &candle::Layout,
+                s3: &candle::CpuStorage,
+                l3: &candle::Layout,
+            ) -> candle::Result<(candle::CpuStorage, candle::Shape)> {
+                use $crate::bridge::Input;
+                self.forward(&[
+                    Input { storage: s1, layout: l1 },
+                    Input { storage: s2, layout: l2 },
+                    Input { storage: s3, layout: l3 },
+                ])
+            }
+            #[cfg(feature = "cuda")]
+            fn cuda_fwd(
+                &self,
+                s1: &candle::CudaStorage,
+                l1: &candle::Layout,
+                s2: &candle::CudaStorage,
+                l2: &candle::Layout,
+                s3: &candle::CudaStorage,
+                l3: &candle::Layout,
+            ) -> candle::Result<(candle::CudaStorage, candle::Shape)> {
+                use $crate::bridge::Input;
+                self.forward(&[
+                    Input { storage: s1, layout: l1 },
+                    Input { storage: s2, layout: l2 },
+                    Input { storage: s3, layout: l3 },
+                ])
+            }
+            fn bwd(
+                &self,
+                a: &candle::Tensor,
+                b: &candle::Tensor,
+                c: &candle::Tensor,
+                res: &candle::Tensor,
+                grad: &candle::Tensor,
+            ) -> candle::Result<(Option<candle::Tensor>, Option<candle::Tensor>, Option<candle::Tensor>)> {
+                let [da, db, dc] = self.backward([a, b, c], res, grad)?;
+                Ok((da, db, dc))
+            }
+        }
+    };
+}
+pub(crate) use custom_op;
+
+/// The forward of a single-result op: [`Kernel::run`]'s first output. Ops with extra outputs
+/// (the attention's LSE) implement `forward` themselves.
+pub(crate) trait Forward: Kernel {
+    fn forward<S: KernelStorage>(&self, inputs: &[Input<'_, S>]) -> candle::Result<(S, Shape)> {
+        first(self.run(inputs)?, Self::NAME)
+    }
+}

@@ -1,0 +1,8 @@
+//! wip
+#![warn(missing_debug_implementations, missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod bridge;
+pub mod ops;
+
+pub use ops::*;

@@ -1,0 +1,6 @@
+//! The candle ops against candle's own unfused computation in f64, forward and gradients
+//! (candle's autograd through our `bwd` vs through its plain ops), on the CPU (the emulated
+//! target), plus named errors for bad input.
+
+mod common;
+mod rms_norm;
