@@ -71,12 +71,7 @@ impl KernelStorage for CpuStorage {
         Ok(emulated().clone())
     }
     fn view_with<'a>(&'a self, shape: &[usize], strides: &[usize], offset: usize) -> candle::Result<TensorView<'a>> {
-        by_dtype!(
-            CpuStorage,
-            self,
-            |s| TensorView::host_strided(s, shape, strides, offset).map_err(kernel_err),
-            "view"
-        )
+        by_dtype!(CpuStorage, self, |s| TensorView::host_strided(s, shape, strides, offset).map_err(kernel_err), "view")
     }
     fn view_mut<'a>(&'a mut self, shape: &[usize]) -> candle::Result<TensorViewMut<'a>> {
         by_dtype!(CpuStorage, self, |s| TensorViewMut::host(s, shape).map_err(kernel_err), "view")
@@ -237,14 +232,27 @@ macro_rules! custom_op {
             fn name(&self) -> &'static str {
                 <$ty as $crate::bridge::Kernel>::NAME
             }
-            fn cpu_fwd(&self, s: &candle::CpuStorage, l: &candle::Layout) -> candle::Result<(candle::CpuStorage, candle::Shape)> {
+            fn cpu_fwd(
+                &self,
+                s: &candle::CpuStorage,
+                l: &candle::Layout,
+            ) -> candle::Result<(candle::CpuStorage, candle::Shape)> {
                 self.forward(&[$crate::bridge::Input { storage: s, layout: l }])
             }
             #[cfg(feature = "cuda")]
-            fn cuda_fwd(&self, s: &candle::CudaStorage, l: &candle::Layout) -> candle::Result<(candle::CudaStorage, candle::Shape)> {
+            fn cuda_fwd(
+                &self,
+                s: &candle::CudaStorage,
+                l: &candle::Layout,
+            ) -> candle::Result<(candle::CudaStorage, candle::Shape)> {
                 self.forward(&[$crate::bridge::Input { storage: s, layout: l }])
             }
-            fn bwd(&self, a: &candle::Tensor, res: &candle::Tensor, grad: &candle::Tensor) -> candle::Result<Option<candle::Tensor>> {
+            fn bwd(
+                &self,
+                a: &candle::Tensor,
+                res: &candle::Tensor,
+                grad: &candle::Tensor,
+            ) -> candle::Result<Option<candle::Tensor>> {
                 let [da] = self.backward([a], res, grad)?;
                 Ok(da)
             }

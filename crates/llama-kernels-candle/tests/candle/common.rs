@@ -30,7 +30,10 @@ pub fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
     let g: Vec<f64> = got.flatten_all().unwrap().to_dtype(DType::F64).unwrap().to_vec1().unwrap();
     let w: Vec<f64> = want.flatten_all().unwrap().to_dtype(DType::F64).unwrap().to_vec1().unwrap();
     let scale = w.iter().fold(0f64, |m, v| m.max(v.abs())).max(f64::MIN_POSITIVE);
-    g.iter().zip(&w).map(|(a, b)| if a.is_nan() || b.is_nan() { f64::INFINITY } else { (a - b).abs() }).fold(0f64, f64::max)
+    g.iter()
+        .zip(&w)
+        .map(|(a, b)| if a.is_nan() || b.is_nan() { f64::INFINITY } else { (a - b).abs() })
+        .fold(0f64, f64::max)
         / scale
 }
 
@@ -38,9 +41,9 @@ pub fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
 /// a few units in the last place, relative to the tensor's largest value.
 pub fn tol(dtype: DType) -> f64 {
     match dtype {
-        DType::F32 => 2e-5,
-        DType::F16 => 4e-3,
-        DType::BF16 => 3e-2,
+        DType::F32 => 2e-6,
+        DType::F16 => 1.5e-3,
+        DType::BF16 => 1.2e-2,
         _ => unreachable!("float dtypes only"),
     }
 }

@@ -2,5 +2,8 @@
 //! (candle's autograd through our `bwd` vs through its plain ops), on the CPU (the emulated
 //! target), plus named errors for bad input.
 
+mod attention;
 mod common;
 mod rms_norm;
+mod rope;
+mod swiglu;

@@ -100,6 +100,10 @@ impl Rope {
     pub fn config(&self) -> &RopeConfig {
         &self.config
     }
+    /// The device the frequency table lives on (the calls' queue must be of its context).
+    pub fn device(&self) -> &Device {
+        self.table.device()
+    }
     /// The f64 inverse frequencies (after scaling) the kernel uses.
     pub fn inv_freq(&self) -> &[f64] {
         &self.inv_freq

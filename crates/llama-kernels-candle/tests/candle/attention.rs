@@ -1,0 +1,99 @@
+use candle::{DType, Device, Tensor};
+use llama_kernels_candle::{AttentionMask, AttentionOptions, flash_attn, flash_attn_varlen};
+
+use crate::common::{check, rand, var};
+
+/// candle's unfused attention in f64: q `[b, sq, hq, d]`, k and v `[b, sk, hkv, d]`, the causal
+/// mask aligned bottom-right.
+fn plain(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Tensor {
+    let (b, sq, hq, d) = q.dims4().unwrap();
+    let (_, sk, hkv, _) = k.dims4().unwrap();
+    let group = hq / hkv;
+    let heads = |t: &Tensor| t.transpose(1, 2).unwrap().contiguous().unwrap();
+    let repeat = |t: &Tensor| {
+        heads(t)
+            .unsqueeze(2)
+            .unwrap()
+            .broadcast_as((b, hkv, group, sk, d))
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .reshape((b, hq, sk, d))
+            .unwrap()
+    };
+    let (q, k, v) = (heads(q), repeat(k), repeat(v));
+    let scores = (q.matmul(&k.t().unwrap()).unwrap() * (1.0 / (d as f64).sqrt())).unwrap();
+    let scores = if causal {
+        let mask: Vec<f64> = (0..sq)
+            .flat_map(|i| (0..sk).map(move |j| if j + sq <= sk + i { 0.0 } else { f64::NEG_INFINITY }))
+            .collect();
+        scores.broadcast_add(&Tensor::from_vec(mask, (sq, sk), &Device::Cpu).unwrap()).unwrap()
+    } else {
+        scores
+    };
+    let max = scores.max_keepdim(3).unwrap().detach();
+    let e = scores.broadcast_sub(&max).unwrap().exp().unwrap();
+    let p = e.broadcast_div(&e.sum_keepdim(3).unwrap()).unwrap();
+    p.matmul(&v).unwrap().transpose(1, 2).unwrap()
+}
+
+fn tolerance(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::F32 => (2e-6, 4e-6),
+        DType::F16 => (1.5e-3, 3e-3),
+        _ => (1.2e-2, 2.4e-2),
+    }
+}
+
+#[test]
+fn gqa_causal_and_full_match_candle_unfused_forward_and_gradients() {
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for (causal, (b, sq, sk, hq, hkv, d)) in
+            [(true, (2, 9, 9, 4, 2, 64)), (false, (1, 5, 12, 3, 1, 32)), (true, (1, 6, 70, 2, 2, 128))]
+        {
+            let what = format!("{dtype:?} causal {causal} b{b} sq{sq} sk{sk} hq{hq} hkv{hkv} d{d}");
+            let q = rand(11, &[b, sq, hq, d], dtype, 1.0);
+            let k = rand(12, &[b, sk, hkv, d], dtype, 1.0);
+            let v = rand(13, &[b, sk, hkv, d], dtype, 1.0);
+            let r = rand(14, q.dims(), DType::F64, 1.0);
+            let to64 = |t: &Tensor| var(&t.to_dtype(DType::F64).unwrap());
+            let (q64, k64, v64) = (to64(&q), to64(&k), to64(&v));
+            let o64 = plain(q64.as_tensor(), k64.as_tensor(), v64.as_tensor(), causal);
+            let g64 = o64.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+
+            let (qv, kv, vv) = (var(&q), var(&k), var(&v));
+            let mask = if causal { AttentionMask::Causal } else { AttentionMask::None };
+            let opts = AttentionOptions { mask, ..Default::default() };
+            let o = flash_attn(qv.as_tensor(), kv.as_tensor(), vv.as_tensor(), &opts).unwrap();
+            let (fwd, bwd) = tolerance(dtype);
+            check(&format!("attention out {what}"), &o, &o64, fwd);
+            let g = o.to_dtype(DType::F64).unwrap().mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+            for (name, ours, theirs) in [("dq", &qv, &q64), ("dk", &kv, &k64), ("dv", &vv, &v64)] {
+                check(
+                    &format!("attention {name} {what}"),
+                    g.get(ours.as_tensor()).unwrap(),
+                    g64.get(theirs.as_tensor()).unwrap(),
+                    bwd,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn varlen_batches_are_each_sequence_on_its_own() {
+    let (hq, hkv, d) = (4, 1, 64);
+    let (cu_q, cu_k) = ([0, 3, 10], [0, 5, 12]);
+    let q = rand(21, &[10, hq, d], DType::BF16, 1.0);
+    let k = rand(22, &[12, hkv, d], DType::BF16, 1.0);
+    let v = rand(23, &[12, hkv, d], DType::BF16, 1.0);
+    let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
+    let o = flash_attn_varlen(&q, &k, &v, &cu_q, &cu_k, &opts).unwrap();
+    for s in 0..2 {
+        let (q0, ql) = (cu_q[s] as usize, (cu_q[s + 1] - cu_q[s]) as usize);
+        let (k0, kl) = (cu_k[s] as usize, (cu_k[s + 1] - cu_k[s]) as usize);
+        let part = |t: &Tensor, a, l| t.narrow(0, a, l).unwrap().to_dtype(DType::F64).unwrap().unsqueeze(0).unwrap();
+        let want = plain(&part(&q, q0, ql), &part(&k, k0, kl), &part(&v, k0, kl), true).squeeze(0).unwrap();
+        check(&format!("varlen sequence {s}"), &o.narrow(0, q0, ql).unwrap(), &want, 1.2e-2);
+    }
+}
