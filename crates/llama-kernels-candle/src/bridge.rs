@@ -29,6 +29,20 @@ pub(crate) fn op_err(op: &'static str, why: impl std::fmt::Display) -> candle::E
     candle::Error::msg(format!("{op}: {why}"))
 }
 
+/// The kernels' dtype of a candle dtype, for the ops that allocate kernel-side scratch.
+pub(crate) fn kernel_dtype(op: &'static str, dtype: DType) -> candle::Result<llama_kernels::DType> {
+    use llama_kernels::DType as K;
+    Ok(match dtype {
+        DType::F32 => K::F32,
+        DType::F16 => K::F16,
+        DType::BF16 => K::BF16,
+        DType::I32 => K::I32,
+        DType::I64 => K::I64,
+        DType::U8 => K::U8,
+        other => return Err(op_err(op, format_args!("dtype {other:?} is not one the kernels take"))),
+    })
+}
+
 /// The emulated device every CPU-backed call runs on (one per process: the emulator's
 /// workers are shared).
 fn emulated() -> &'static Device {

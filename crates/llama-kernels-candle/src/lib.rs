@@ -4,5 +4,6 @@
 
 mod bridge;
 pub mod ops;
+pub mod unfused;
 
 pub use ops::*;

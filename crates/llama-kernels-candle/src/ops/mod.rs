@@ -1,11 +1,13 @@
 //! The ops, one file each: forward as a candle `CustomOp`, backward from the backward kernels.
 
 pub mod attention;
+pub mod lora;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
 
 pub use attention::{AttentionMask, AttentionOptions, flash_attn, flash_attn_varlen, flash_attn_with_lse};
+pub use lora::{Lora, LoraConfig};
 pub use rms_norm::rms_norm;
 pub use rope::{RotaryEmbedding, rope};
 pub use swiglu::{swiglu, swiglu_packed};

@@ -1,40 +1,12 @@
-use candle::{DType, Device, Tensor};
-use llama_kernels_candle::{AttentionMask, AttentionOptions, flash_attn, flash_attn_varlen};
+use candle::{DType, Tensor};
+use llama_kernels_candle::{AttentionMask, AttentionOptions, flash_attn, flash_attn_varlen, unfused};
 
 use crate::common::{check, rand, var};
 
-/// candle's unfused attention in f64: q `[b, sq, hq, d]`, k and v `[b, sk, hkv, d]`, the causal
-/// mask aligned bottom-right.
+/// candle's unfused attention in f64.
 fn plain(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Tensor {
-    let (b, sq, hq, d) = q.dims4().unwrap();
-    let (_, sk, hkv, _) = k.dims4().unwrap();
-    let group = hq / hkv;
-    let heads = |t: &Tensor| t.transpose(1, 2).unwrap().contiguous().unwrap();
-    let repeat = |t: &Tensor| {
-        heads(t)
-            .unsqueeze(2)
-            .unwrap()
-            .broadcast_as((b, hkv, group, sk, d))
-            .unwrap()
-            .contiguous()
-            .unwrap()
-            .reshape((b, hq, sk, d))
-            .unwrap()
-    };
-    let (q, k, v) = (heads(q), repeat(k), repeat(v));
-    let scores = (q.matmul(&k.t().unwrap()).unwrap() * (1.0 / (d as f64).sqrt())).unwrap();
-    let scores = if causal {
-        let mask: Vec<f64> = (0..sq)
-            .flat_map(|i| (0..sk).map(move |j| if j + sq <= sk + i { 0.0 } else { f64::NEG_INFINITY }))
-            .collect();
-        scores.broadcast_add(&Tensor::from_vec(mask, (sq, sk), &Device::Cpu).unwrap()).unwrap()
-    } else {
-        scores
-    };
-    let max = scores.max_keepdim(3).unwrap().detach();
-    let e = scores.broadcast_sub(&max).unwrap().exp().unwrap();
-    let p = e.broadcast_div(&e.sum_keepdim(3).unwrap()).unwrap();
-    p.matmul(&v).unwrap().transpose(1, 2).unwrap()
+    let mask = if causal { AttentionMask::Causal } else { AttentionMask::None };
+    unfused::attention(q, k, v, mask, None).unwrap()
 }
 
 fn tolerance(dtype: DType) -> (f64, f64) {
