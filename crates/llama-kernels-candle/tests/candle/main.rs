@@ -4,6 +4,7 @@
 
 mod attention;
 mod common;
+mod errors;
 mod lora;
 mod rms_norm;
 mod rope;
