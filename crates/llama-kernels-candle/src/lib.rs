@@ -3,6 +3,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod bridge;
+pub mod nn;
 pub mod ops;
 pub mod unfused;
 

@@ -3,6 +3,7 @@
 //! target), plus named errors for bad input.
 
 mod attention;
+mod block;
 mod common;
 mod errors;
 mod lora;

@@ -59,6 +59,9 @@ pub struct CudaKernelInfo {
 
 /// Checks that a driver library exists and reports a device, without creating a context.
 pub(crate) fn probe() -> Result<()> {
+    // Linked rather than loaded (the feature off), the driver library is there if the program
+    // started.
+    #[cfg(feature = "cuda-dynamic-loading")]
     // SAFETY: is_culib_present only tries to dlopen the driver library; it has no
     // preconditions. cudarc panics on any other driver call when the library is missing,
     // which is why every path into the CUDA target starts here.
