@@ -11,7 +11,7 @@
 //! `cuda_fwd` both call [`Kernel::run`] ([`custom_op!`]); a backward, which may return several
 //! gradients, runs through [`launch`] on candle tensors.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use candle::backend::{BackendDevice, BackendStorage};
 use candle::op::BackpropOp;
@@ -48,6 +48,34 @@ pub(crate) fn kernel_dtype(op: &'static str, dtype: DType) -> candle::Result<lla
 fn emulated() -> &'static Device {
     static EMULATED: OnceLock<Device> = OnceLock::new();
     EMULATED.get_or_init(Device::emulated)
+}
+
+/// Device-resident state built once per kernel device (candle's CPU, each CUDA stream's
+/// context) on first use: a RoPE table, a packed weight.
+#[derive(Debug)]
+pub(crate) struct PerDevice<T> {
+    items: Mutex<Vec<(Device, T)>>,
+}
+
+impl<T: Clone> PerDevice<T> {
+    pub fn new() -> Self {
+        PerDevice { items: Mutex::new(Vec::new()) }
+    }
+    /// The item for `device`'s context, made by `make` the first time.
+    pub fn get(
+        &self,
+        op: &'static str,
+        device: &Device,
+        make: impl FnOnce(&Device) -> llama_kernels::Result<T>,
+    ) -> candle::Result<T> {
+        let mut items = self.items.lock().map_err(|_| op_err(op, "a previous call panicked"))?;
+        if let Some((_, item)) = items.iter().find(|(d, _)| d.same_context(device)) {
+            return Ok(item.clone());
+        }
+        let item = make(device).map_err(kernel_err)?;
+        items.push((device.clone(), item.clone()));
+        Ok(item)
+    }
 }
 
 /// A candle backend storage the kernels can read and write in place.

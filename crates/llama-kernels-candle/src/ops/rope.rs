@@ -10,13 +10,12 @@
 //! i64 position per token (`[tokens]` or `[batch, seq]`), so ragged batches and decode at any
 //! offset work.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use candle::{Result, Shape, Tensor};
-use llama_kernels::Device;
 use llama_kernels::ops::rope::{Rope, RopeConfig, Saved};
 
-use crate::bridge::{Forward, Input, Kernel, KernelStorage, custom_op, kernel_err, launch, op_err};
+use crate::bridge::{Forward, Input, Kernel, KernelStorage, PerDevice, custom_op, kernel_err, launch, op_err};
 
 /// A RoPE configuration with its inverse-frequency table uploaded once per device (candle's
 /// CPU, each CUDA stream) on first use.
@@ -28,20 +27,7 @@ pub struct RotaryEmbedding {
 #[derive(Debug)]
 struct Tables {
     config: RopeConfig,
-    by_device: Mutex<Vec<Rope>>,
-}
-
-impl Tables {
-    /// The table on `device`, uploading it the first time.
-    fn on(&self, op: &'static str, device: &Device) -> Result<Rope> {
-        let mut tables = self.by_device.lock().map_err(|_| op_err(op, "a previous call panicked"))?;
-        if let Some(rope) = tables.iter().find(|r| r.device().same_context(device)) {
-            return Ok(rope.clone());
-        }
-        let rope = Rope::new(device, self.config).map_err(kernel_err)?;
-        tables.push(rope.clone());
-        Ok(rope)
-    }
+    by_device: PerDevice<Rope>,
 }
 
 impl RotaryEmbedding {
@@ -49,7 +35,7 @@ impl RotaryEmbedding {
     /// until the first call.
     pub fn new(config: RopeConfig) -> Result<RotaryEmbedding> {
         config.validate().map_err(kernel_err)?;
-        Ok(RotaryEmbedding { tables: Arc::new(Tables { config, by_device: Mutex::new(Vec::new()) }) })
+        Ok(RotaryEmbedding { tables: Arc::new(Tables { config, by_device: PerDevice::new() }) })
     }
 
     /// The configuration.
@@ -97,7 +83,7 @@ impl Kernel for RopeOp {
             _ => return Err(op_err(Self::NAME, format_args!("takes 2 or 3 inputs, got {}", inputs.len()))),
         };
         let device = x.storage.kernel_device()?;
-        let rope = self.tables.on(Self::NAME, &device)?;
+        let rope = self.tables.by_device.get(Self::NAME, &device, |d| Rope::new(d, self.tables.config))?;
         let dims = token_dims(Self::NAME, x.dims())?;
         let pv = positions.view_as(Self::NAME, "positions", &[dims[0]])?;
         // Out of place: copy, then rotate the copy in place.

@@ -7,6 +7,7 @@ mod block;
 mod common;
 mod errors;
 mod lora;
+mod qlinear;
 mod rms_norm;
 mod rope;
 mod swiglu;

@@ -605,6 +605,8 @@ fn handle_for(device: &Device, stream: &Arc<CudaStream>) -> Result<Arc<Mutex<Bla
     if let Some(r) = reg.iter().find(|r| r.ctx == ctx && r.cu_stream == cu_stream) {
         return Ok(r.entry.clone());
     }
+    // Linked rather than loaded (the feature off), cuBLAS is there if the program started.
+    #[cfg(feature = "cuda-dynamic-loading")]
     // SAFETY: is_culib_present only tries to dlopen the library; cudarc panics on any cuBLAS call
     // when it is missing, which is why this check comes first.
     if !unsafe { blas_sys::is_culib_present() } {
