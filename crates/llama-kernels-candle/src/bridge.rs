@@ -87,6 +87,14 @@ pub(crate) trait KernelStorage: BackendStorage<Device: BackendDevice<Storage = S
     fn view_with<'a>(&'a self, shape: &[usize], strides: &[usize], offset: usize) -> candle::Result<TensorView<'a>>;
     /// A writable contiguous view from the first element.
     fn view_mut<'a>(&'a mut self, shape: &[usize]) -> candle::Result<TensorViewMut<'a>>;
+    /// Two writable contiguous views, of `first` then `second` elements from the start, lent
+    /// to `f` together (one buffer, two outputs).
+    fn with_pair<R>(
+        &mut self,
+        first: &[usize],
+        second: &[usize],
+        f: impl FnOnce(&mut TensorViewMut<'_>, &mut TensorViewMut<'_>) -> candle::Result<R>,
+    ) -> candle::Result<R>;
     /// This storage as candle's enum.
     fn into_storage(self) -> Storage;
     /// The storage of this backend inside candle's enum, if it is one.
@@ -95,7 +103,7 @@ pub(crate) trait KernelStorage: BackendStorage<Device: BackendDevice<Storage = S
 
 /// The typed slice of a storage enum, for each dtype the kernels take.
 macro_rules! by_dtype {
-    ($enum:ident, $s:expr, |$v:ident| $body:expr, $op:expr) => {
+    ($enum:ident, $s:expr, $dtype:expr, |$v:ident| $body:expr, $op:expr) => {
         match $s {
             $enum::F32($v) => $body,
             $enum::F16($v) => $body,
@@ -103,7 +111,7 @@ macro_rules! by_dtype {
             $enum::I32($v) => $body,
             $enum::I64($v) => $body,
             $enum::U8($v) => $body,
-            other => Err(op_err($op, format_args!("dtype {:?} is not one the kernels take", other.dtype()))),
+            _ => Err(op_err($op, format_args!("dtype {:?} is not one the kernels take", $dtype))),
         }
     };
 }
@@ -113,10 +121,39 @@ impl KernelStorage for CpuStorage {
         Ok(emulated().clone())
     }
     fn view_with<'a>(&'a self, shape: &[usize], strides: &[usize], offset: usize) -> candle::Result<TensorView<'a>> {
-        by_dtype!(CpuStorage, self, |s| TensorView::host_strided(s, shape, strides, offset).map_err(kernel_err), "view")
+        let dtype = self.dtype();
+        by_dtype!(
+            CpuStorage,
+            self,
+            dtype,
+            |s| TensorView::host_strided(s, shape, strides, offset).map_err(kernel_err),
+            "view"
+        )
     }
     fn view_mut<'a>(&'a mut self, shape: &[usize]) -> candle::Result<TensorViewMut<'a>> {
-        by_dtype!(CpuStorage, self, |s| TensorViewMut::host(s, shape).map_err(kernel_err), "view")
+        let dtype = self.dtype();
+        by_dtype!(CpuStorage, self, dtype, |s| TensorViewMut::host(s, shape).map_err(kernel_err), "view")
+    }
+    fn with_pair<R>(
+        &mut self,
+        first: &[usize],
+        second: &[usize],
+        f: impl FnOnce(&mut TensorViewMut<'_>, &mut TensorViewMut<'_>) -> candle::Result<R>,
+    ) -> candle::Result<R> {
+        let (dtype, n) = (self.dtype(), first.iter().product::<usize>());
+        by_dtype!(
+            CpuStorage,
+            self,
+            dtype,
+            |s| {
+                let mid = n.min(s.len());
+                let (a, b) = s.split_at_mut(mid);
+                let mut a = TensorViewMut::host(a, first).map_err(kernel_err)?;
+                let mut b = TensorViewMut::host(b, second).map_err(kernel_err)?;
+                f(&mut a, &mut b)
+            },
+            "view"
+        )
     }
     fn into_storage(self) -> Storage {
         Storage::Cpu(self)
@@ -137,11 +174,41 @@ impl KernelStorage for candle::CudaStorage {
     }
     fn view_with<'a>(&'a self, shape: &[usize], strides: &[usize], offset: usize) -> candle::Result<TensorView<'a>> {
         use candle::cuda_backend::CudaStorageSlice as S;
-        by_dtype!(S, &self.slice, |s| TensorView::cuda_strided(s, shape, strides, offset).map_err(kernel_err), "view")
+        let dtype = self.dtype();
+        by_dtype!(
+            S,
+            &self.slice,
+            dtype,
+            |s| TensorView::cuda_strided(s, shape, strides, offset).map_err(kernel_err),
+            "view"
+        )
     }
     fn view_mut<'a>(&'a mut self, shape: &[usize]) -> candle::Result<TensorViewMut<'a>> {
         use candle::cuda_backend::CudaStorageSlice as S;
-        by_dtype!(S, &mut self.slice, |s| TensorViewMut::cuda(s, shape).map_err(kernel_err), "view")
+        let dtype = self.dtype();
+        by_dtype!(S, &mut self.slice, dtype, |s| TensorViewMut::cuda(s, shape).map_err(kernel_err), "view")
+    }
+    fn with_pair<R>(
+        &mut self,
+        first: &[usize],
+        second: &[usize],
+        f: impl FnOnce(&mut TensorViewMut<'_>, &mut TensorViewMut<'_>) -> candle::Result<R>,
+    ) -> candle::Result<R> {
+        use candle::cuda_backend::CudaStorageSlice as S;
+        let (dtype, n) = (self.dtype(), first.iter().product::<usize>());
+        by_dtype!(
+            S,
+            &mut self.slice,
+            dtype,
+            |s| {
+                let mid = n.min(s.len());
+                let (mut a, mut b) = s.split_at_mut(mid);
+                let mut a = TensorViewMut::cuda(&mut a, first).map_err(kernel_err)?;
+                let mut b = TensorViewMut::cuda(&mut b, second).map_err(kernel_err)?;
+                f(&mut a, &mut b)
+            },
+            "view"
+        )
     }
     fn into_storage(self) -> Storage {
         Storage::Cuda(self)

@@ -10,6 +10,6 @@ pub mod swiglu;
 pub use attention::{AttentionMask, AttentionOptions, flash_attn, flash_attn_varlen, flash_attn_with_lse};
 pub use lora::{Lora, LoraConfig};
 pub use qlinear::{PackedWeight, QLinear};
-pub use rms_norm::rms_norm;
+pub use rms_norm::{fused_add_rms_norm, rms_norm};
 pub use rope::{RotaryEmbedding, rope};
 pub use swiglu::{swiglu, swiglu_packed};
