@@ -5,6 +5,7 @@
 mod attention;
 mod block;
 mod common;
+mod cross_entropy;
 mod errors;
 mod lora;
 mod qlinear;

@@ -40,7 +40,7 @@
 //! # }
 //! ```
 
-use crate::backend::{Device, LaunchDims};
+use crate::backend::{Device, LaunchDims, Queue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ffi::params::{CrossEntropyParams, LLK_CE_REDUCE_THREADS, LLK_CE_THREADS, LlkIndexType, LlkLossReduction};
@@ -49,9 +49,9 @@ use crate::kernels::cross_entropy::{COUNT, REDUCE, ROWS};
 use crate::launch::{KernelArgs, Rows, check_disjoint, check_dtype, check_float, grid_x, to_i64};
 use crate::ops::ErrorFlag;
 use crate::ops::error_flag::{BAD_LABEL, Meanings, check_flag};
-use crate::ops::linear::linear;
-use crate::ops::linear_backward::{linear_backward_input, linear_backward_weight};
-use crate::tensor::{Tensor, TensorViewMut};
+use crate::ops::linear::linear_on;
+use crate::ops::linear_backward::{linear_backward_input_on, linear_backward_weight_on};
+use crate::tensor::{Tensor, TensorView, TensorViewMut};
 
 const OP: &str = "cross_entropy";
 
@@ -123,10 +123,11 @@ impl CrossEntropy {
         grad: Option<&Tensor>,
         options: &CrossEntropyOptions,
     ) -> Result<()> {
-        let rows = self.check_labels_shape(labels)?;
-        self.count(labels, options)?;
-        self.rows(logits, labels, &self.row_loss.narrow(0, 0, rows)?, grad, options)?;
-        self.reduce(rows, loss, options)
+        let labels = labels.view();
+        let rows = self.check_labels_shape(&labels)?;
+        self.count(&labels, options)?;
+        self.rows(logits, &labels, &self.row_loss.narrow(0, 0, rows)?, grad, options)?;
+        self.reduce(rows, &mut TensorViewMut::of_tensor(loss), options)
     }
 
     /// The per-row losses of the last call's first `rows` rows (`[rows]` f32; 0 where ignored).
@@ -139,9 +140,9 @@ impl CrossEntropy {
         check_flag(OP, self.flag.tensor(), LABELS)
     }
 
-    fn check_labels_shape(&self, labels: &Tensor) -> Result<usize> {
+    fn check_labels_shape(&self, labels: &TensorView<'_>) -> Result<usize> {
         label_type(labels.dtype())?;
-        if labels.shape().len() != 1 || !labels.is_contiguous() {
+        if labels.shape().len() != 1 || !labels.dims().is_contiguous() {
             return Err(Error::shape(OP, "labels", labels.shape().to_vec(), "contiguous [rows]"));
         }
         let rows = labels.shape()[0];
@@ -152,10 +153,10 @@ impl CrossEntropy {
     }
 
     /// The count of labelled rows into the scratch (one block).
-    fn count(&self, labels: &Tensor, options: &CrossEntropyOptions) -> Result<()> {
-        let device = labels.device();
+    fn count(&self, labels: &TensorView<'_>, options: &CrossEntropyOptions) -> Result<()> {
+        let device = self.count.device();
         let mut args = KernelArgs::new(OP, device);
-        let lb = args.read_tensor("labels", labels)?;
+        let lb = args.read("labels", labels)?.addr;
         let cb = args.write_tensor("count", &self.count)?;
         let params = CrossEntropyParams {
             labels: lb,
@@ -170,7 +171,7 @@ impl CrossEntropy {
     fn rows(
         &self,
         logits: &Tensor,
-        labels: &Tensor,
+        labels: &TensorView<'_>,
         row_loss: &Tensor,
         grad: Option<&Tensor>,
         options: &CrossEntropyOptions,
@@ -216,7 +217,7 @@ impl CrossEntropy {
         };
         let xr = Rows::of(OP, "logits", &xb, 1)?;
         let gr = gb.as_ref().map(|g| Rows::of(OP, "grad", g, 1)).transpose()?;
-        let lb = args.read_tensor("labels", labels)?;
+        let lb = args.read("labels", labels)?.addr;
         let rb = args.write_tensor("row losses", row_loss)?;
         let cb = args.read_tensor("count", &self.count)?;
         let fb = args.write_tensor("error flag", self.flag.tensor())?;
@@ -246,16 +247,16 @@ impl CrossEntropy {
     }
 
     /// The reduced loss of the first `rows` row losses into `loss` (one block).
-    fn reduce(&self, rows: usize, loss: &Tensor, options: &CrossEntropyOptions) -> Result<()> {
+    fn reduce(&self, rows: usize, loss: &mut TensorViewMut<'_>, options: &CrossEntropyOptions) -> Result<()> {
         check_dtype(OP, "loss", loss.dtype(), DType::F32)?;
         if loss.shape().iter().product::<usize>() != 1 {
             return Err(Error::shape(OP, "loss", loss.shape().to_vec(), "one f32 ([1] or [])"));
         }
         let row_loss = self.row_loss.narrow(0, 0, rows)?;
-        let mut args = KernelArgs::new(OP, loss.device());
+        let mut args = KernelArgs::new(OP, self.count.device());
         let rb = args.read_tensor("row losses", &row_loss)?;
         let cb = args.read_tensor("count", &self.count)?;
-        let ob = args.write_tensor("loss", loss)?;
+        let ob = args.write("loss", loss)?.addr;
         let params = CrossEntropyParams {
             row_loss: rb,
             count: cb,
@@ -265,6 +266,18 @@ impl CrossEntropy {
         };
         args.launch(REDUCE, one_block(LLK_CE_REDUCE_THREADS), &params)
     }
+}
+
+/// [`LmHeadGrads`] as borrowed views, for [`FusedLinearCrossEntropy::forward_on`].
+#[derive(Debug, Default)]
+pub struct LmHeadGradsView<'r, 'a> {
+    /// `[tokens, hidden]`, the hidden states' dtype or f32: overwritten with d loss / d hidden.
+    pub d_hidden: Option<&'r mut TensorViewMut<'a>>,
+    /// `[vocab, hidden]`, the weight's dtype or f32: overwritten or (with `accumulate_weight`)
+    /// added to.
+    pub d_weight: Option<&'r mut TensorViewMut<'a>>,
+    /// `d_weight += ...`.
+    pub accumulate_weight: bool,
 }
 
 /// Where [`FusedLinearCrossEntropy::forward`] writes the gradients (each optional).
@@ -343,7 +356,34 @@ impl FusedLinearCrossEntropy {
         grads: LmHeadGrads<'_>,
         options: &CrossEntropyOptions,
     ) -> Result<()> {
+        let mut dh = grads.d_hidden.map(TensorViewMut::of_tensor);
+        let mut dw = grads.d_weight.map(TensorViewMut::of_tensor);
+        let grads = LmHeadGradsView {
+            d_hidden: dh.as_mut(),
+            d_weight: dw.as_mut(),
+            accumulate_weight: grads.accumulate_weight,
+        };
+        let (h, w, l) = (hidden.view(), weight.view(), labels.view());
+        self.forward_on(hidden.device(), &h, &w, &l, &mut TensorViewMut::of_tensor(loss), grads, options)
+    }
+
+    /// [`FusedLinearCrossEntropy::forward`] on borrowed views, queued on `queue` (of the context
+    /// this was planned on).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_on(
+        &self,
+        queue: &impl Queue,
+        hidden: &TensorView<'_>,
+        weight: &TensorView<'_>,
+        labels: &TensorView<'_>,
+        loss: &mut TensorViewMut<'_>,
+        grads: LmHeadGradsView<'_, '_>,
+        options: &CrossEntropyOptions,
+    ) -> Result<()> {
         let (chunk, vocab) = (self.logits.shape()[0], self.logits.shape()[1]);
+        if !queue.queue_device()?.same_context(self.logits.device()) {
+            return Err(Error::DeviceMismatch { op: OP, what: "the planned scratch" });
+        }
         check_dtype(OP, "hidden", hidden.dtype(), self.logits.dtype())?;
         check_dtype(OP, "weight", weight.dtype(), self.logits.dtype())?;
         let [tokens, width] = *hidden.shape() else {
@@ -360,34 +400,39 @@ impl FusedLinearCrossEntropy {
         if labels.shape() != [tokens] {
             return Err(Error::shape(OP, "labels", labels.shape().to_vec(), format!("[{tokens}] (one per token)")));
         }
-        for (what, t, shape) in
-            [("d_hidden", grads.d_hidden, [tokens, width]), ("d_weight", grads.d_weight, [vocab, width])]
-        {
-            if let Some(t) = t {
-                if t.shape() != shape {
-                    return Err(Error::shape(OP, what, t.shape().to_vec(), format!("{shape:?}")));
+        let LmHeadGradsView { mut d_hidden, mut d_weight, accumulate_weight } = grads;
+        for (what, shape, want) in [
+            ("d_hidden", d_hidden.as_ref().map(|t| t.shape().to_vec()), [tokens, width]),
+            ("d_weight", d_weight.as_ref().map(|t| t.shape().to_vec()), [vocab, width]),
+        ] {
+            if let Some(shape) = shape {
+                if shape != want {
+                    return Err(Error::shape(OP, what, shape, format!("{want:?}")));
                 }
             }
         }
-        let wants_grad = grads.d_hidden.is_some() || grads.d_weight.is_some();
+        let wants_grad = d_hidden.is_some() || d_weight.is_some();
         self.ce.check_labels_shape(labels)?;
         self.ce.count(labels, options)?;
         if tokens == 0 {
-            if let (Some(dw), false) = (grads.d_weight, grads.accumulate_weight) {
-                linear_backward_weight(&self.logits.narrow(0, 0, 0)?, &hidden.narrow(0, 0, 0)?, dw, false)?;
+            if let (Some(dw), false) = (d_weight.as_mut(), accumulate_weight) {
+                let none = self.logits.narrow(0, 0, 0)?;
+                linear_backward_weight_on(queue, &none.view(), &hidden.narrow_rows("hidden", 0, 0)?, dw, false)?;
             }
         }
         for r0 in (0..tokens).step_by(chunk) {
             let n = chunk.min(tokens - r0);
-            let (h, logits) = (hidden.narrow(0, r0, n)?, self.logits.narrow(0, 0, n)?);
-            linear(&h, weight, None, &logits)?;
+            let (h, logits) = (hidden.narrow_rows("hidden", r0, n)?, self.logits.narrow(0, 0, n)?);
+            linear_on(queue, &h, weight, None, &mut TensorViewMut::of_tensor(&logits))?;
             let row_loss = self.ce.row_loss.narrow(0, r0, n)?;
-            self.ce.rows(&logits, &labels.narrow(0, r0, n)?, &row_loss, wants_grad.then_some(&logits), options)?;
-            if let Some(dh) = grads.d_hidden {
-                linear_backward_input(&logits, weight, &dh.narrow(0, r0, n)?, false)?;
+            let chunk_labels = labels.narrow_rows("labels", r0, n)?;
+            self.ce.rows(&logits, &chunk_labels, &row_loss, wants_grad.then_some(&logits), options)?;
+            let lv = logits.view();
+            if let Some(dh) = d_hidden.as_mut() {
+                linear_backward_input_on(queue, &lv, weight, &mut dh.narrow_rows("d_hidden", r0, n)?, false)?;
             }
-            if let Some(dw) = grads.d_weight {
-                linear_backward_weight(&logits, &h, dw, grads.accumulate_weight || r0 > 0)?;
+            if let Some(dw) = d_weight.as_mut() {
+                linear_backward_weight_on(queue, &lv, &h, dw, accumulate_weight || r0 > 0)?;
             }
         }
         self.ce.reduce(tokens, loss, options)

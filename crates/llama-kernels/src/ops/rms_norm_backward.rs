@@ -122,6 +122,7 @@ pub fn rms_norm_backward(
 
 /// [`rms_norm_backward`] on borrowed views, queued on `queue` (a [`Device`](crate::Device) or an
 /// engine's `Arc<CudaStream>`). `dy = None` takes dy from `dx` (in place).
+#[allow(clippy::too_many_arguments)]
 pub fn rms_norm_backward_on(
     queue: &impl Queue,
     dy: Option<&TensorView<'_>>,
@@ -165,7 +166,7 @@ pub fn rms_norm_backward_on(
     let dxb = args.write("dx", dx)?;
     let dyb = match dy {
         Some(dy) => args.read("dy", dy)?,
-        None => dxb.clone(),
+        None => dxb,
     };
     let xb = args.read("x", x)?;
     let wb = args.read("weight", weight)?;

@@ -78,6 +78,20 @@ impl Dims {
     pub fn shape(&self) -> &[usize] {
         &self.shape[..self.rank as usize]
     }
+    /// Rows `[start, start + len)` of the first dimension (checked against it).
+    pub(crate) fn narrow_rows(&self, what: &'static str, start: usize, len: usize) -> Result<Dims> {
+        let rows = self.shape().first().copied().unwrap_or(0);
+        if start.checked_add(len).is_none_or(|end| end > rows) {
+            return Err(Error::InvalidView {
+                what,
+                why: format!("rows {start}..{} of {rows}", start.saturating_add(len)),
+            });
+        }
+        let mut shape = self.shape().to_vec();
+        shape[0] = len;
+        let first = self.strides().first().copied().unwrap_or(0);
+        Dims::new(what, &shape, self.strides(), self.offset + start * first)
+    }
     /// The same layout with the last dimension resized (a column range of rows).
     pub(crate) fn with_last(mut self, len: usize) -> Dims {
         if self.rank > 0 {
@@ -244,6 +258,10 @@ impl<'a> TensorView<'a> {
         }
         Ok(TensorView { dims, ..self })
     }
+    /// Rows `[start, start + len)` of the first dimension, as a view of the same memory.
+    pub(crate) fn narrow_rows(&self, what: &'static str, start: usize, len: usize) -> Result<TensorView<'a>> {
+        Ok(TensorView { dims: self.dims.narrow_rows(what, start, len)?, ..self.clone() })
+    }
     fn known_bytes(&self) -> Option<usize> {
         match &self.src {
             ReadSrc::Storage(s) => Some(s.bytes()),
@@ -352,6 +370,12 @@ impl<'a> TensorViewMut<'a> {
     }
     pub(crate) fn src_mut(&mut self) -> &mut WriteSrc<'a> {
         &mut self.src
+    }
+    /// Rows `[start, start + len)` of the first dimension, writable for the duration of the
+    /// borrow.
+    pub(crate) fn narrow_rows(&mut self, what: &'static str, start: usize, len: usize) -> Result<TensorViewMut<'_>> {
+        let dims = self.dims.narrow_rows(what, start, len)?;
+        self.reborrow_within(what, dims)
     }
     /// A writable view of part of this one's memory, for the duration of the borrow: `dims` is a
     /// layout over the same buffer and must lie within the elements this view spans.
