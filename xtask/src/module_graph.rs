@@ -25,7 +25,7 @@ pub struct Layers {
 }
 
 /// Every crate of the workspace whose modules are layered.
-pub const CRATES: [Layers; 3] = [
+pub const CRATES: [Layers; 4] = [
     Layers {
         dir: "crates/llama-kernels",
         layers: &[
@@ -50,6 +50,7 @@ pub const CRATES: [Layers; 3] = [
         layers: &["error", "formats", "text", "block", "model", "train", "dev"],
         reference: None,
     },
+    Layers { dir: "crates/llama-kernels-candle", layers: &["bridge", "ops", "unfused", "nn"], reference: None },
     Layers {
         dir: "crates/llama-kernels-inspect",
         layers: &[

@@ -305,9 +305,11 @@ pub(crate) fn tensor_of<S: KernelStorage>(storage: S, shape: Shape) -> Tensor {
 pub(crate) fn launch<K: Kernel>(kernel: &K, inputs: &[&Tensor]) -> candle::Result<Vec<Tensor>> {
     let guards: Vec<_> = inputs.iter().map(|t| t.storage_and_layout()).collect();
     match guards.first().map(|(s, _)| &**s) {
-        Some(Storage::Cpu(_)) => launch_as::<CpuStorage, K>(kernel, &guards),
+        Some(first @ Storage::Cpu(_)) => launch_as::<CpuStorage, K>(kernel, first.device().location(), &guards),
         #[cfg(feature = "cuda")]
-        Some(Storage::Cuda(_)) => launch_as::<candle::CudaStorage, K>(kernel, &guards),
+        Some(first @ Storage::Cuda(_)) => {
+            launch_as::<candle::CudaStorage, K>(kernel, first.device().location(), &guards)
+        }
         Some(other) => Err(op_err(K::NAME, format_args!("runs on CPU and CUDA tensors, not {:?}", other.device()))),
         None => Err(op_err(K::NAME, "no inputs")),
     }
@@ -315,18 +317,14 @@ pub(crate) fn launch<K: Kernel>(kernel: &K, inputs: &[&Tensor]) -> candle::Resul
 
 fn launch_as<S: KernelStorage, K: Kernel>(
     kernel: &K,
+    first: candle::DeviceLocation,
     guards: &[(candle::StorageRef<'_>, &Layout)],
 ) -> candle::Result<Vec<Tensor>> {
     let inputs = guards
         .iter()
         .map(|(s, layout)| {
             S::of(s).map(|storage| Input { storage, layout }).ok_or_else(|| {
-                candle::Error::DeviceMismatchBinaryOp {
-                    lhs: guards[0].0.device().location(),
-                    rhs: s.device().location(),
-                    op: K::NAME,
-                }
-                .bt()
+                candle::Error::DeviceMismatchBinaryOp { lhs: first, rhs: s.device().location(), op: K::NAME }.bt()
             })
         })
         .collect::<candle::Result<Vec<_>>>()?;

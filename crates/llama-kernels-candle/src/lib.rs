@@ -17,4 +17,8 @@ pub mod nn;
 pub mod ops;
 pub mod unfused;
 
-pub use ops::*;
+pub use ops::{
+    AttentionMask, AttentionOptions, CrossEntropyOptions, IGNORE_INDEX, Lora, LoraConfig, PackedWeight, QLinear,
+    Reduction, RotaryEmbedding, flash_attn, flash_attn_varlen, flash_attn_with_lse, fused_add_rms_norm,
+    fused_linear_cross_entropy, rms_norm, rope, swiglu, swiglu_packed,
+};

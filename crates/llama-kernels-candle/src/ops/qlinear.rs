@@ -69,14 +69,15 @@ impl Kernel for QLinearOp {
         let dtype = crate::bridge::kernel_dtype(Self::NAME, x.dtype())?;
         let scratch = QScratch::new(&device, dtype, &[&w]).map_err(kernel_err)?;
         let mut y = x.zeros(&dims, x.dtype())?;
-        let (xv, mut yv) = (x.view()?, y.view_mut(&dims)?);
-        let run = if self.backward {
-            llama_kernels::ops::qlinear_backward_input_on(&device, &xv, &w, &mut yv, false, Some(&scratch))
-        } else {
-            q::qlinear_on(&device, &xv, &w, &mut yv, Some(&scratch))
-        };
-        run.map_err(kernel_err)?;
-        drop(yv);
+        {
+            let (xv, mut yv) = (x.view()?, y.view_mut(&dims)?);
+            let run = if self.backward {
+                llama_kernels::ops::qlinear_backward_input_on(&device, &xv, &w, &mut yv, false, Some(&scratch))
+            } else {
+                q::qlinear_on(&device, &xv, &w, &mut yv, Some(&scratch))
+            };
+            run.map_err(kernel_err)?;
+        }
         Ok(vec![(y, Shape::from_dims(&dims))])
     }
 }

@@ -88,11 +88,12 @@ impl Kernel for SwiGluBackward {
         if self.packed {
             let [d_out, gate_up] = arity(Self::NAME, inputs)?;
             let mut grad = gate_up.zeros(gate_up.dims(), gate_up.dtype())?;
-            let (dov, pv) = (d_out.view()?, gate_up.view()?);
-            let mut gv = grad.view_mut(gate_up.dims())?;
-            k::swiglu_backward_on(&device, &dov, GateUpView::GateThenUp(&pv), GateUpGrad::GateThenUp(&mut gv))
-                .map_err(kernel_err)?;
-            drop(gv);
+            {
+                let (dov, pv) = (d_out.view()?, gate_up.view()?);
+                let mut gv = grad.view_mut(gate_up.dims())?;
+                k::swiglu_backward_on(&device, &dov, GateUpView::GateThenUp(&pv), GateUpGrad::GateThenUp(&mut gv))
+                    .map_err(kernel_err)?;
+            }
             return Ok(vec![(grad, gate_up.layout.shape().clone())]);
         }
         let [d_out, gate, up] = arity(Self::NAME, inputs)?;
