@@ -331,35 +331,30 @@ fn launch_as<S: KernelStorage, K: Kernel>(
     Ok(kernel.run(&inputs)?.into_iter().map(|(s, shape)| tensor_of(s, shape)).collect())
 }
 
+/// One `*_fwd` method of a candle `CustomOp` over `$storage`: [`Forward::forward`] (or the op's
+/// own `forward`) on its inputs.
+macro_rules! fwd {
+    ($name:ident, $storage:ty; $($s:ident $l:ident),+) => {
+        fn $name(&self, $($s: &$storage, $l: &candle::Layout),+) -> candle::Result<($storage, candle::Shape)> {
+            self.forward(&[$($crate::bridge::Input { storage: $s, layout: $l }),+])
+        }
+    };
+}
+pub(crate) use fwd;
+
 /// Implements candle's `CustomOp1/2/3` for a [`Kernel`] whose first output is the op's result:
-/// `cpu_fwd` and `cuda_fwd` both run [`Kernel::run`]; `bwd` calls the type's `backward`.
+/// `cpu_fwd` and `cuda_fwd` both run the op's `forward`; `bwd` calls the type's `backward`
+/// with the arguments as an array and returns its gradients.
 macro_rules! custom_op {
     (CustomOp1 for $ty:ty) => {
         impl candle::CustomOp1 for $ty {
             fn name(&self) -> &'static str {
                 <$ty as $crate::bridge::Kernel>::NAME
             }
-            fn cpu_fwd(
-                &self,
-                s: &candle::CpuStorage,
-                l: &candle::Layout,
-            ) -> candle::Result<(candle::CpuStorage, candle::Shape)> {
-                self.forward(&[$crate::bridge::Input { storage: s, layout: l }])
-            }
+            $crate::bridge::fwd!(cpu_fwd, candle::CpuStorage; s l);
             #[cfg(feature = "cuda")]
-            fn cuda_fwd(
-                &self,
-                s: &candle::CudaStorage,
-                l: &candle::Layout,
-            ) -> candle::Result<(candle::CudaStorage, candle::Shape)> {
-                self.forward(&[$crate::bridge::Input { storage: s, layout: l }])
-            }
-            fn bwd(
-                &self,
-                a: &candle::Tensor,
-                res: &candle::Tensor,
-                grad: &candle::Tensor,
-            ) -> candle::Result<Option<candle::Tensor>> {
+            $crate::bridge::fwd!(cuda_fwd, candle::CudaStorage; s l);
+            fn bwd(&self, a: &candle::Tensor, res: &candle::Tensor, grad: &candle::Tensor) -> candle::Result<Option<candle::Tensor>> {
                 let [da] = self.backward([a], res, grad)?;
                 Ok(da)
             }
@@ -370,27 +365,9 @@ macro_rules! custom_op {
             fn name(&self) -> &'static str {
                 <$ty as $crate::bridge::Kernel>::NAME
             }
-            fn cpu_fwd(
-                &self,
-                s1: &candle::CpuStorage,
-                l1: &candle::Layout,
-                s2: &candle::CpuStorage,
-                l2: &candle::Layout,
-            ) -> candle::Result<(candle::CpuStorage, candle::Shape)> {
-                use $crate::bridge::Input;
-                self.forward(&[Input { storage: s1, layout: l1 }, Input { storage: s2, layout: l2 }])
-            }
+            $crate::bridge::fwd!(cpu_fwd, candle::CpuStorage; s1 l1, s2 l2);
             #[cfg(feature = "cuda")]
-            fn cuda_fwd(
-                &self,
-                s1: &candle::CudaStorage,
-                l1: &candle::Layout,
-                s2: &candle::CudaStorage,
-                l2: &candle::Layout,
-            ) -> candle::Result<(candle::CudaStorage, candle::Shape)> {
-                use $crate::bridge::Input;
-                self.forward(&[Input { storage: s1, layout: l1 }, Input { storage: s2, layout: l2 }])
-            }
+            $crate::bridge::fwd!(cuda_fwd, candle::CudaStorage; s1 l1, s2 l2);
             fn bwd(
                 &self,
                 a: &candle::Tensor,
@@ -408,39 +385,9 @@ macro_rules! custom_op {
             fn name(&self) -> &'static str {
                 <$ty as $crate::bridge::Kernel>::NAME
             }
-            fn cpu_fwd(
-                &self,
-                s1: &candle::CpuStorage,
-                l1: &candle::Layout,
-                s2: &candle::CpuStorage,
-                l2: &candle::Layout,
-                s3: &candle::CpuStorage,
-                l3: &candle::Layout,
-            ) -> candle::Result<(candle::CpuStorage, candle::Shape)> {
-                use $crate::bridge::Input;
-                self.forward(&[
-                    Input { storage: s1, layout: l1 },
-                    Input { storage: s2, layout: l2 },
-                    Input { storage: s3, layout: l3 },
-                ])
-            }
+            $crate::bridge::fwd!(cpu_fwd, candle::CpuStorage; s1 l1, s2 l2, s3 l3);
             #[cfg(feature = "cuda")]
-            fn cuda_fwd(
-                &self,
-                s1: &candle::CudaStorage,
-                l1: &candle::Layout,
-                s2: &candle::CudaStorage,
-                l2: &candle::Layout,
-                s3: &candle::CudaStorage,
-                l3: &candle::Layout,
-            ) -> candle::Result<(candle::CudaStorage, candle::Shape)> {
-                use $crate::bridge::Input;
-                self.forward(&[
-                    Input { storage: s1, layout: l1 },
-                    Input { storage: s2, layout: l2 },
-                    Input { storage: s3, layout: l3 },
-                ])
-            }
+            $crate::bridge::fwd!(cuda_fwd, candle::CudaStorage; s1 l1, s2 l2, s3 l3);
             fn bwd(
                 &self,
                 a: &candle::Tensor,
