@@ -50,6 +50,20 @@ fn emulated() -> &'static Device {
     EMULATED.get_or_init(Device::emulated)
 }
 
+/// The llama-kernels device that runs on `device`'s tensors: the emulated target for candle's
+/// CPU, candle's own stream for a CUDA device.
+pub(crate) fn kernel_device_of(op: &'static str, device: &candle::Device) -> candle::Result<Device> {
+    match device {
+        candle::Device::Cpu => Ok(emulated().clone()),
+        #[cfg(feature = "cuda")]
+        candle::Device::Cuda(d) => {
+            use llama_kernels::Queue;
+            d.cuda_stream().queue_device().map_err(kernel_err)
+        }
+        other => Err(op_err(op, format_args!("runs on CPU and CUDA tensors, not {:?}", other.location()))),
+    }
+}
+
 /// Device-resident state built once per kernel device (candle's CPU, each CUDA stream's
 /// context) on first use: a RoPE table, a packed weight.
 #[derive(Debug)]

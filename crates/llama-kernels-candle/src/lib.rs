@@ -13,12 +13,15 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod bridge;
+/// The kernel crate, for its configuration types (`DType`, `RopeConfig`, ...).
+pub use llama_kernels;
 pub mod nn;
 pub mod ops;
 pub mod unfused;
 
 pub use ops::{
-    AttentionMask, AttentionOptions, CrossEntropyOptions, IGNORE_INDEX, Lora, LoraConfig, PackedWeight, QLinear,
-    Reduction, RotaryEmbedding, flash_attn, flash_attn_varlen, flash_attn_with_lse, fused_add_rms_norm,
-    fused_linear_cross_entropy, rms_norm, rope, swiglu, swiglu_packed,
+    AttentionMask, AttentionOptions, CrossEntropyOptions, IGNORE_INDEX, KvScales, Lora, LoraConfig, PackedWeight,
+    PagedDecodeOptions, PagedKvCache, PagedKvConfig, QLinear, Reduction, RotaryEmbedding, flash_attn,
+    flash_attn_varlen, flash_attn_with_lse, fused_add_rms_norm, fused_linear_cross_entropy, rms_norm, rope, swiglu,
+    swiglu_packed,
 };
