@@ -62,8 +62,10 @@ pub fn rope(x: &Tensor, positions: &[i64], config: &RopeConfig) -> Result<Tensor
 
 /// `softmax(scale · q kᵀ + mask) v` with q `[batch, seq_q, q_heads, head_dim]`, k and v
 /// `[batch, seq_k, kv_heads, head_dim]` (each KV head serves `q_heads / kv_heads` q heads);
-/// the causal mask is aligned bottom-right (query i sees keys up to `seq_k - seq_q + i`).
-/// `scale = None` is `1 / √head_dim`. Chunked masks and temperature are not modelled here.
+/// the causal mask is aligned bottom-right (query i sees keys up to `seq_k - seq_q + i`), and
+/// the chunked one also only keys of the query's chunk. `scale = None` is `1 / √head_dim`.
+/// Llama 4's temperature is not modelled here. A query that sees no key is NaN here (the kernels
+/// write 0).
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: AttentionMask, scale: Option<f64>) -> Result<Tensor> {
     let (b, sq, hq, d) = q.dims4()?;
     let (_, sk, hkv, _) = k.dims4()?;
@@ -78,16 +80,28 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: AttentionMask, scale:
     let (q, k, v) = (heads(q)?, repeat(k)?, repeat(v)?);
     let scale = scale.unwrap_or(1.0 / (d as f64).sqrt());
     let scores = (q.matmul(&k.t()?)? * scale)?;
-    let scores = match mask {
-        AttentionMask::None => scores,
-        AttentionMask::Causal => {
-            let m: Vec<f32> = (0..sq)
-                .flat_map(|i| (0..sk).map(move |j| if j + sq <= sk + i { 0.0 } else { f32::NEG_INFINITY }))
-                .collect();
-            let m = Tensor::from_vec(m, (sq, sk), q.device())?.to_dtype(scores.dtype())?;
-            scores.broadcast_add(&m)?
+    let sees = |i: usize, j: usize| -> bool {
+        // Query i sits at position sk - sq + i of its sequence (bottom-right alignment).
+        let p = (sk + i).checked_sub(sq);
+        match (mask, p) {
+            (AttentionMask::None, _) => true,
+            (_, None) => false,
+            (AttentionMask::Causal, Some(p)) => j <= p,
+            (AttentionMask::ChunkedCausal { chunk_size }, Some(p)) => j <= p && j / chunk_size == p / chunk_size,
         }
-        AttentionMask::ChunkedCausal { .. } => candle::bail!("attention: the chunked mask is not modelled here"),
+    };
+    let scores = if mask == AttentionMask::None {
+        scores
+    } else {
+        if let AttentionMask::ChunkedCausal { chunk_size: 0 } = mask {
+            candle::bail!("attention: chunk_size must be > 0");
+        }
+        let m: Vec<f32> = (0..sq)
+            .flat_map(|i| (0..sk).map(move |j| (i, j)))
+            .map(|(i, j)| if sees(i, j) { 0.0 } else { f32::NEG_INFINITY })
+            .collect();
+        let m = Tensor::from_vec(m, (sq, sk), q.device())?.to_dtype(scores.dtype())?;
+        scores.broadcast_add(&m)?
     };
     let max = scores.max_keepdim(3)?.detach();
     let e = scores.broadcast_sub(&max)?.exp()?;

@@ -69,3 +69,46 @@ fn varlen_batches_are_each_sequence_on_its_own() {
         check(&format!("varlen sequence {s}"), &o.narrow(0, q0, ql).unwrap(), &want, 1.2e-2);
     }
 }
+
+#[test]
+fn chunked_mask_and_explicit_scale_match_candle_unfused() {
+    for dtype in [DType::F32, DType::BF16] {
+        let (b, s, hq, hkv, d) = (1, 11, 2, 1, 64);
+        let q = rand(51, &[b, s, hq, d], dtype, 1.0);
+        let k = rand(52, &[b, s, hkv, d], dtype, 1.0);
+        let v = rand(53, &[b, s, hkv, d], dtype, 1.0);
+        let r = rand(54, q.dims(), DType::F64, 1.0);
+        let mask = AttentionMask::ChunkedCausal { chunk_size: 4 };
+        let to64 = |t: &Tensor| var(&t.to_dtype(DType::F64).unwrap());
+        let (q64, k64, v64) = (to64(&q), to64(&k), to64(&v));
+        let o64 = unfused::attention(q64.as_tensor(), k64.as_tensor(), v64.as_tensor(), mask, Some(0.3)).unwrap();
+        let g64 = o64.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        let (qv, kv, vv) = (var(&q), var(&k), var(&v));
+        let opts = AttentionOptions { mask, scale: Some(0.3), ..Default::default() };
+        let o = flash_attn(qv.as_tensor(), kv.as_tensor(), vv.as_tensor(), &opts).unwrap();
+        let (fwd, bwd) = tolerance(dtype);
+        check(&format!("chunked attention out {dtype:?}"), &o, &o64, fwd);
+        let g = o.to_dtype(DType::F64).unwrap().mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        for (name, ours, theirs) in [("dq", &qv, &q64), ("dk", &kv, &k64), ("dv", &vv, &v64)] {
+            let (got, want) = (g.get(ours.as_tensor()).unwrap(), g64.get(theirs.as_tensor()).unwrap());
+            check(&format!("chunked attention {name} {dtype:?}"), got, want, bwd);
+        }
+    }
+}
+
+#[test]
+fn forward_and_backward_are_bit_identical_run_to_run() {
+    let q = var(&rand(61, &[2, 9, 4, 64], DType::BF16, 1.0));
+    let k = var(&rand(62, &[2, 9, 2, 64], DType::BF16, 1.0));
+    let opts = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
+    let run = || {
+        let o = flash_attn(q.as_tensor(), k.as_tensor(), k.as_tensor(), &opts).unwrap();
+        let g = o.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+        let bits = |t: &Tensor| t.flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+        (bits(&o), bits(g.get(q.as_tensor()).unwrap()), bits(g.get(k.as_tensor()).unwrap()))
+    };
+    let (a, b) = (run(), run());
+    assert!(a.0.iter().zip(&b.0).all(|(x, y)| x.to_bits() == y.to_bits()), "outputs differ");
+    assert!(a.1.iter().zip(&b.1).all(|(x, y)| x.to_bits() == y.to_bits()), "dq differs");
+    assert!(a.2.iter().zip(&b.2).all(|(x, y)| x.to_bits() == y.to_bits()), "dk differs");
+}

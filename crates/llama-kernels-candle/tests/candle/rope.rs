@@ -42,3 +42,32 @@ fn both_layouts_match_candle_unfused_forward_and_gradients() {
         }
     }
 }
+
+#[test]
+fn llama4_qk_norm_matches_candle_unfused_rope_then_norm() {
+    for dtype in [DType::F32, DType::BF16] {
+        let config = RopeConfig::llama4_scout(64);
+        let eps = f64::from(config.qk_norm_eps.unwrap());
+        let emb = RotaryEmbedding::new(config).unwrap();
+        let positions: Vec<i64> = vec![0, 5, 9000, 3];
+        let pos = Tensor::new(positions.as_slice(), &Device::Cpu).unwrap();
+        let x = rand(71, &[4, 2, 64], dtype, 1.0);
+        let r = rand(72, x.dims(), DType::F64, 1.0);
+        let xv = var(&x);
+        let y = emb.forward(xv.as_tensor(), &pos).unwrap();
+        let x64 = var(&x.to_dtype(DType::F64).unwrap());
+        let no_norm = RopeConfig { qk_norm_eps: None, ..config };
+        let ones = Tensor::ones(64, DType::F64, &Device::Cpu).unwrap();
+        let y64 =
+            unfused::rms_norm(&unfused::rope(x64.as_tensor(), &positions, &no_norm).unwrap(), &ones, eps).unwrap();
+        check(&format!("qk-norm rope y {dtype:?}"), &y, &y64, tol(dtype));
+        let g = y.to_dtype(DType::F64).unwrap().mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        let g64 = y64.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        check(
+            &format!("qk-norm rope dx {dtype:?}"),
+            g.get(xv.as_tensor()).unwrap(),
+            g64.get(x64.as_tensor()).unwrap(),
+            2.0 * tol(dtype),
+        );
+    }
+}
