@@ -1,12 +1,14 @@
-//! Modules in candle-nn's style on the fused ops: [`RmsNorm`], [`LoraLinear`] (a frozen base
-//! with a trainable peft adapter) and [`LlamaBlock`], a Llama decoder layer whose forward and
-//! backward run through the kernels, or through candle's plain ops ([`Ops::Unfused`]) for
-//! comparison.
+//! Modules in candle-nn's style on the fused ops: [`RmsNorm`], [`LoraLinear`] (a frozen base,
+//! dense or packed, with a trainable peft adapter: LoRA and QLoRA) and [`LlamaBlock`], a Llama
+//! decoder layer whose forward and backward run through the kernels, or through candle's plain
+//! ops ([`Ops::Unfused`]) for comparison.
 
-use candle::{Module, Result, Tensor, Var};
+use candle::{DType, Device, Module, Result, Tensor, Var};
 use llama_kernels::ops::rope::RopeConfig;
 
-use crate::ops::{AttentionMask, AttentionOptions, Lora, LoraConfig, RotaryEmbedding, flash_attn, rms_norm, swiglu};
+use crate::ops::{
+    AttentionMask, AttentionOptions, Lora, LoraConfig, QLinear, RotaryEmbedding, flash_attn, rms_norm, swiglu,
+};
 use crate::unfused;
 
 /// RMSNorm over the last dimension with a learned weight, on the fused kernel.
@@ -33,13 +35,51 @@ impl Module for RmsNorm {
     }
 }
 
-/// `x Wᵀ + bias + scaling · dropout(x) Aᵀ Bᵀ`: a frozen linear layer (W `[out, in]`) with a
-/// trainable LoRA adapter (A `[r, in]`, B `[out, r]`), peft's `Linear`. The base product is
-/// candle's matmul (cuBLAS on CUDA); the branch is [`Lora::branch`].
+/// The frozen base of a [`LoraLinear`].
+#[derive(Clone, Debug)]
+pub enum Base {
+    /// A dense weight `[out, in]` (candle's matmul: cuBLAS on CUDA) and an optional bias `[out]`.
+    Dense {
+        /// `[out, in]`.
+        weight: Tensor,
+        /// `[out]`.
+        bias: Option<Tensor>,
+    },
+    /// A packed weight (QLoRA's NF4, or a GGUF type), read packed by the kernels.
+    Packed(QLinear),
+}
+
+impl Base {
+    /// `[out, in]`.
+    fn dims(&self) -> Result<(usize, usize)> {
+        match self {
+            Base::Dense { weight, .. } => weight.dims2(),
+            Base::Packed(q) => {
+                let [d_out, d_in] = q.shape();
+                Ok((d_out, d_in))
+            }
+        }
+    }
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Base::Dense { weight, bias } => {
+                let y = x.broadcast_matmul(&weight.t()?)?;
+                match bias {
+                    Some(b) => y.broadcast_add(b),
+                    None => Ok(y),
+                }
+            }
+            Base::Packed(q) => q.forward(x),
+        }
+    }
+}
+
+/// `base(x) + scaling · dropout(x) Aᵀ Bᵀ`: a frozen linear layer ([`Base`]: dense, or packed
+/// for QLoRA) with a trainable LoRA adapter (A `[r, in]`, B `[out, r]`), peft's `Linear`. The
+/// branch is [`Lora::branch`].
 #[derive(Clone, Debug)]
 pub struct LoraLinear {
-    weight: Tensor,
-    bias: Option<Tensor>,
+    base: Base,
     a: Var,
     b: Var,
     config: LoraConfig,
@@ -47,16 +87,17 @@ pub struct LoraLinear {
 }
 
 impl LoraLinear {
-    /// A new adapter on `weight` with peft's initialization: A uniform in
-    /// `±1/√in` (kaiming-uniform with `a = √5`), B zero, so the layer starts as the base. The
-    /// adapter's dtype and device are the weight's. `stream` tells this adapter's dropout masks
-    /// from the other adapters' of the same step.
-    pub fn new(weight: Tensor, bias: Option<Tensor>, config: LoraConfig, stream: u64) -> Result<LoraLinear> {
-        let (d_out, d_in) = weight.dims2()?;
+    /// A new adapter on `base` with peft's initialization: A uniform in `±1/√in`
+    /// (kaiming-uniform with `a = √5`), B zero, so the layer starts as the base. The adapter's
+    /// dtype and device are `dtype` and `device` (the activations'). `stream` tells this
+    /// adapter's dropout masks from the other adapters' of the same step.
+    pub fn new(base: Base, config: LoraConfig, stream: u64, dtype: DType, device: &Device) -> Result<LoraLinear> {
+        config.check("LoraLinear").map_err(candle::Error::wrap)?;
+        let (d_out, d_in) = base.dims()?;
         let bound = LoraConfig::a_init_bound(d_in);
-        let a = Tensor::rand(-bound, bound, (config.r, d_in), weight.device())?.to_dtype(weight.dtype())?;
-        let b = Tensor::zeros((d_out, config.r), weight.dtype(), weight.device())?;
-        Ok(LoraLinear { weight, bias, a: Var::from_tensor(&a)?, b: Var::from_tensor(&b)?, config, stream })
+        let a = Tensor::rand(-bound, bound, (config.r, d_in), device)?.to_dtype(dtype)?;
+        let b = Tensor::zeros((d_out, config.r), dtype, device)?;
+        Ok(LoraLinear { base, a: Var::from_tensor(&a)?, b: Var::from_tensor(&b)?, config, stream })
     }
 
     /// The adapter's matrices, A then B: what an optimizer updates.
@@ -70,13 +111,8 @@ impl LoraLinear {
     }
 
     fn forward_with(&self, x: &Tensor, config: LoraConfig, seed: u64) -> Result<Tensor> {
-        let base = x.broadcast_matmul(&self.weight.t()?)?;
-        let base = match &self.bias {
-            Some(bias) => base.broadcast_add(bias)?,
-            None => base,
-        };
         let lora = Lora { config, seed, stream: self.stream };
-        base + lora.branch(x, self.a.as_tensor(), self.b.as_tensor())?
+        self.base.forward(x)? + lora.branch(x, self.a.as_tensor(), self.b.as_tensor())?
     }
 }
 

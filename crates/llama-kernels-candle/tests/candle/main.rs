@@ -8,6 +8,7 @@ mod common;
 mod cross_entropy;
 mod errors;
 mod lora;
+mod nn;
 mod paged_decode;
 mod qlinear;
 mod rms_norm;
