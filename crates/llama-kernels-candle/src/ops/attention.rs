@@ -30,13 +30,13 @@ pub fn flash_attn(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -
 /// [`flash_attn`] that also returns the log-sum-exp of each query row, f32
 /// `[q_heads, batch · seq_q]` (not differentiable): what merging attention states needs.
 pub fn flash_attn_with_lse(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<(Tensor, Tensor)> {
-    let (op, dims) = (FlashAttn::NAME, q.dims());
-    let (&[batch, seq_q, ..], &[kb, seq_k, ..]) = (dims, k.dims()) else {
-        return Err(op_err(op, format_args!("q {dims:?} and k {:?} must be [batch, seq, heads, head_dim]", k.dims())));
+    let op = FlashAttn::NAME;
+    let (batch, seq_q, seq_k) = match (q.dims(), k.dims()) {
+        (&[b, sq, _, _], &[kb, sk, _, _]) if kb == b => (b, sq, sk),
+        (qd, kd) => {
+            return Err(op_err(op, format_args!("q {qd:?} and k {kd:?} must be [batch, seq, heads, head_dim]")));
+        }
     };
-    if q.rank() != 4 || k.rank() != 4 || kb != batch {
-        return Err(op_err(op, format_args!("q {dims:?} and k {:?} must be [batch, seq, heads, head_dim]", k.dims())));
-    }
     let offsets = |len: usize| -> Result<Vec<i32>> {
         (0..=batch).map(|b| i32::try_from(b * len).map_err(|_| op_err(op, "more than 2^31 tokens"))).collect()
     };
