@@ -298,10 +298,12 @@ pub struct LmHeadGrads<'a> {
 /// then `d_hidden_c = dlogits_c W` and `d_weight += dlogits_cᵀ hidden_c`. Only `chunk_rows x
 /// vocab` logits exist at a time: at Llama 3's 128256-word vocabulary and 8192 tokens the full
 /// bf16 logits take 2.1 GB (4.2 GB more as f32), a 256-row chunk 66 MB. The products are
-/// [`linear`]'s (cuBLAS, or the CPU GEMM on the emulated target); nothing is synchronized.
+/// [`linear`](super::linear())'s (cuBLAS, or the CPU GEMM on the emulated target); nothing is
+/// synchronized.
 ///
-/// The loss and `d_hidden` are the plain composition's (logits by [`linear`], then
-/// [`CrossEntropy::forward`], then [`linear_backward_input`]) row for row; `d_weight` is
+/// The loss and `d_hidden` are the plain composition's (logits by [`linear`](super::linear()),
+/// then [`CrossEntropy::forward`], then [`linear_backward_input`](super::linear_backward_input()))
+/// row for row; `d_weight` is
 /// summed over chunks instead of in one product.
 #[derive(Debug)]
 pub struct FusedLinearCrossEntropy {
