@@ -232,11 +232,10 @@ impl LlamaBlock {
         let q = rope(&linear(&n1, 1)?.reshape((b, s, c.q_heads, c.head_dim))?)?;
         let k = rope(&linear(&n1, 2)?.reshape((b, s, c.kv_heads, c.head_dim))?)?;
         let v = linear(&n1, 3)?.reshape((b, s, c.kv_heads, c.head_dim))?;
+        let causal = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
         let o = match ops {
-            Ops::Fused => {
-                flash_attn(&q, &k, &v, &AttentionOptions { mask: AttentionMask::Causal, ..Default::default() })?
-            }
-            Ops::Unfused => unfused::attention(&q, &k, &v, AttentionMask::Causal, None)?,
+            Ops::Fused => flash_attn(&q, &k, &v, &causal)?,
+            Ops::Unfused => unfused::attention(&q, &k, &v, &causal)?,
         };
         let h = (x + linear(&o.reshape((b, s, c.q_heads * c.head_dim))?, 4)?)?;
         let n2 = norm(&h, 5)?;

@@ -6,7 +6,7 @@ use candle::{D, Device, Result, Tensor};
 use llama_kernels::ops::rope::{RopeConfig, RopeLayout};
 use llama_kernels::spec::dropout::Dropout;
 
-use crate::ops::{AttentionMask, Lora};
+use crate::ops::{AttentionMask, AttentionOptions, Lora};
 
 /// `x · rsqrt(mean(x²) + eps) · weight` over the last dimension.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
@@ -60,13 +60,14 @@ pub fn rope(x: &Tensor, positions: &[i64], config: &RopeConfig) -> Result<Tensor
     out.reshape(dims)
 }
 
-/// `softmax(scale · q kᵀ + mask) v` with q `[batch, seq_q, q_heads, head_dim]`, k and v
-/// `[batch, seq_k, kv_heads, head_dim]` (each KV head serves `q_heads / kv_heads` q heads);
-/// the causal mask is aligned bottom-right (query i sees keys up to `seq_k - seq_q + i`), and
-/// the chunked one also only keys of the query's chunk. `scale = None` is `1 / √head_dim`.
-/// Llama 4's temperature is not modelled here. A query that sees no key is NaN here (the kernels
-/// write 0).
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: AttentionMask, scale: Option<f64>) -> Result<Tensor> {
+/// `softmax(t · scale · q kᵀ + mask) v` with q `[batch, seq_q, q_heads, head_dim]`, k and v
+/// `[batch, seq_k, kv_heads, head_dim]` (each KV head serves `q_heads / kv_heads` q heads), with
+/// [`flash_attn`](crate::flash_attn)'s options: query i sits at position `seq_k - seq_q + i`
+/// (bottom-right alignment); the causal mask shows it the keys up to there, the chunked one only
+/// those of its chunk; `scale = None` is `1 / √head_dim`; Llama 4's temperature `t` is
+/// `ln(floor((p + 1) / floor_scale) + 1) · attn_scale + 1` at position p (1 without it). A
+/// query that sees no key is NaN here (the kernels write 0).
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<Tensor> {
     let (b, sq, hq, d) = q.dims4()?;
     let (_, sk, hkv, _) = k.dims4()?;
     if hkv == 0 || hq % hkv != 0 {
@@ -78,22 +79,35 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: AttentionMask, scale:
         heads(t)?.unsqueeze(2)?.broadcast_as((b, hkv, group, sk, d))?.contiguous()?.reshape((b, hq, sk, d))
     };
     let (q, k, v) = (heads(q)?, repeat(k)?, repeat(v)?);
-    let scale = scale.unwrap_or(1.0 / (d as f64).sqrt());
+    let scale = opts.scale.map_or(1.0 / (d as f64).sqrt(), f64::from);
     let scores = (q.matmul(&k.t()?)? * scale)?;
+    // Query i's absolute position (None: before the first key, it sees nothing).
+    let position = |i: usize| (sk + i).checked_sub(sq);
+    let scores = match opts.temperature {
+        None => scores,
+        Some(t) => {
+            let factor: Vec<f64> = (0..sq)
+                .map(|i| {
+                    let p = position(i).unwrap_or(0) as f64;
+                    ((p + 1.0) / f64::from(t.floor_scale)).floor().ln_1p() * f64::from(t.attn_scale) + 1.0
+                })
+                .collect();
+            let factor = Tensor::from_vec(factor, (sq, 1), q.device())?.to_dtype(scores.dtype())?;
+            scores.broadcast_mul(&factor)?
+        }
+    };
     let sees = |i: usize, j: usize| -> bool {
-        // Query i sits at position sk - sq + i of its sequence (bottom-right alignment).
-        let p = (sk + i).checked_sub(sq);
-        match (mask, p) {
+        match (opts.mask, position(i)) {
             (AttentionMask::None, _) => true,
             (_, None) => false,
             (AttentionMask::Causal, Some(p)) => j <= p,
             (AttentionMask::ChunkedCausal { chunk_size }, Some(p)) => j <= p && j / chunk_size == p / chunk_size,
         }
     };
-    let scores = if mask == AttentionMask::None {
+    let scores = if opts.mask == AttentionMask::None {
         scores
     } else {
-        if let AttentionMask::ChunkedCausal { chunk_size: 0 } = mask {
+        if let AttentionMask::ChunkedCausal { chunk_size: 0 } = opts.mask {
             candle::bail!("attention: chunk_size must be > 0");
         }
         let m: Vec<f32> = (0..sq)

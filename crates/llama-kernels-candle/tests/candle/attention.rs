@@ -1,4 +1,5 @@
 use candle::{DType, Tensor};
+use llama_kernels_candle::ops::attention::Llama4Temperature;
 use llama_kernels_candle::{AttentionMask, AttentionOptions, flash_attn, flash_attn_varlen, unfused};
 
 use crate::common::{check, rand, var};
@@ -6,7 +7,7 @@ use crate::common::{check, rand, var};
 /// candle's unfused attention in f64.
 fn plain(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Tensor {
     let mask = if causal { AttentionMask::Causal } else { AttentionMask::None };
-    unfused::attention(q, k, v, mask, None).unwrap()
+    unfused::attention(q, k, v, &AttentionOptions { mask, ..Default::default() }).unwrap()
 }
 
 fn tolerance(dtype: DType) -> (f64, f64) {
@@ -71,27 +72,42 @@ fn varlen_batches_are_each_sequence_on_its_own() {
 }
 
 #[test]
-fn chunked_mask_and_explicit_scale_match_candle_unfused() {
+fn chunked_mask_scale_and_llama4_temperature_match_candle_unfused() {
+    let temperature = Llama4Temperature { floor_scale: 3.0, attn_scale: 0.5 };
     for dtype in [DType::F32, DType::BF16] {
-        let (b, s, hq, hkv, d) = (1, 11, 2, 1, 64);
-        let q = rand(51, &[b, s, hq, d], dtype, 1.0);
-        let k = rand(52, &[b, s, hkv, d], dtype, 1.0);
-        let v = rand(53, &[b, s, hkv, d], dtype, 1.0);
-        let r = rand(54, q.dims(), DType::F64, 1.0);
-        let mask = AttentionMask::ChunkedCausal { chunk_size: 4 };
-        let to64 = |t: &Tensor| var(&t.to_dtype(DType::F64).unwrap());
-        let (q64, k64, v64) = (to64(&q), to64(&k), to64(&v));
-        let o64 = unfused::attention(q64.as_tensor(), k64.as_tensor(), v64.as_tensor(), mask, Some(0.3)).unwrap();
-        let g64 = o64.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
-        let (qv, kv, vv) = (var(&q), var(&k), var(&v));
-        let opts = AttentionOptions { mask, scale: Some(0.3), ..Default::default() };
-        let o = flash_attn(qv.as_tensor(), kv.as_tensor(), vv.as_tensor(), &opts).unwrap();
-        let (fwd, bwd) = tolerance(dtype);
-        check(&format!("chunked attention out {dtype:?}"), &o, &o64, fwd);
-        let g = o.to_dtype(DType::F64).unwrap().mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
-        for (name, ours, theirs) in [("dq", &qv, &q64), ("dk", &kv, &k64), ("dv", &vv, &v64)] {
-            let (got, want) = (g.get(ours.as_tensor()).unwrap(), g64.get(theirs.as_tensor()).unwrap());
-            check(&format!("chunked attention {name} {dtype:?}"), got, want, bwd);
+        for (what, opts) in [
+            (
+                "chunked, scale 0.3",
+                AttentionOptions {
+                    mask: AttentionMask::ChunkedCausal { chunk_size: 4 },
+                    scale: Some(0.3),
+                    ..Default::default()
+                },
+            ),
+            (
+                "causal, temperature",
+                AttentionOptions { mask: AttentionMask::Causal, temperature: Some(temperature), ..Default::default() },
+            ),
+        ] {
+            // 11 queries after 3 cached keys: positions 3..=13, temperature factors 1.35 to 1.80.
+            let (b, sq, sk, hq, hkv, d) = (1, 11, 14, 2, 1, 64);
+            let q = rand(51, &[b, sq, hq, d], dtype, 1.0);
+            let k = rand(52, &[b, sk, hkv, d], dtype, 1.0);
+            let v = rand(53, &[b, sk, hkv, d], dtype, 1.0);
+            let r = rand(54, q.dims(), DType::F64, 1.0);
+            let to64 = |t: &Tensor| var(&t.to_dtype(DType::F64).unwrap());
+            let (q64, k64, v64) = (to64(&q), to64(&k), to64(&v));
+            let o64 = unfused::attention(q64.as_tensor(), k64.as_tensor(), v64.as_tensor(), &opts).unwrap();
+            let g64 = o64.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+            let (qv, kv, vv) = (var(&q), var(&k), var(&v));
+            let o = flash_attn(qv.as_tensor(), kv.as_tensor(), vv.as_tensor(), &opts).unwrap();
+            let (fwd, bwd) = tolerance(dtype);
+            check(&format!("{what} attention out {dtype:?}"), &o, &o64, fwd);
+            let g = o.to_dtype(DType::F64).unwrap().mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+            for (name, ours, theirs) in [("dq", &qv, &q64), ("dk", &kv, &k64), ("dv", &vv, &v64)] {
+                let (got, want) = (g.get(ours.as_tensor()).unwrap(), g64.get(theirs.as_tensor()).unwrap());
+                check(&format!("{what} attention {name} {dtype:?}"), got, want, bwd);
+            }
         }
     }
 }

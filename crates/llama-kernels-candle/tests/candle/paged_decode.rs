@@ -1,6 +1,8 @@
 use candle::{DType, Device, Tensor};
 use llama_kernels_candle::llama_kernels::DType as KDType;
-use llama_kernels_candle::{AttentionMask, KvScales, PagedDecodeOptions, PagedKvCache, PagedKvConfig, unfused};
+use llama_kernels_candle::{
+    AttentionMask, AttentionOptions, KvScales, PagedDecodeOptions, PagedKvCache, PagedKvConfig, unfused,
+};
 
 use crate::common::{check, rand};
 
@@ -37,7 +39,8 @@ fn decode_over_appended_pages_matches_candle_unfused_attention() {
         for (s, (k, v)) in keys.iter().enumerate() {
             let f64_of = |t: &Tensor| t.to_dtype(DType::F64).unwrap().unsqueeze(0).unwrap();
             let qs = q.narrow(0, s, 1).unwrap();
-            let want = unfused::attention(&f64_of(&qs), &f64_of(k), &f64_of(v), AttentionMask::Causal, None).unwrap();
+            let causal = AttentionOptions { mask: AttentionMask::Causal, ..Default::default() };
+            let want = unfused::attention(&f64_of(&qs), &f64_of(k), &f64_of(v), &causal).unwrap();
             check(
                 &format!("paged decode {dtype:?} sequence {s}"),
                 &out.narrow(0, s, 1).unwrap(),
