@@ -56,11 +56,36 @@ pub(crate) fn kernel_device_of(op: &'static str, device: &candle::Device) -> can
     match device {
         candle::Device::Cpu => Ok(emulated().clone()),
         #[cfg(feature = "cuda")]
-        candle::Device::Cuda(d) => {
-            use llama_kernels::Queue;
-            d.cuda_stream().queue_device().map_err(kernel_err)
-        }
+        candle::Device::Cuda(d) => cuda_kernel_device(d),
         other => Err(op_err(op, format_args!("runs on CPU and CUDA tensors, not {:?}", other.location()))),
+    }
+}
+
+/// The llama-kernels device queued on a candle CUDA device's stream.
+#[cfg(feature = "cuda")]
+fn cuda_kernel_device(device: &candle::CudaDevice) -> candle::Result<Device> {
+    use llama_kernels::Queue;
+    device.cuda_stream().queue_device().map_err(kernel_err)
+}
+
+/// A value a forward keeps for its backward (the attention's LSE, the loss's gradients): an op
+/// is shared by candle's graph, so it lives behind a lock.
+#[derive(Debug)]
+pub(crate) struct Kept<T>(Mutex<Option<T>>);
+
+impl<T: Clone> Kept<T> {
+    pub fn new() -> Self {
+        Kept(Mutex::new(None))
+    }
+    /// Keeps `value`, replacing what an earlier forward kept.
+    pub fn put(&self, op: &'static str, value: T) -> candle::Result<()> {
+        *self.0.lock().map_err(|_| op_err(op, "a previous call panicked"))? = Some(value);
+        Ok(())
+    }
+    /// What the forward kept, else an error naming `what`.
+    pub fn get(&self, op: &'static str, what: &str) -> candle::Result<T> {
+        let kept = self.0.lock().map_err(|_| op_err(op, "a previous call panicked"))?.clone();
+        kept.ok_or_else(|| op_err(op, format_args!("no {what}: the forward has not run")))
     }
 }
 
@@ -183,8 +208,7 @@ impl KernelStorage for CpuStorage {
 #[cfg(feature = "cuda")]
 impl KernelStorage for candle::CudaStorage {
     fn kernel_device(&self) -> candle::Result<Device> {
-        use llama_kernels::Queue;
-        self.device.cuda_stream().queue_device().map_err(kernel_err)
+        cuda_kernel_device(&self.device)
     }
     fn view_with<'a>(&'a self, shape: &[usize], strides: &[usize], offset: usize) -> candle::Result<TensorView<'a>> {
         use candle::cuda_backend::CudaStorageSlice as S;

@@ -223,7 +223,8 @@ impl LlamaBlock {
             Ops::Fused => rms_norm(t, w(i), c.eps),
             Ops::Unfused => unfused::rms_norm(t, w(i), f64::from(c.eps)),
         };
-        let host_positions: Vec<i64> = positions.to_vec1()?;
+        // The plain form computes its angles on the host: only it copies the positions there.
+        let host_positions: Vec<i64> = if ops == Ops::Unfused { positions.to_vec1()? } else { Vec::new() };
         let rope = |t: &Tensor| match ops {
             Ops::Fused => self.rope.forward(t, positions),
             Ops::Unfused => unfused::rope(t, &host_positions, &c.rope),

@@ -12,13 +12,15 @@
 //! `batch + 1` values from 0); `[batch, seq, heads, head_dim]` for [`flash_attn`], every
 //! sequence of one length. `q_heads` must be a multiple of `kv_heads`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use candle::{Result, Shape, Tensor};
 use llama_kernels::ops::attention::{AttentionArgs, AttentionBackwardArgs, AttentionWorkspace, CuSeqlens, KvInput};
 pub use llama_kernels::ops::attention::{AttentionMask, AttentionOptions, Llama4Temperature};
 
-use crate::bridge::{Input, Kernel, KernelStorage, arity, custom_op, first, kernel_err, launch, op_err, tensor_of};
+use crate::bridge::{
+    Input, Kept, Kernel, KernelStorage, arity, custom_op, first, kernel_err, launch, op_err, tensor_of,
+};
 
 /// `softmax(scale · q kᵀ + mask) v` over a batch of equal-length sequences: q
 /// `[batch, seq_q, q_heads, head_dim]`, k and v `[batch, seq_k, kv_heads, head_dim]`; the
@@ -66,11 +68,10 @@ fn run(
     cu_k: Vec<i32>,
     opts: &AttentionOptions,
 ) -> Result<(Tensor, Tensor)> {
-    let lse = Arc::new(Mutex::new(None));
+    let lse = Arc::new(Kept::new());
     let op = FlashAttn { cu_q, cu_k, opts: *opts, lse: lse.clone() };
     let out = q.contiguous()?.apply_op3(&k.contiguous()?, &v.contiguous()?, op)?;
-    let lse = lse.lock().map_err(|_| op_err(FlashAttn::NAME, "a previous call panicked"))?.clone();
-    Ok((out, lse.ok_or_else(|| op_err(FlashAttn::NAME, "the forward kept no log-sum-exp"))?))
+    Ok((out, lse.get(FlashAttn::NAME, "log-sum-exp")?))
 }
 
 /// `[q, k, v]` to `[out, lse]`; the op keeps lse for its backward.
@@ -78,7 +79,7 @@ struct FlashAttn {
     cu_q: Vec<i32>,
     cu_k: Vec<i32>,
     opts: AttentionOptions,
-    lse: Arc<Mutex<Option<Tensor>>>,
+    lse: Arc<Kept<Tensor>>,
 }
 
 /// `[..., heads, head_dim]` as `[tokens, heads, head_dim]`.
@@ -121,13 +122,12 @@ impl FlashAttn {
     fn forward<S: KernelStorage>(&self, inputs: &[Input<'_, S>]) -> Result<(S, Shape)> {
         let mut outputs = self.run(inputs)?;
         let (lse, shape) = outputs.pop().ok_or_else(|| op_err(Self::NAME, "produced no log-sum-exp"))?;
-        *self.lse.lock().map_err(|_| op_err(Self::NAME, "a previous call panicked"))? = Some(tensor_of(lse, shape));
+        self.lse.put(Self::NAME, tensor_of(lse, shape))?;
         first(outputs, Self::NAME)
     }
 
     fn backward(&self, [q, k, v]: [&Tensor; 3], out: &Tensor, d_out: &Tensor) -> Result<[Option<Tensor>; 3]> {
-        let lse = self.lse.lock().map_err(|_| op_err(Self::NAME, "a previous call panicked"))?.clone();
-        let lse = lse.ok_or_else(|| op_err(Self::NAME, "backward before forward: no log-sum-exp"))?;
+        let lse = self.lse.get(Self::NAME, "log-sum-exp")?;
         let grads = FlashAttnBackward { cu_q: &self.cu_q, cu_k: &self.cu_k, opts: self.opts };
         let mut g = launch(&grads, &[q, k, v, out, &lse, &d_out.contiguous()?])?.into_iter();
         Ok([g.next(), g.next(), g.next()])

@@ -11,15 +11,11 @@
 //! PyTorch's `F.cross_entropy(logits.float(), labels, ignore_index=-100)`, the mean over the
 //! labelled tokens (or the sum): Hugging Face's causal-LM loss once the labels are shifted.
 
-use std::sync::{Arc, Mutex};
-
 use candle::{DType, Result, Shape, Tensor};
 pub use llama_kernels::ops::cross_entropy::{CrossEntropyOptions, IGNORE_INDEX, Reduction};
 use llama_kernels::ops::cross_entropy::{FusedLinearCrossEntropy, LmHeadGradsView};
 
-use crate::bridge::{
-    Input, Kernel, KernelStorage, arity, custom_op, first, kernel_dtype, kernel_err, op_err, tensor_of,
-};
+use crate::bridge::{Input, Kept, Kernel, KernelStorage, arity, custom_op, first, kernel_dtype, kernel_err, tensor_of};
 
 /// Tokens per chunk when none is given: chunks of about 64 MiB of logits.
 const CHUNK_BYTES: usize = 64 << 20;
@@ -40,12 +36,8 @@ pub fn fused_linear_cross_entropy(
     let tokens = hidden.elem_count().checked_div(width).unwrap_or(0);
     let hidden2 = hidden.contiguous()?.reshape((tokens, width))?;
     let labels = labels.contiguous()?.flatten_all()?;
-    let op = LmHeadLoss {
-        options: *options,
-        chunk_rows,
-        wants: [hidden.track_op(), weight.track_op()],
-        grads: Arc::new(Mutex::new(None)),
-    };
+    let op =
+        LmHeadLoss { options: *options, chunk_rows, wants: [hidden.track_op(), weight.track_op()], grads: Kept::new() };
     hidden2.apply_op3(&weight.contiguous()?, &labels, op)
 }
 
@@ -57,7 +49,7 @@ struct LmHeadLoss {
     options: CrossEntropyOptions,
     chunk_rows: Option<usize>,
     wants: [bool; 2],
-    grads: Arc<Mutex<Option<Grads>>>,
+    grads: Kept<Grads>,
 }
 
 impl Kernel for LmHeadLoss {
@@ -98,13 +90,12 @@ impl LmHeadLoss {
         let loss = first(outputs.by_ref().take(1).collect(), Self::NAME)?;
         let mut take = |wanted: bool| wanted.then(|| outputs.next().map(|(s, shape)| tensor_of(s, shape))).flatten();
         let grads = (take(self.wants[0]), take(self.wants[1]));
-        *self.grads.lock().map_err(|_| op_err(Self::NAME, "a previous call panicked"))? = Some(grads);
+        self.grads.put(Self::NAME, grads)?;
         Ok(loss)
     }
 
     fn backward(&self, [h, w, _l]: [&Tensor; 3], _loss: &Tensor, d_loss: &Tensor) -> Result<[Option<Tensor>; 3]> {
-        let grads = self.grads.lock().map_err(|_| op_err(Self::NAME, "a previous call panicked"))?.clone();
-        let (dh, dw) = grads.ok_or_else(|| op_err(Self::NAME, "backward before forward: no gradients"))?;
+        let (dh, dw) = self.grads.get(Self::NAME, "gradients")?;
         let scale = |g: Option<Tensor>, dtype: DType| -> Result<Option<Tensor>> {
             g.map(|g| g.broadcast_mul(&d_loss.to_dtype(g.dtype())?)?.to_dtype(dtype)).transpose()
         };

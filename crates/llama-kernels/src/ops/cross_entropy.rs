@@ -125,9 +125,10 @@ impl CrossEntropy {
     ) -> Result<()> {
         let labels = labels.view();
         let rows = self.check_labels_shape(&labels)?;
-        self.count(&labels, options)?;
-        self.rows(logits, &labels, &self.row_loss.narrow(0, 0, rows)?, grad, options)?;
-        self.reduce(rows, &mut TensorViewMut::of_tensor(loss), options)
+        let device = logits.device();
+        self.count(device, &labels, options)?;
+        self.rows(device, logits, &labels, &self.row_loss.narrow(0, 0, rows)?, grad, options)?;
+        self.reduce(device, rows, &mut TensorViewMut::of_tensor(loss), options)
     }
 
     /// The per-row losses of the last call's first `rows` rows (`[rows]` f32; 0 where ignored).
@@ -153,8 +154,7 @@ impl CrossEntropy {
     }
 
     /// The count of labelled rows into the scratch (one block).
-    fn count(&self, labels: &TensorView<'_>, options: &CrossEntropyOptions) -> Result<()> {
-        let device = self.count.device();
+    fn count(&self, device: &Device, labels: &TensorView<'_>, options: &CrossEntropyOptions) -> Result<()> {
         let mut args = KernelArgs::new(OP, device);
         let lb = args.read("labels", labels)?.addr;
         let cb = args.write_tensor("count", &self.count)?;
@@ -170,13 +170,13 @@ impl CrossEntropy {
     /// The per-row kernel over `logits` (labels and row losses of the same rows).
     fn rows(
         &self,
+        device: &Device,
         logits: &Tensor,
         labels: &TensorView<'_>,
         row_loss: &Tensor,
         grad: Option<&Tensor>,
         options: &CrossEntropyOptions,
     ) -> Result<()> {
-        let device = logits.device();
         let dtype = logits.dtype();
         check_float(OP, "logits", dtype)?;
         let [rows, vocab] = *logits.shape() else {
@@ -247,13 +247,19 @@ impl CrossEntropy {
     }
 
     /// The reduced loss of the first `rows` row losses into `loss` (one block).
-    fn reduce(&self, rows: usize, loss: &mut TensorViewMut<'_>, options: &CrossEntropyOptions) -> Result<()> {
+    fn reduce(
+        &self,
+        device: &Device,
+        rows: usize,
+        loss: &mut TensorViewMut<'_>,
+        options: &CrossEntropyOptions,
+    ) -> Result<()> {
         check_dtype(OP, "loss", loss.dtype(), DType::F32)?;
         if loss.shape().iter().product::<usize>() != 1 {
             return Err(Error::shape(OP, "loss", loss.shape().to_vec(), "one f32 ([1] or [])"));
         }
         let row_loss = self.row_loss.narrow(0, 0, rows)?;
-        let mut args = KernelArgs::new(OP, self.count.device());
+        let mut args = KernelArgs::new(OP, device);
         let rb = args.read_tensor("row losses", &row_loss)?;
         let cb = args.read_tensor("count", &self.count)?;
         let ob = args.write("loss", loss)?.addr;
@@ -383,7 +389,9 @@ impl FusedLinearCrossEntropy {
         options: &CrossEntropyOptions,
     ) -> Result<()> {
         let (chunk, vocab) = (self.logits.shape()[0], self.logits.shape()[1]);
-        if !queue.queue_device()?.same_context(self.logits.device()) {
+        // Every launch goes on the caller's queue (the planned scratch is of the same context).
+        let device = queue.queue_device()?;
+        if !device.same_context(self.logits.device()) {
             return Err(Error::DeviceMismatch { op: OP, what: "the planned scratch" });
         }
         check_dtype(OP, "hidden", hidden.dtype(), self.logits.dtype())?;
@@ -415,29 +423,29 @@ impl FusedLinearCrossEntropy {
         }
         let wants_grad = d_hidden.is_some() || d_weight.is_some();
         self.ce.check_labels_shape(labels)?;
-        self.ce.count(labels, options)?;
+        self.ce.count(&device, labels, options)?;
         if tokens == 0 {
             if let (Some(dw), false) = (d_weight.as_mut(), accumulate_weight) {
                 let none = self.logits.narrow(0, 0, 0)?;
-                linear_backward_weight_on(queue, &none.view(), &hidden.narrow_rows("hidden", 0, 0)?, dw, false)?;
+                linear_backward_weight_on(&device, &none.view(), &hidden.narrow_rows("hidden", 0, 0)?, dw, false)?;
             }
         }
         for r0 in (0..tokens).step_by(chunk) {
             let n = chunk.min(tokens - r0);
             let (h, logits) = (hidden.narrow_rows("hidden", r0, n)?, self.logits.narrow(0, 0, n)?);
-            linear_on(queue, &h, weight, None, &mut TensorViewMut::of_tensor(&logits))?;
+            linear_on(&device, &h, weight, None, &mut TensorViewMut::of_tensor(&logits))?;
             let row_loss = self.ce.row_loss.narrow(0, r0, n)?;
             let chunk_labels = labels.narrow_rows("labels", r0, n)?;
-            self.ce.rows(&logits, &chunk_labels, &row_loss, wants_grad.then_some(&logits), options)?;
+            self.ce.rows(&device, &logits, &chunk_labels, &row_loss, wants_grad.then_some(&logits), options)?;
             let lv = logits.view();
             if let Some(dh) = d_hidden.as_mut() {
-                linear_backward_input_on(queue, &lv, weight, &mut dh.narrow_rows("d_hidden", r0, n)?, false)?;
+                linear_backward_input_on(&device, &lv, weight, &mut dh.narrow_rows("d_hidden", r0, n)?, false)?;
             }
             if let Some(dw) = d_weight.as_mut() {
-                linear_backward_weight_on(queue, &lv, &h, dw, accumulate_weight || r0 > 0)?;
+                linear_backward_weight_on(&device, &lv, &h, dw, accumulate_weight || r0 > 0)?;
             }
         }
-        self.ce.reduce(tokens, loss, options)
+        self.ce.reduce(&device, tokens, loss, options)
     }
 
     /// The per-row losses of the last call's first `tokens` tokens.

@@ -214,22 +214,8 @@ impl Tensor {
 
     /// The view of `len` entries of dimension `dim` starting at `start`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Tensor> {
-        let size = *self.shape().get(dim).ok_or_else(|| Error::InvalidView {
-            what: "narrow",
-            why: format!("dim {dim} out of range for rank {}", self.rank()),
-        })?;
-        if start.checked_add(len).is_none_or(|e| e > size) {
-            return Err(Error::InvalidView {
-                what: "narrow",
-                why: format!("{start}..{start}+{len} exceeds dim {dim} of size {size}"),
-            });
-        }
-        let mut shape = self.shape().to_vec();
-        shape[dim] = len;
-        let offset = start.checked_mul(self.strides()[dim]).and_then(|o| o.checked_add(self.offset()));
-        let offset = offset
-            .ok_or_else(|| Error::InvalidView { what: "narrow", why: format!("the offset of {start} overflows") })?;
-        self.as_strided(&shape, self.strides(), offset)
+        let dims = self.dims().narrow("narrow", dim, start, len)?;
+        self.as_strided(dims.shape(), dims.strides(), dims.offset())
     }
 
     /// A view with another shape; the tensor must be contiguous.

@@ -78,19 +78,25 @@ impl Dims {
     pub fn shape(&self) -> &[usize] {
         &self.shape[..self.rank as usize]
     }
-    /// Rows `[start, start + len)` of the first dimension (checked against it).
-    pub(crate) fn narrow_rows(&self, what: &'static str, start: usize, len: usize) -> Result<Dims> {
-        let rows = self.shape().first().copied().unwrap_or(0);
-        if start.checked_add(len).is_none_or(|end| end > rows) {
+    /// Entries `[start, start + len)` of dimension `dim`, the same memory (checked against the
+    /// dimension; the offset may not overflow).
+    pub(crate) fn narrow(&self, what: &'static str, dim: usize, start: usize, len: usize) -> Result<Dims> {
+        let size = *self.shape().get(dim).ok_or_else(|| Error::InvalidView {
+            what,
+            why: format!("dim {dim} out of range for rank {}", self.rank()),
+        })?;
+        if start.checked_add(len).is_none_or(|e| e > size) {
             return Err(Error::InvalidView {
                 what,
-                why: format!("rows {start}..{} of {rows}", start.saturating_add(len)),
+                why: format!("{start}..{start}+{len} exceeds dim {dim} of size {size}"),
             });
         }
         let mut shape = self.shape().to_vec();
-        shape[0] = len;
-        let first = self.strides().first().copied().unwrap_or(0);
-        Dims::new(what, &shape, self.strides(), self.offset + start * first)
+        shape[dim] = len;
+        let offset = start.checked_mul(self.strides()[dim]).and_then(|o| o.checked_add(self.offset));
+        let offset =
+            offset.ok_or_else(|| Error::InvalidView { what, why: format!("the offset of {start} overflows") })?;
+        Dims::new(what, &shape, self.strides(), offset)
     }
     /// The same layout with the last dimension resized (a column range of rows).
     pub(crate) fn with_last(mut self, len: usize) -> Dims {
@@ -260,7 +266,7 @@ impl<'a> TensorView<'a> {
     }
     /// Rows `[start, start + len)` of the first dimension, as a view of the same memory.
     pub(crate) fn narrow_rows(&self, what: &'static str, start: usize, len: usize) -> Result<TensorView<'a>> {
-        Ok(TensorView { dims: self.dims.narrow_rows(what, start, len)?, ..self.clone() })
+        Ok(TensorView { dims: self.dims.narrow(what, 0, start, len)?, ..self.clone() })
     }
     fn known_bytes(&self) -> Option<usize> {
         match &self.src {
@@ -374,7 +380,7 @@ impl<'a> TensorViewMut<'a> {
     /// Rows `[start, start + len)` of the first dimension, writable for the duration of the
     /// borrow.
     pub(crate) fn narrow_rows(&mut self, what: &'static str, start: usize, len: usize) -> Result<TensorViewMut<'_>> {
-        let dims = self.dims.narrow_rows(what, start, len)?;
+        let dims = self.dims.narrow(what, 0, start, len)?;
         self.reborrow_within(what, dims)
     }
     /// A writable view of part of this one's memory, for the duration of the borrow: `dims` is a
